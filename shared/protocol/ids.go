@@ -1,0 +1,96 @@
+package protocol
+
+import (
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/hex"
+	"sync"
+	"time"
+)
+
+// ids makes UUIDv7 envelope ids: 48 bits of Unix milliseconds, then a 12-bit
+// sequence in rand_a so ids made in the same millisecond still sort in
+// creation order (the upstream SDK does the same), then 62 random bits.
+type idSource struct {
+	mu     sync.Mutex
+	lastMS int64
+	seq    uint16
+}
+
+var ids idSource // guarded by its mutex; the only process-wide state, like crypto/rand's
+
+// NewID returns a fresh UUIDv7 in RFC 9562 text form.
+func NewID() string { return ids.next(time.Now()) }
+
+func (s *idSource) next(now time.Time) string {
+	ms := now.UnixMilli()
+	s.mu.Lock()
+	if ms > s.lastMS {
+		s.lastMS = ms
+		var r [2]byte
+		_, _ = rand.Read(r[:])
+		// Start each millisecond at a random point in the lower half so the
+		// sequence has room to climb before it must borrow the next ms.
+		s.seq = binary.BigEndian.Uint16(r[:]) & 0x7FF
+	} else {
+		s.seq++
+		if s.seq > 0xFFF { // exhausted this ms: borrow the next one
+			s.lastMS++
+			s.seq = 0
+		}
+		ms = s.lastMS
+	}
+	seq := s.seq
+	s.mu.Unlock()
+
+	var u [16]byte
+	u[0] = byte(ms >> 40)
+	u[1] = byte(ms >> 32)
+	u[2] = byte(ms >> 24)
+	u[3] = byte(ms >> 16)
+	u[4] = byte(ms >> 8)
+	u[5] = byte(ms)
+	u[6] = 0x70 | byte(seq>>8) // version 7
+	u[7] = byte(seq)
+	_, _ = rand.Read(u[8:])
+	u[8] = u[8]&0x3F | 0x80 // variant 10
+	return formatUUID(u)
+}
+
+func formatUUID(u [16]byte) string {
+	var b [36]byte
+	hex.Encode(b[0:8], u[0:4])
+	b[8] = '-'
+	hex.Encode(b[9:13], u[4:6])
+	b[13] = '-'
+	hex.Encode(b[14:18], u[6:8])
+	b[18] = '-'
+	hex.Encode(b[19:23], u[8:10])
+	b[23] = '-'
+	hex.Encode(b[24:], u[10:])
+	return string(b[:])
+}
+
+// NewTraceID returns 32 lowercase hex characters (W3C trace-id).
+func NewTraceID() string { return randomHex(16) }
+
+// NewSpanID returns 16 lowercase hex characters (W3C span-id).
+func NewSpanID() string { return randomHex(8) }
+
+func randomHex(n int) string {
+	var b [16]byte
+	_, _ = rand.Read(b[:n])
+	return hex.EncodeToString(b[:n])
+}
+
+// TimeFormat is the protocol's timestamp form: RFC 3339, UTC, milliseconds.
+const TimeFormat = "2006-01-02T15:04:05.000Z"
+
+// FormatTime renders t in the protocol's timestamp form.
+func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
+
+// ParseTime reads any RFC 3339 instant, including numeric offsets and any
+// number of fractional digits (receivers must, upstream-notes §1.1).
+func ParseTime(s string) (time.Time, error) {
+	return time.Parse(time.RFC3339Nano, s)
+}
