@@ -1,0 +1,104 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+
+	"agentmesh.dev/mesh/shared/devenv"
+)
+
+// serveConfig is all of meshd's configuration, read once at start.
+type serveConfig struct {
+	DataDir  string
+	HTTPAddr string
+	NATSAddr string
+	WSAddr   string
+	LogLevel slog.Level
+}
+
+// setting is one flag with its environment variable and default.
+type setting struct {
+	flag, env, def, help string
+	dst                  *string
+}
+
+// parseServeConfig resolves each setting as flag, else environment variable,
+// else default. --help prints the usage to stdout and returns flag.ErrHelp.
+func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (serveConfig, error) {
+	var cfg serveConfig
+	var level string
+	settings := []setting{
+		{"data-dir", "MESHD_DATA_DIR", "./.mesh",
+			"directory for all state: keys (mode 0600), account JWTs, JetStream data, meshd.json", &cfg.DataDir},
+		{"http-addr", "MESHD_HTTP_ADDR", "127.0.0.1:8080",
+			"listen address of the control plane, registrar and console (HTTP)", &cfg.HTTPAddr},
+		{"nats-addr", "MESHD_NATS_ADDR", "127.0.0.1:4222",
+			"listen address of the bus for NATS clients (TCP)", &cfg.NATSAddr},
+		{"ws-addr", "MESHD_WS_ADDR", "127.0.0.1:4443",
+			"listen address of the bus for WebSocket clients (plain ws://, no TLS)", &cfg.WSAddr},
+		{"log-level", "MESHD_LOG_LEVEL", "info",
+			"log level on stderr: trace, debug, info, warn or error", &level},
+	}
+
+	fs := flag.NewFlagSet("meshd", flag.ContinueOnError)
+	fs.SetOutput(io.Discard) // errors and usage are printed below, to the right stream
+	for _, s := range settings {
+		def := s.def
+		if v, ok := env(s.env); ok && v != "" {
+			def = v
+		}
+		fs.StringVar(s.dst, s.flag, def, s.help)
+	}
+	usage := func(w io.Writer) {
+		fmt.Fprint(w, "Usage: meshd [serve] [flags]\n\n"+
+			"Runs the whole mesh on one machine and prints the URLs an adapter needs.\n"+
+			"Each flag can also be set with the environment variable shown; a flag wins.\n"+
+			"Use 127.0.0.1:0 for any address to pick a free port.\n\nFlags:\n")
+		for _, s := range settings {
+			fmt.Fprintf(w, "  --%-10s %s\n  %-12s env %s, default %q\n", s.flag, s.help, "", s.env, s.def)
+		}
+	}
+
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			usage(stdout)
+			return cfg, err
+		}
+		fmt.Fprintf(stderr, "meshd: %v\n\n", err)
+		usage(stderr)
+		return cfg, errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(stderr, "meshd: unexpected arguments: %s\n\n", strings.Join(fs.Args(), " "))
+		usage(stderr)
+		return cfg, errUsage
+	}
+	lvl, err := parseLevel(level)
+	if err != nil {
+		fmt.Fprintf(stderr, "meshd: --log-level: %v\n", err)
+		return cfg, errUsage
+	}
+	cfg.LogLevel = lvl
+	if cfg.DataDir == "" {
+		fmt.Fprintln(stderr, "meshd: --data-dir must not be empty")
+		return cfg, errUsage
+	}
+	return cfg, nil
+}
+
+// parseLevel accepts slog's names (and offsets such as "debug-2") plus
+// "trace", which also turns on the broker's protocol trace.
+func parseLevel(s string) (slog.Level, error) {
+	if strings.EqualFold(s, "trace") {
+		return devenv.LevelTrace, nil
+	}
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, fmt.Errorf("unknown level %q (want trace, debug, info, warn or error)", s)
+	}
+	return l, nil
+}

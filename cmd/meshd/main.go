@@ -1,0 +1,64 @@
+// Command meshd runs the whole mesh on one machine: the embedded NATS broker
+// (operator mode, JetStream, WebSocket), the HTTP control plane, the registrar
+// and the console, with all state under one data directory.
+//
+//	meshd [serve] [flags]
+//
+// Every flag can also be set through an environment variable (flags win).
+// The logic lives in shared/devenv; this file reads configuration and wires
+// signals, output and meshd.json.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "meshd: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// errUsage means the command line was wrong; the message is already printed.
+var errUsage = errors.New("usage error")
+
+// lookupEnv is os.LookupEnv; tests pass their own so the caller's environment
+// never leaks into them.
+type lookupEnv func(string) (string, bool)
+
+// run dispatches a subcommand. Only "serve" exists today, and it is also what
+// runs when the first argument is a flag or absent; "admin" is reserved for
+// operator commands against a data directory.
+func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Writer) error {
+	cmd := "serve"
+	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
+		cmd, args = args[0], args[1:]
+	}
+	switch cmd {
+	case "serve":
+		cfg, err := parseServeConfig(args, env, stdout, stderr)
+		if err != nil {
+			return err
+		}
+		return serve(ctx, cfg, stdout, stderr)
+	default:
+		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve)\n", cmd)
+		return errUsage
+	}
+}

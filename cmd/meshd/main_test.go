@@ -1,0 +1,246 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"log/slog"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/creds"
+)
+
+// noEnv keeps the developer's MESHD_* variables out of the tests.
+func noEnv(string) (string, bool) { return "", false }
+
+// syncBuffer is a bytes.Buffer safe to write from run's goroutine while the test reads it.
+type syncBuffer struct {
+	mu  sync.Mutex
+	buf bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.buf.String()
+}
+
+// runUntilReady starts run in the background and waits for meshd.json. The
+// returned stop cancels run and returns its error.
+func runUntilReady(t *testing.T, dataDir string) (urls map[string]string, stdout *syncBuffer, stop func() error) {
+	t.Helper()
+	jsonPath := filepath.Join(dataDir, "meshd.json")
+	if err := os.Remove(jsonPath); err != nil && !errors.Is(err, os.ErrNotExist) {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(t.Context())
+	stdout, stderr := &syncBuffer{}, &syncBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{
+			"--data-dir", dataDir,
+			"--http-addr", "127.0.0.1:0",
+			"--nats-addr", "127.0.0.1:0",
+			"--ws-addr", "127.0.0.1:0",
+			"--log-level", "warn",
+		}, noEnv, stdout, stderr)
+	}()
+	stop = func() error {
+		cancel()
+		select {
+		case err := <-done:
+			return err
+		case <-time.After(30 * time.Second):
+			t.Fatal("run did not return after cancel")
+			return nil
+		}
+	}
+
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		data, err := os.ReadFile(jsonPath)
+		if err == nil {
+			if err := json.Unmarshal(data, &urls); err != nil {
+				t.Fatalf("meshd.json: %v\n%s", err, data)
+			}
+			return urls, stdout, stop
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("run returned before ready: %v\nstderr:\n%s", err, stderr)
+		case <-time.After(20 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			stop()
+			t.Fatalf("meshd.json not written\nstderr:\n%s", stderr)
+		}
+	}
+}
+
+func TestServeWritesURLsAndRestarts(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	var keysFirstRun creds.PublicKeys
+
+	for _, round := range []string{"first start", "restart on the same data dir"} {
+		t.Run(round, func(t *testing.T) {
+			urls, stdout, stop := runUntilReady(t, dataDir)
+			stopped := false
+			defer func() {
+				if !stopped {
+					stop()
+				}
+			}()
+
+			wantPrefix := map[string]string{
+				"control_url":   "http://127.0.0.1:",
+				"registrar_url": "http://127.0.0.1:",
+				"console_url":   "http://127.0.0.1:",
+				"mesh_tcp_url":  "nats://127.0.0.1:",
+				"mesh_ws_url":   "ws://127.0.0.1:",
+			}
+			if len(urls) != len(wantPrefix) {
+				t.Errorf("meshd.json has %d keys, want %d: %v", len(urls), len(wantPrefix), urls)
+			}
+			for key, prefix := range wantPrefix {
+				got := urls[key]
+				if !strings.HasPrefix(got, prefix) {
+					t.Errorf("%s = %q, want prefix %q", key, got, prefix)
+				}
+				if !strings.Contains(stdout.String(), got) {
+					t.Errorf("stdout does not show %s %q:\n%s", key, got, stdout)
+				}
+			}
+
+			// The bus refuses a connection without credentials.
+			nc, err := nats.Connect(urls["mesh_tcp_url"], nats.NoReconnect(), nats.Timeout(5*time.Second))
+			if err == nil {
+				nc.Close()
+				t.Fatal("anonymous NATS connection accepted")
+			}
+			if !errors.Is(err, nats.ErrAuthorization) {
+				t.Fatalf("anonymous connect: err = %v, want %v", err, nats.ErrAuthorization)
+			}
+
+			resp, err := http.Get(urls["control_url"] + "/healthz")
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if resp.StatusCode != http.StatusOK {
+				t.Fatalf("/healthz status = %d", resp.StatusCode)
+			}
+
+			stopped = true
+			if err := stop(); err != nil {
+				t.Fatalf("run after cancel: %v", err)
+			}
+
+			// The trust chain on disk is the same across restarts.
+			tr, err := creds.Load(filepath.Join(dataDir, "keys"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if keysFirstRun == (creds.PublicKeys{}) {
+				keysFirstRun = tr.PublicKeys()
+			} else if tr.PublicKeys() != keysFirstRun {
+				t.Fatalf("keys changed across restart")
+			}
+		})
+	}
+}
+
+func TestParseServeConfig(t *testing.T) {
+	env := func(m map[string]string) lookupEnv {
+		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
+	}
+	tests := []struct {
+		name    string
+		args    []string
+		env     map[string]string
+		want    serveConfig
+		wantErr error
+	}{
+		{
+			name: "defaults",
+			want: serveConfig{DataDir: "./.mesh", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelInfo},
+		},
+		{
+			name: "environment",
+			env: map[string]string{"MESHD_DATA_DIR": "/var/mesh", "MESHD_HTTP_ADDR": ":9000", "MESHD_NATS_ADDR": ":5222",
+				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug"},
+			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug},
+		},
+		{
+			name: "flags win over environment",
+			args: []string{"--data-dir", "/flag", "--log-level", "trace"},
+			env:  map[string]string{"MESHD_DATA_DIR": "/env", "MESHD_LOG_LEVEL": "error"},
+			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4},
+		},
+		{name: "help", args: []string{"--help"}, wantErr: flag.ErrHelp},
+		{name: "unknown flag", args: []string{"--nope"}, wantErr: errUsage},
+		{name: "bad level", args: []string{"--log-level", "loud"}, wantErr: errUsage},
+		{name: "stray argument", args: []string{"extra"}, wantErr: errUsage},
+		{name: "empty data dir", args: []string{"--data-dir", ""}, wantErr: errUsage},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			got, err := parseServeConfig(tc.args, env(tc.env), &stdout, &stderr)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("err = %v (stderr: %s)", err, &stderr)
+			}
+			if got != tc.want {
+				t.Fatalf("config = %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestHelpExplainsEveryFlag(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"--help"}, noEnv, &stdout, &stderr)
+	if !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("err = %v, want flag.ErrHelp", err)
+	}
+	for _, want := range []string{
+		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
+		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL",
+	} {
+		if !strings.Contains(stdout.String(), want) {
+			t.Errorf("help lacks %q:\n%s", want, &stdout)
+		}
+	}
+}
+
+func TestUnknownCommand(t *testing.T) {
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"frobnicate"}, noEnv, &stdout, &stderr)
+	if !errors.Is(err, errUsage) {
+		t.Fatalf("err = %v, want usage error", err)
+	}
+	if !strings.Contains(stderr.String(), "frobnicate") {
+		t.Fatalf("stderr does not name the command: %s", &stderr)
+	}
+}

@@ -1,0 +1,492 @@
+// Package devenv boots the whole mesh in one process: the embedded NATS broker
+// in operator mode with JetStream and WebSocket, and the HTTP server that
+// carries the control plane, the registrar and the console. meshd is a thin
+// main over it; tests and the conformance suite start the same thing on
+// random loopback ports.
+package devenv
+
+import (
+	"agentmesh.dev/mesh/functions/health"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/keys"
+)
+
+// Config is what Start needs. Empty addresses mean "127.0.0.1:0": a random
+// loopback port, which is what tests want.
+type Config struct {
+	// DataDir holds everything that survives a restart: keys/ (the trust
+	// chain), nats/accounts/ (account JWTs) and jetstream/ (bus state).
+	DataDir string
+	// HTTPAddr is where the control plane, registrar and console listen.
+	HTTPAddr string
+	// NATSAddr is the broker's TCP client listener.
+	NATSAddr string
+	// WSAddr is the broker's WebSocket listener (plain ws://, no TLS: this is
+	// the one-machine mesh; put a TLS proxy in front to expose it).
+	WSAddr string
+	// Logger receives meshd's and the broker's logs; nil discards them.
+	Logger *slog.Logger
+	// ReadyTimeout bounds how long Start waits for the broker; zero means 30s.
+	ReadyTimeout time.Duration
+}
+
+// URLs are the addresses an adapter needs, as printed by meshd and written to
+// meshd.json.
+type URLs struct {
+	Control   string `json:"control_url"`
+	Registrar string `json:"registrar_url"`
+	Console   string `json:"console_url"`
+	MeshTCP   string `json:"mesh_tcp_url"`
+	MeshWS    string `json:"mesh_ws_url"`
+}
+
+// Layout of the data directory.
+const (
+	keysDir     = "keys"
+	accountsDir = "nats/accounts"
+)
+
+// serverName names the embedded broker in its logs and server listings
+// (otherwise it would be a random id that changes on every start).
+const serverName = "meshd"
+
+// Mesh is a running mesh. It is safe for concurrent use.
+type Mesh struct {
+	log     *slog.Logger
+	trust   *creds.Trust
+	ns      *server.Server
+	nslog   *natsLogger
+	dirRes  *server.DirAccResolver
+	mux     *http.ServeMux
+	httpSrv *http.Server
+	urls    URLs
+	started time.Time
+
+	// sys is the in-process system-account connection used to push account
+	// updates; its state also answers /healthz.
+	sys *nats.Conn
+
+	// accountMu serialises read-modify-write of the mesh account JWT, so two
+	// concurrent revocations cannot overwrite each other.
+	accountMu sync.Mutex
+
+	shutdownOnce sync.Once
+	shutdownErr  error
+}
+
+// Start boots the mesh and returns once the broker accepts connections, the
+// mesh account has JetStream, and the HTTP server is listening. On error,
+// everything already started is stopped again.
+func Start(ctx context.Context, cfg Config) (*Mesh, error) {
+	if cfg.DataDir == "" {
+		return nil, errors.New("devenv: DataDir is required")
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	readyTimeout := cfg.ReadyTimeout
+	if readyTimeout <= 0 {
+		readyTimeout = 30 * time.Second
+	}
+	dataDir, err := filepath.Abs(cfg.DataDir)
+	if err != nil {
+		return nil, fmt.Errorf("devenv: data dir: %w", err)
+	}
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("devenv: data dir: %w", err)
+	}
+
+	trust, created, err := creds.LoadOrCreate(filepath.Join(dataDir, keysDir))
+	if err != nil {
+		return nil, fmt.Errorf("devenv: %w", err)
+	}
+	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now()}
+	pk := trust.PublicKeys()
+	log.Info("trust chain ready", "created", created, "operator", pk.Operator,
+		"system_account", pk.SystemAccount, "mesh_account", pk.MeshAccount)
+
+	if err := m.startNATS(ctx, dataDir, cfg, readyTimeout); err != nil {
+		_ = m.Shutdown(context.Background()) // stop whatever got started
+		return nil, err
+	}
+	if err := m.startHTTP(cfg.HTTPAddr); err != nil {
+		_ = m.Shutdown(context.Background())
+		return nil, err
+	}
+	log.Info("mesh ready", "control_url", m.urls.Control, "mesh_tcp_url", m.urls.MeshTCP,
+		"mesh_ws_url", m.urls.MeshWS)
+	return m, nil
+}
+
+// startNATS starts the embedded broker and waits until the mesh account is usable.
+func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyTimeout time.Duration) error {
+	natsHost, natsPort, err := listenHostPort(cfg.NATSAddr)
+	if err != nil {
+		return fmt.Errorf("devenv: nats address: %w", err)
+	}
+	wsHost, wsPort, err := listenHostPort(cfg.WSAddr)
+	if err != nil {
+		return fmt.Errorf("devenv: websocket address: %w", err)
+	}
+
+	opJWT, err := m.trust.OperatorJWT()
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	opClaims, err := jwt.DecodeOperatorClaims(opJWT)
+	if err != nil {
+		return fmt.Errorf("devenv: decode operator jwt: %w", err)
+	}
+
+	resDir := filepath.Join(dataDir, filepath.FromSlash(accountsDir))
+	if err := os.MkdirAll(resDir, 0o700); err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	// The "full" directory resolver is the one that accepts account updates on
+	// $SYS.REQ.CLAIMS.UPDATE, which is how revocation works without a restart.
+	// A lone broker has no peers to ask for an account it does not hold, so a
+	// short fetch timeout keeps connections naming unknown accounts from each
+	// stalling for the default two seconds.
+	res, err := server.NewDirAccResolver(resDir, 0, 0, server.NoDelete, server.FetchTimeout(250*time.Millisecond))
+	if err != nil {
+		return fmt.Errorf("devenv: account resolver: %w", err)
+	}
+	m.dirRes = res
+	if err := m.storeAccountJWTs(); err != nil {
+		res.Close()
+		return err
+	}
+
+	opts := &server.Options{
+		ServerName:       serverName,
+		Host:             natsHost,
+		Port:             natsPort,
+		TrustedOperators: []*jwt.OperatorClaims{opClaims},
+		SystemAccount:    m.trust.PublicKeys().SystemAccount,
+		AccountResolver:  res,
+		JetStream:        true,
+		// The broker appends "jetstream" to StoreDir, giving <data-dir>/jetstream.
+		StoreDir:               dataDir,
+		DisableJetStreamBanner: true,
+		Websocket: server.WebsocketOpts{
+			Host:  wsHost,
+			Port:  wsPort,
+			NoTLS: true,
+		},
+		// meshd owns signal handling; the broker's own handler would exit the
+		// process on SIGINT before the HTTP server drains.
+		NoSigs: true,
+	}
+	ns, err := server.NewServer(opts)
+	if err != nil {
+		res.Close()
+		return fmt.Errorf("devenv: nats server: %w", err)
+	}
+	m.ns = ns
+	m.nslog = newNATSLogger(m.log)
+	ns.SetLoggerV2(m.nslog, m.log.Enabled(ctx, slog.LevelDebug), m.log.Enabled(ctx, LevelTrace), false)
+	ns.Start()
+
+	if err := m.waitReady(ctx, readyTimeout); err != nil {
+		return err
+	}
+
+	natsAddr, ok := ns.Addr().(*net.TCPAddr)
+	if !ok {
+		return errors.New("devenv: nats server has no TCP listener")
+	}
+	wsPortNum, err := m.websocketPort()
+	if err != nil {
+		return err
+	}
+	m.urls.MeshTCP = "nats://" + advertiseAddr(natsHost, natsAddr.Port)
+	m.urls.MeshWS = "ws://" + advertiseAddr(wsHost, wsPortNum)
+
+	sysCreds, err := m.trust.MintSystemUser("meshd-system")
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	m.sys, err = m.connect(sysCreds, "meshd-system")
+	if err != nil {
+		return fmt.Errorf("devenv: system connection: %w", err)
+	}
+	return m.checkMeshAccount(ctx)
+}
+
+// storeAccountJWTs writes the system and mesh account JWTs into the resolver's
+// directory before the broker starts, so both accounts resolve locally.
+//
+// It writes unconditionally (SaveAcc) rather than through the resolver's
+// Store, which keeps the stored JWT when the new one has the same claim id,
+// and that id hashes only the standard claims: a JWT re-signed within the
+// same second as the stored one would be silently dropped.
+//
+// The mesh account JWT is re-signed from this code's definition on every start
+// (so changed limits take effect), but the revocations already stored are
+// carried over: dropping them would resurrect revoked credentials on restart.
+func (m *Mesh) storeAccountJWTs() error {
+	pk := m.trust.PublicKeys()
+	sysJWT, err := m.trust.SystemAccountJWT()
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	if err := m.dirRes.SaveAcc(pk.SystemAccount, sysJWT); err != nil {
+		return fmt.Errorf("devenv: store system account jwt: %w", err)
+	}
+
+	claims := m.trust.MeshAccountClaims()
+	if stored, err := m.dirRes.LoadAcc(pk.MeshAccount); err == nil && stored != "" {
+		prev, err := jwt.DecodeAccountClaims(stored)
+		switch {
+		case err != nil:
+			m.log.Warn("stored mesh account jwt is unreadable; replacing it", "err", err)
+		case prev.Issuer != pk.Operator:
+			m.log.Warn("stored mesh account jwt has another issuer; replacing it", "issuer", prev.Issuer)
+		default:
+			for key, at := range prev.Revocations {
+				claims.RevokeAt(key, time.Unix(at, 0))
+			}
+		}
+	}
+	meshJWT, err := m.trust.EncodeAccount(claims)
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	if err := m.dirRes.SaveAcc(pk.MeshAccount, meshJWT); err != nil {
+		return fmt.Errorf("devenv: store mesh account jwt: %w", err)
+	}
+	return nil
+}
+
+// waitReady polls the broker until its listeners are up. A listener that
+// cannot bind is reported through Fatalf; that is returned at once instead of
+// waiting out the timeout.
+func (m *Mesh) waitReady(ctx context.Context, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for {
+		if msg := m.nslog.fatalMessage(); msg != "" {
+			return fmt.Errorf("devenv: nats server: %s", msg)
+		}
+		if m.ns.ReadyForConnections(50 * time.Millisecond) {
+			if !m.ns.JetStreamEnabled() {
+				return errors.New("devenv: nats server started without JetStream")
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("devenv: waiting for nats server: %w", err)
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("devenv: nats server not ready after %s", timeout)
+		}
+	}
+}
+
+// websocketPort returns the bound WebSocket port (the configured one may be random).
+func (m *Mesh) websocketPort() (int, error) {
+	ports := m.ns.PortsInfo(time.Second)
+	if ports == nil || len(ports.WebSocket) == 0 {
+		return 0, errors.New("devenv: nats server has no websocket listener")
+	}
+	// Each entry is "ws://host:port"; the port is the same in all of them.
+	_, portStr, err := net.SplitHostPort(trimScheme(ports.WebSocket[0]))
+	if err != nil {
+		return 0, fmt.Errorf("devenv: websocket address %q: %w", ports.WebSocket[0], err)
+	}
+	var port int
+	if _, err := fmt.Sscan(portStr, &port); err != nil {
+		return 0, fmt.Errorf("devenv: websocket port %q: %w", portStr, err)
+	}
+	return port, nil
+}
+
+// checkMeshAccount connects as a mesh service user and asks JetStream for the
+// account's info: it proves the account JWT resolves, is trusted and has
+// JetStream before Start reports success.
+func (m *Mesh) checkMeshAccount(ctx context.Context) error {
+	nc, err := m.ConnectService("meshd-startup-check")
+	if err != nil {
+		return fmt.Errorf("devenv: mesh account connection: %w", err)
+	}
+	defer nc.Close()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return fmt.Errorf("devenv: jetstream: %w", err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if _, err := js.AccountInfo(ctx); err != nil {
+		return fmt.Errorf("devenv: mesh account has no JetStream: %w", err)
+	}
+	return nil
+}
+
+// startHTTP listens on addr and serves the mux with /healthz mounted.
+func (m *Mesh) startHTTP(addr string) error {
+	if addr == "" {
+		addr = defaultAddr
+	}
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return fmt.Errorf("devenv: http listener: %w", err)
+	}
+	host, _, _ := net.SplitHostPort(addr)
+	base := "http://" + advertiseAddr(host, ln.Addr().(*net.TCPAddr).Port)
+	m.urls.Control = base
+	m.urls.Registrar = base
+	m.urls.Console = base + "/console/"
+
+	m.mux.HandleFunc("GET /healthz", m.handleHealthz)
+	// Every function group is mounted on the same mux, as in the cloud
+	// each route is its own function.
+	health.Mount(m.mux)
+	m.httpSrv = &http.Server{
+		Handler:           m.mux,
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(m.log.With("component", "http").Handler(), slog.LevelWarn),
+	}
+	go func() {
+		if err := m.httpSrv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("http server stopped", "err", err)
+		}
+	}()
+	return nil
+}
+
+// URLs returns the addresses of this mesh, with the ports actually bound.
+func (m *Mesh) URLs() URLs { return m.urls }
+
+// Mux is the HTTP mux served at the control URL. Later packages mount their
+// routes on it (Go 1.22 method+path patterns); ServeMux allows registering
+// while serving.
+func (m *Mesh) Mux() *http.ServeMux { return m.mux }
+
+// Trust is the mesh's trust chain, for minting credentials.
+func (m *Mesh) Trust() *creds.Trust { return m.trust }
+
+// ConnectService returns an in-process connection to the mesh account as a
+// "service" user allowed to publish and subscribe everywhere in it: the
+// identity of the workers. Its JWT never leaves the process.
+func (m *Mesh) ConnectService(name string, opts ...nats.Option) (*nats.Conn, error) {
+	key, err := keys.Generate[keys.CredentialRole]()
+	if err != nil {
+		return nil, err
+	}
+	userJWT, err := m.trust.MintUser(creds.UserSpec{
+		PublicKey: key.Public(),
+		Name:      name,
+		Permissions: creds.Permissions{
+			PubAllow: []string{">"},
+			SubAllow: []string{">"},
+		},
+	})
+	if err != nil {
+		return nil, err
+	}
+	return m.connect(creds.UserCreds{JWT: userJWT, Key: key}, name, opts...)
+}
+
+// ConnectSystem returns an in-process connection to the system account, for
+// broker administration (account updates, server events).
+func (m *Mesh) ConnectSystem(name string, opts ...nats.Option) (*nats.Conn, error) {
+	c, err := m.trust.MintSystemUser(name)
+	if err != nil {
+		return nil, err
+	}
+	return m.connect(c, name, opts...)
+}
+
+// connect dials the broker in-process (no TCP, but the same authentication).
+func (m *Mesh) connect(c creds.UserCreds, name string, opts ...nats.Option) (*nats.Conn, error) {
+	all := append([]nats.Option{
+		nats.InProcessServer(m.ns),
+		nats.Name(name),
+		c.NATSOption(),
+	}, opts...)
+	nc, err := nats.Connect("", all...)
+	if err != nil {
+		return nil, fmt.Errorf("connect %s: %w", name, err)
+	}
+	return nc, nil
+}
+
+// UpdateMeshAccount applies edit to the mesh account's current claims, signs
+// them with the operator key and pushes them to the broker, which applies them
+// at once (revoked keys are disconnected). Updates are serialised.
+func (m *Mesh) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClaims) error) error {
+	m.accountMu.Lock()
+	defer m.accountMu.Unlock()
+	meshPub := m.trust.PublicKeys().MeshAccount
+	current, err := m.dirRes.LoadAcc(meshPub)
+	if err != nil {
+		return fmt.Errorf("update mesh account: load current jwt: %w", err)
+	}
+	claims, err := jwt.DecodeAccountClaims(current)
+	if err != nil {
+		return fmt.Errorf("update mesh account: decode current jwt: %w", err)
+	}
+	if err := edit(claims); err != nil {
+		return fmt.Errorf("update mesh account: %w", err)
+	}
+	updated, err := m.trust.EncodeAccount(claims)
+	if err != nil {
+		return fmt.Errorf("update mesh account: %w", err)
+	}
+	if err := creds.PushAccountJWT(ctx, m.sys, updated); err != nil {
+		return fmt.Errorf("update mesh account: %w", err)
+	}
+	return nil
+}
+
+// Shutdown stops the HTTP server gracefully (bounded by ctx), then the broker,
+// waiting for JetStream to flush its stores. It is safe to call more than once.
+func (m *Mesh) Shutdown(ctx context.Context) error {
+	m.shutdownOnce.Do(func() {
+		var errs []error
+		if m.httpSrv != nil {
+			if err := m.httpSrv.Shutdown(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+			}
+		}
+		if m.sys != nil {
+			m.sys.Close()
+		}
+		if m.ns != nil {
+			// Not bounded by ctx on purpose: returning before the broker has
+			// released its stores would let a restart on the same data dir
+			// race the old one.
+			m.ns.Shutdown()
+			m.ns.WaitForShutdown()
+		} else if m.dirRes != nil {
+			m.dirRes.Close()
+		}
+		m.shutdownErr = errors.Join(errs...)
+		m.log.Info("mesh stopped")
+	})
+	return m.shutdownErr
+}
+
+// Close is Shutdown with a ten-second grace period for HTTP requests.
+func (m *Mesh) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return m.Shutdown(ctx)
+}
