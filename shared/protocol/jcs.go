@@ -90,35 +90,6 @@ func appendValue(dst []byte, v any, depth int) ([]byte, error) {
 			return dst, canonErr("number %q: %v", string(x), err)
 		}
 		return appendFloat(dst, f)
-	case []string:
-		dst = append(dst, '[')
-		for i, e := range x {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var err error
-			if dst, err = appendString(dst, e); err != nil {
-				return dst, err
-			}
-		}
-		return append(dst, ']'), nil
-	case map[string]string:
-		keys := sortedKeys(x)
-		dst = append(dst, '{')
-		for i, k := range keys {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			var err error
-			if dst, err = appendString(dst, k); err != nil {
-				return dst, err
-			}
-			dst = append(dst, ':')
-			if dst, err = appendString(dst, x[k]); err != nil {
-				return dst, err
-			}
-		}
-		return append(dst, '}'), nil
 	}
 	return appendReflect(dst, reflect.ValueOf(v), depth)
 }
@@ -154,7 +125,7 @@ func appendMap(dst []byte, m map[string]any, depth int) ([]byte, error) {
 	return append(dst, '}'), nil
 }
 
-func sortedKeys[V any](m map[string]V) []string {
+func sortedKeys(m map[string]any) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {
 		keys = append(keys, k)

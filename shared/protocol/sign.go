@@ -185,20 +185,30 @@ func SignedBytes(tag string, obj any) ([]byte, error) {
 	return appendMap(out, m, 0)
 }
 
-func objectWithoutSig(obj any) (map[string]any, error) {
-	m, ok := obj.(map[string]any)
+// objectValue turns obj into its generic object form, sig included.
+func objectValue(obj any) (map[string]any, error) {
+	if m, ok := obj.(map[string]any); ok {
+		return m, nil
+	}
+	b, err := Canonical(obj)
+	if err != nil {
+		return nil, err
+	}
+	v, err := ParseJSON(b)
+	if err != nil {
+		return nil, err
+	}
+	m, ok := v.(map[string]any)
 	if !ok {
-		b, err := Canonical(obj)
-		if err != nil {
-			return nil, err
-		}
-		v, err := ParseJSON(b)
-		if err != nil {
-			return nil, err
-		}
-		if m, ok = v.(map[string]any); !ok {
-			return nil, fmt.Errorf("%w: a signed object must be a JSON object", ErrNotCanonicalizable)
-		}
+		return nil, fmt.Errorf("%w: a signed object must be a JSON object", ErrNotCanonicalizable)
+	}
+	return m, nil
+}
+
+func objectWithoutSig(obj any) (map[string]any, error) {
+	m, err := objectValue(obj)
+	if err != nil {
+		return nil, err
 	}
 	if _, has := m["sig"]; has {
 		c := make(map[string]any, len(m))

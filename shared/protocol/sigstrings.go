@@ -443,26 +443,6 @@ var (
 	agreementKind  = selfSigned{"agreement", TagAgreement, "consumer_owner", Base64URL}
 )
 
-// objectValue turns obj into its generic object form, sig included.
-func objectValue(obj any) (map[string]any, error) {
-	if m, ok := obj.(map[string]any); ok {
-		return m, nil
-	}
-	b, err := Canonical(obj)
-	if err != nil {
-		return nil, err
-	}
-	v, err := ParseJSON(b)
-	if err != nil {
-		return nil, err
-	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("%w: a signed object must be a JSON object", ErrNotCanonicalizable)
-	}
-	return m, nil
-}
-
 // sign returns the signature of obj by k, refusing when obj names a
 // different signer (or none): the signature would be attributed to whoever
 // the object names.
