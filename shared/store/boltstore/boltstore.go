@@ -1,0 +1,377 @@
+// Package boltstore is the embedded backend of store.Store on bbolt: one
+// file, one bucket per collection, key = document id, value = the
+// document's JSON. It is the default control-plane store on one machine.
+//
+// Durability: every committed transaction is fsynced before RunTx returns
+// (bbolt's defaults; NoSync stays false), so a crash loses no committed
+// transaction and never leaves a partial one.
+//
+// Concurrency: bbolt runs one read-write transaction at a time, so RunTx
+// calls are serialised and never conflict; there is no retry and
+// store.ErrContention is never returned. Only one process may open the
+// file: a second Open waits for the file lock for the lock timeout and
+// then fails with ErrLocked.
+//
+// Queries scan the whole collection (decoding every document) and sort in
+// memory. That is deliberate: the control-plane collections are small
+// (accounts, agents, keys, leases — thousands, not millions). Do not use
+// this backend for bulk data.
+//
+// The Firestore rules are enforced here too so that code that works on one
+// machine works in the cloud: no reads after the first write in a
+// transaction (store.ErrReadAfterWrite), and a transaction in which Create
+// found the document present (store.ErrExists) or Update found it absent
+// (store.ErrNotFound) does not commit, even if fn ignores that error.
+package boltstore
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
+
+	"agentmesh.dev/mesh/shared/store"
+	"agentmesh.dev/mesh/shared/store/internal/jsondoc"
+)
+
+// ErrLocked is returned (wrapped) by Open when another process — normally
+// another meshd — holds the database file.
+var ErrLocked = errors.New("data dir in use by another meshd")
+
+// DefaultLockTimeout is how long Open waits for the file lock.
+const DefaultLockTimeout = 2 * time.Second
+
+// Option configures Open.
+type Option func(*config)
+
+type config struct {
+	lockTimeout time.Duration
+}
+
+// WithLockTimeout sets how long Open waits for another process to release
+// the file lock before failing with ErrLocked (default DefaultLockTimeout;
+// values ≤ 0 are replaced by the default, since bbolt would wait forever).
+func WithLockTimeout(d time.Duration) Option {
+	return func(c *config) { c.lockTimeout = d }
+}
+
+// Store is the bbolt-backed store.Store. Its methods are safe for
+// concurrent use.
+type Store struct {
+	db *bolt.DB
+}
+
+var _ store.Store = (*Store)(nil)
+
+// Open opens or creates the database file at path (mode 0600), creating
+// its parent directory (mode 0700) when missing.
+func Open(path string, opts ...Option) (*Store, error) {
+	cfg := config{lockTimeout: DefaultLockTimeout}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	if cfg.lockTimeout <= 0 {
+		cfg.lockTimeout = DefaultLockTimeout
+	}
+	if path == "" {
+		return nil, fmt.Errorf("boltstore: %w: empty path", store.ErrInvalid)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("boltstore: create data dir: %w", err)
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: cfg.lockTimeout})
+	if err != nil {
+		if errors.Is(err, bolterrors.ErrTimeout) {
+			return nil, fmt.Errorf("boltstore: open %s: %w (its lock was not released within %v; stop the other process or use another data dir)", path, ErrLocked, cfg.lockTimeout)
+		}
+		return nil, fmt.Errorf("boltstore: open %s: %w", path, err)
+	}
+	return &Store{db: db}, nil
+}
+
+// Path returns the database file's path.
+func (s *Store) Path() string { return s.db.Path() }
+
+// Close closes the database file and releases its lock.
+func (s *Store) Close() error { return s.db.Close() }
+
+// RunTx runs fn in one read-write bbolt transaction and commits (with
+// fsync) when fn returns nil. A context already done when RunTx is called,
+// or done by the time fn returns, stops it without committing.
+func (s *Store) RunTx(ctx context.Context, fn func(tx store.Tx) error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("boltstore: transaction not started: %w", err)
+	}
+	return s.db.Update(func(btx *bolt.Tx) error {
+		t := &tx{btx: btx}
+		err := fn(t)
+		t.done = true
+		if err != nil {
+			return err
+		}
+		if t.spoiled != nil {
+			return t.spoiled
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("boltstore: transaction not committed: %w", err)
+		}
+		return nil
+	})
+}
+
+type tx struct {
+	btx     *bolt.Tx
+	wrote   bool  // a write was attempted: no more reads
+	spoiled error // the transaction must not commit (Firestore would fail it)
+	done    bool  // fn returned; the tx must not be used
+}
+
+func (t *tx) usable() error {
+	if t.done {
+		return fmt.Errorf("boltstore: %w: transaction used after its function returned", store.ErrInvalid)
+	}
+	return nil
+}
+
+func (t *tx) read() error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if t.wrote {
+		err := fmt.Errorf("boltstore: %w", store.ErrReadAfterWrite)
+		t.spoil(err)
+		return err
+	}
+	return nil
+}
+
+func (t *tx) spoil(err error) {
+	if t.spoiled == nil {
+		t.spoiled = err
+	}
+}
+
+func (t *tx) Get(coll, id string, dst any) error {
+	if err := jsondoc.CheckPath(coll, id); err != nil {
+		return fmt.Errorf("boltstore: get: %w", err)
+	}
+	if err := jsondoc.CheckDst(dst); err != nil {
+		return fmt.Errorf("boltstore: get: %w", err)
+	}
+	if err := t.read(); err != nil {
+		return err
+	}
+	var v []byte
+	if b := t.btx.Bucket([]byte(coll)); b != nil {
+		v = b.Get([]byte(id))
+	}
+	if v == nil {
+		return fmt.Errorf("boltstore: get %s/%s: %w", coll, id, store.ErrNotFound)
+	}
+	if err := json.Unmarshal(v, dst); err != nil {
+		return fmt.Errorf("boltstore: get %s/%s: decode: %w", coll, id, err)
+	}
+	return nil
+}
+
+type hit struct {
+	id  []byte
+	raw []byte
+	key any // value of the OrderBy field
+}
+
+func (t *tx) Query(coll string, q store.Query, dst any) error {
+	if err := jsondoc.CheckName("collection name", coll); err != nil {
+		return fmt.Errorf("boltstore: query: %w", err)
+	}
+	if err := jsondoc.CheckSliceDst(dst); err != nil {
+		return fmt.Errorf("boltstore: query: %w", err)
+	}
+	want, err := jsondoc.CheckQuery(q)
+	if err != nil {
+		return fmt.Errorf("boltstore: query %s: %w", coll, err)
+	}
+	if err := t.read(); err != nil {
+		return err
+	}
+	var hits []hit
+	if b := t.btx.Bucket([]byte(coll)); b != nil {
+		err := b.ForEach(func(k, v []byte) error {
+			d, err := jsondoc.Decode(v)
+			if err != nil {
+				return fmt.Errorf("boltstore: query %s: stored document %q is not JSON: %w", coll, k, err)
+			}
+			m, _ := d.(map[string]any)
+			for i, w := range q.Where {
+				got, ok := m[w.Field]
+				if !ok || !jsondoc.Equal(got, want[i]) {
+					return nil
+				}
+			}
+			h := hit{id: k, raw: v}
+			if q.OrderBy != "" {
+				key, ok := m[q.OrderBy]
+				if !ok {
+					return nil // like Firestore: no field, not in an ordered query
+				}
+				h.key = key
+			}
+			hits = append(hits, h)
+			return nil
+		})
+		if err != nil {
+			return err
+		}
+	}
+	// ForEach yields ids in byte order; order by the field, ties by id,
+	// all reversed by Desc (Firestore's implicit order by document name
+	// follows the direction of the last explicit order).
+	sort.SliceStable(hits, func(i, j int) bool {
+		c := 0
+		if q.OrderBy != "" {
+			c = jsondoc.Compare(hits[i].key, hits[j].key)
+		}
+		if c == 0 {
+			c = bytes.Compare(hits[i].id, hits[j].id)
+		}
+		if q.Desc {
+			return c > 0
+		}
+		return c < 0
+	})
+	if q.Limit > 0 && len(hits) > q.Limit {
+		hits = hits[:q.Limit]
+	}
+	raws := make([][]byte, len(hits))
+	for i, h := range hits {
+		raws[i] = h.raw
+	}
+	if err := json.Unmarshal(jsondoc.JoinArray(raws), dst); err != nil {
+		return fmt.Errorf("boltstore: query %s: decode: %w", coll, err)
+	}
+	return nil
+}
+
+func (t *tx) bucket(coll string) (*bolt.Bucket, error) {
+	b, err := t.btx.CreateBucketIfNotExists([]byte(coll))
+	if err != nil {
+		return nil, fmt.Errorf("boltstore: bucket %s: %w", coll, err)
+	}
+	return b, nil
+}
+
+func (t *tx) Create(coll, id string, doc any) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if err := jsondoc.CheckPath(coll, id); err != nil {
+		return fmt.Errorf("boltstore: create: %w", err)
+	}
+	raw, _, err := jsondoc.Encode(doc)
+	if err != nil {
+		return fmt.Errorf("boltstore: create %s/%s: %w", coll, id, err)
+	}
+	t.wrote = true
+	b, err := t.bucket(coll)
+	if err != nil {
+		return err
+	}
+	if b.Get([]byte(id)) != nil {
+		err := fmt.Errorf("boltstore: create %s/%s: %w", coll, id, store.ErrExists)
+		t.spoil(err)
+		return err
+	}
+	return b.Put([]byte(id), raw)
+}
+
+func (t *tx) Set(coll, id string, doc any) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if err := jsondoc.CheckPath(coll, id); err != nil {
+		return fmt.Errorf("boltstore: set: %w", err)
+	}
+	raw, _, err := jsondoc.Encode(doc)
+	if err != nil {
+		return fmt.Errorf("boltstore: set %s/%s: %w", coll, id, err)
+	}
+	t.wrote = true
+	b, err := t.bucket(coll)
+	if err != nil {
+		return err
+	}
+	return b.Put([]byte(id), raw)
+}
+
+func (t *tx) Update(coll, id string, fields map[string]any) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if err := jsondoc.CheckPath(coll, id); err != nil {
+		return fmt.Errorf("boltstore: update: %w", err)
+	}
+	if len(fields) == 0 {
+		return fmt.Errorf("boltstore: update %s/%s: %w: no fields", coll, id, store.ErrInvalid)
+	}
+	vals := make(map[string]any, len(fields))
+	for k, fv := range fields {
+		if err := jsondoc.CheckField(k); err != nil {
+			return fmt.Errorf("boltstore: update %s/%s: %w", coll, id, err)
+		}
+		v, err := jsondoc.EncodeValue(fv)
+		if err != nil {
+			return fmt.Errorf("boltstore: update %s/%s field %q: %w", coll, id, k, err)
+		}
+		vals[k] = v
+	}
+	t.wrote = true
+	var cur []byte
+	b := t.btx.Bucket([]byte(coll))
+	if b != nil {
+		cur = b.Get([]byte(id))
+	}
+	if cur == nil {
+		err := fmt.Errorf("boltstore: update %s/%s: %w", coll, id, store.ErrNotFound)
+		t.spoil(err)
+		return err
+	}
+	d, err := jsondoc.Decode(cur)
+	if err != nil {
+		return fmt.Errorf("boltstore: update %s/%s: stored document is not JSON: %w", coll, id, err)
+	}
+	m, _ := d.(map[string]any)
+	if m == nil {
+		m = map[string]any{}
+	}
+	for k, v := range vals {
+		m[k] = v
+	}
+	raw, _, err := jsondoc.Encode(m)
+	if err != nil {
+		return fmt.Errorf("boltstore: update %s/%s: %w", coll, id, err)
+	}
+	return b.Put([]byte(id), raw)
+}
+
+func (t *tx) Delete(coll, id string) error {
+	if err := t.usable(); err != nil {
+		return err
+	}
+	if err := jsondoc.CheckPath(coll, id); err != nil {
+		return fmt.Errorf("boltstore: delete: %w", err)
+	}
+	t.wrote = true
+	b := t.btx.Bucket([]byte(coll))
+	if b == nil {
+		return nil
+	}
+	return b.Delete([]byte(id))
+}
