@@ -1,8 +1,13 @@
 package creds
 
 import (
+	"crypto/sha512"
+	"encoding/base32"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -27,13 +32,31 @@ type UserSpec struct {
 	// the broker's nonce at connect time and stays with the holder.
 	PublicKey string
 	// Name is informational (server logs, connection listings).
-	Name        string
+	Name string
+	// Kind is what the credential is for. Guarded kinds (node, bootstrap,
+	// app, guest, job) pass Guard before signing; see KindUnset for the
+	// zero value.
+	Kind Kind
+	// Hosted are the agents the credential serves, as Guard reads them for
+	// Kind: the node's roster, the bootstrap agent, the app key, the guest
+	// key, the job's performing agent. Empty for service credentials.
+	Hosted      []string
 	Permissions Permissions
 	// Expires is when the broker stops accepting the JWT and disconnects its
 	// connections. Zero means no expiry, which is only right for credentials
-	// that never leave the process (internal worker connections).
+	// that never leave the process (internal worker connections) and for
+	// node credentials on an instance minting without expiry. Guest and job
+	// credentials must expire; a job credential within MaxJobLifetime.
 	Expires time.Time
+	// RevokedAt is the latest revocation in the mesh account covering
+	// PublicKey (RevokedAt(claims, key)), zero if none. Revocation is by key
+	// and whole second, so the JWT is issued at least one second after it:
+	// its iat is max(now, RevokedAt+1s), or the broker would refuse it.
+	RevokedAt time.Time
 }
+
+// MaxJobLifetime bounds a job credential: it serves one job, minutes long.
+const MaxJobLifetime = time.Hour
 
 // UserCreds is a user JWT with the key it was issued to.
 type UserCreds struct {
@@ -53,11 +76,16 @@ func (c UserCreds) NATSOption() nats.Option {
 
 // MintUser signs a user JWT for the mesh account with the account signing key.
 // It refuses an empty permission set and claims the broker would reject, so
-// mistakes surface here rather than as a failed connection.
+// mistakes surface here rather than as a failed connection. Guarded kinds
+// pass Guard first, so no credential that leaves the process is signed with
+// a set that breaks spec §4.6 rule 4, and their key bindings are checked:
+// a guest or app credential is issued to the hosted key itself, a bootstrap
+// credential never to the agent key (spec §2.3).
 //
-// The JWT's issue time is the current second. Revocation in NATS is by key and
-// whole second, so a credential minted for a key in the same second that key
-// was revoked is revoked too.
+// The JWT's issue time is the current second, or the second after
+// spec.RevokedAt if that is later: revocation in NATS is by key and whole
+// second, so a credential minted for a key in the second it was revoked would
+// be revoked too.
 func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if !keys.IsUserPublicKey(spec.PublicKey) {
 		return "", fmt.Errorf("mint user: %q is not a user public key", spec.PublicKey)
@@ -65,6 +93,9 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	p := spec.Permissions
 	if len(p.PubAllow) == 0 && len(p.SubAllow) == 0 {
 		return "", errors.New("mint user: empty permission set (it would inherit the account's defaults)")
+	}
+	if err := checkKind(spec); err != nil {
+		return "", fmt.Errorf("mint user: %w", err)
 	}
 	uc := jwt.NewUserClaims(spec.PublicKey)
 	uc.Name = spec.Name
@@ -76,7 +107,79 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if !spec.Expires.IsZero() {
 		uc.Expires = spec.Expires.Unix()
 	}
-	return encodeUser(uc, t.meshSigning)
+	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(time.Now(), spec.RevokedAt))
+	if err != nil {
+		return "", err
+	}
+	// The JWT rides in the client's CONNECT line; leave room for the rest
+	// of that line (signature, name, options).
+	if len(token) > MaxControlLine-connectLineOverhead {
+		return "", fmt.Errorf("mint user: the jwt is %d bytes, more than a broker with max_control_line %d accepts",
+			len(token), MaxControlLine)
+	}
+	return token, nil
+}
+
+// connectLineOverhead bounds what a client's CONNECT line holds besides the
+// JWT: the nonce signature, client name, version and options.
+const connectLineOverhead = 1024
+
+// MintServiceUser makes a fresh key and a mesh-account user JWT with
+// ServicePermissions for it: the identity of an internal worker. The JWT does
+// not expire and is never guarded, so it must never leave the process.
+func (t *Trust) MintServiceUser(name string) (UserCreds, error) {
+	key, err := keys.Generate[keys.CredentialRole]()
+	if err != nil {
+		return UserCreds{}, fmt.Errorf("mint service user: %w", err)
+	}
+	s, err := t.MintUser(UserSpec{
+		PublicKey:   key.Public(),
+		Name:        name,
+		Kind:        KindService,
+		Permissions: ServicePermissions(),
+	})
+	if err != nil {
+		return UserCreds{}, fmt.Errorf("mint service user: %w", err)
+	}
+	return UserCreds{JWT: s, Key: key}, nil
+}
+
+// checkKind runs the guard and the per-kind binding rules of spec.
+func checkKind(spec UserSpec) error {
+	switch {
+	case spec.Kind == KindUnset:
+		return errors.New("credential kind not set; every credential names what it is for")
+	case spec.Kind == KindService:
+		if len(spec.Hosted) > 0 {
+			return fmt.Errorf("%s credential names hosted agents; set the kind that serves them", spec.Kind)
+		}
+		return nil
+	case !spec.Kind.Guarded():
+		return fmt.Errorf("unknown credential kind %s", spec.Kind)
+	}
+	if err := Guard(spec.Kind, spec.Hosted, spec.Permissions); err != nil {
+		return err
+	}
+	switch spec.Kind {
+	case KindGuest, KindApp:
+		if spec.Hosted[0] != spec.PublicKey {
+			return fmt.Errorf("a %s credential is issued to the key it hosts, not %s", spec.Kind, spec.PublicKey)
+		}
+	case KindBootstrap:
+		if spec.Hosted[0] == spec.PublicKey {
+			return errors.New("a bootstrap credential is bound to its own credential key, never to the agent key")
+		}
+	}
+	switch spec.Kind {
+	case KindGuest, KindJob:
+		if spec.Expires.IsZero() {
+			return fmt.Errorf("a %s credential must expire", spec.Kind)
+		}
+	}
+	if spec.Kind == KindJob && time.Until(spec.Expires) > MaxJobLifetime {
+		return fmt.Errorf("a job credential lives at most %s", MaxJobLifetime)
+	}
+	return nil
 }
 
 // MintSystemUser makes a fresh key and a system-account user JWT for it, for
@@ -110,4 +213,66 @@ func encodeUser(uc *jwt.UserClaims, signer *keys.Account) (string, error) {
 		return "", fmt.Errorf("mint user: %w", err)
 	}
 	return s, nil
+}
+
+// issueAfter is the issue time of a credential minted at now for a key last
+// revoked at revokedAt: now, or the second after the revocation if that is
+// later (the broker revokes every JWT of the key with iat <= revokedAt).
+func issueAfter(now, revokedAt time.Time) int64 {
+	iat := now.Unix()
+	if !revokedAt.IsZero() && revokedAt.Unix() >= iat {
+		iat = revokedAt.Unix() + 1
+	}
+	return iat
+}
+
+// encodeUserAt is encodeUser with an issue time of at least iat.
+//
+// jwt v2 always stamps the current second as iat when it encodes, with no
+// way to choose it. When a later one is needed, the encoded claims (issuer,
+// type, version already filled in) get the new iat and a recomputed claim id,
+// and are serialised and signed here exactly as the library does; the result
+// is decoded again to prove it verifies.
+func encodeUserAt(uc *jwt.UserClaims, signer *keys.Account, iat int64) (string, error) {
+	token, err := encodeUser(uc, signer)
+	if err != nil || uc.IssuedAt >= iat {
+		return token, err
+	}
+	uc.IssuedAt = iat
+	uc.ID = ""
+	id, err := claimsID(&uc.ClaimsData)
+	if err != nil {
+		return "", fmt.Errorf("mint user: %w", err)
+	}
+	uc.ID = id
+	payload, err := json.Marshal(uc)
+	if err != nil {
+		return "", fmt.Errorf("mint user: %w", err)
+	}
+	header, _, _ := strings.Cut(token, ".")
+	toSign := header + "." + base64.RawURLEncoding.EncodeToString(payload)
+	sig, err := signer.NKey().Sign([]byte(toSign))
+	if err != nil {
+		return "", fmt.Errorf("mint user: %w", err)
+	}
+	token = toSign + "." + base64.RawURLEncoding.EncodeToString(sig)
+	back, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return "", fmt.Errorf("mint user: re-issued jwt does not decode: %w", err)
+	}
+	if back.IssuedAt != iat || back.ID != id || back.Issuer != signer.Public() {
+		return "", errors.New("mint user: re-issued jwt does not carry the claims it was given")
+	}
+	return token, nil
+}
+
+// claimsID is the jwt library's claim id: the SHA-512/256 of the JSON of the
+// standard claims with an empty id, in unpadded base32.
+func claimsID(c *jwt.ClaimsData) (string, error) {
+	j, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	h := sha512.Sum512_256(j)
+	return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:]), nil
 }

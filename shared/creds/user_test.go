@@ -28,14 +28,15 @@ func TestMintUser(t *testing.T) {
 		spec    UserSpec
 		wantErr string
 	}{
-		{"valid", UserSpec{PublicKey: key.Public(), Name: "node", Permissions: perms, Expires: expires}, ""},
-		{"no expiry", UserSpec{PublicKey: key.Public(), Permissions: perms}, ""},
-		{"account key as subject", UserSpec{PublicKey: pk.MeshAccount, Permissions: perms}, "not a user public key"},
-		{"empty key", UserSpec{Permissions: perms}, "not a user public key"},
-		{"empty permissions", UserSpec{PublicKey: key.Public()}, "empty permission set"},
-		{"deny lists only", UserSpec{PublicKey: key.Public(), Permissions: Permissions{PubDeny: []string{">"}}}, "empty permission set"},
-		{"bad subject", UserSpec{PublicKey: key.Public(), Permissions: Permissions{PubAllow: []string{"a b"}}}, "invalid claims"},
-		{"already expired", UserSpec{PublicKey: key.Public(), Permissions: perms, Expires: time.Now().Add(-time.Minute)}, "invalid claims"},
+		{"valid", UserSpec{Kind: KindService, PublicKey: key.Public(), Name: "node", Permissions: perms, Expires: expires}, ""},
+		{"no expiry", UserSpec{Kind: KindService, PublicKey: key.Public(), Permissions: perms}, ""},
+		{"account key as subject", UserSpec{Kind: KindService, PublicKey: pk.MeshAccount, Permissions: perms}, "not a user public key"},
+		{"empty key", UserSpec{Kind: KindService, Permissions: perms}, "not a user public key"},
+		{"no kind", UserSpec{PublicKey: key.Public(), Permissions: perms}, "kind not set"},
+		{"empty permissions", UserSpec{Kind: KindService, PublicKey: key.Public()}, "empty permission set"},
+		{"deny lists only", UserSpec{Kind: KindService, PublicKey: key.Public(), Permissions: Permissions{PubDeny: []string{">"}}}, "empty permission set"},
+		{"bad subject", UserSpec{Kind: KindService, PublicKey: key.Public(), Permissions: Permissions{PubAllow: []string{"a b"}}}, "invalid claims"},
+		{"already expired", UserSpec{Kind: KindService, PublicKey: key.Public(), Permissions: perms, Expires: time.Now().Add(-time.Minute)}, "invalid claims"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -391,12 +391,10 @@ func (m *Mesh) ConnectService(name string, opts ...nats.Option) (*nats.Conn, err
 		return nil, err
 	}
 	userJWT, err := m.trust.MintUser(creds.UserSpec{
-		PublicKey: key.Public(),
-		Name:      name,
-		Permissions: creds.Permissions{
-			PubAllow: []string{">"},
-			SubAllow: []string{">"},
-		},
+		PublicKey:   key.Public(),
+		Name:        name,
+		Kind:        creds.KindService,
+		Permissions: creds.ServicePermissions(),
 	})
 	if err != nil {
 		return nil, err

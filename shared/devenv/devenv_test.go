@@ -59,6 +59,7 @@ func newUser(t *testing.T, m *Mesh, perms creds.Permissions) creds.UserCreds {
 	userJWT, err := m.Trust().MintUser(creds.UserSpec{
 		PublicKey:   key.Public(),
 		Name:        t.Name(),
+		Kind:        creds.KindService,
 		Permissions: perms,
 		Expires:     time.Now().Add(time.Hour),
 	})
@@ -89,6 +90,7 @@ func TestUnauthenticatedConnectionsAreRefused(t *testing.T) {
 	}
 	strangerJWT, err := stranger.MintUser(creds.UserSpec{
 		PublicKey:   strangerKey.Public(),
+		Kind:        creds.KindService,
 		Permissions: creds.Permissions{PubAllow: []string{">"}, SubAllow: []string{">"}},
 	})
 	if err != nil {

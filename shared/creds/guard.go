@@ -1,0 +1,422 @@
+package creds
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Rule names one check of the guard; it appears in every refusal.
+type Rule string
+
+// The guard's rules (spec §4.6 rule 4, and what follows from it for the
+// other kinds).
+const (
+	// RuleRoster: the hosted set is present, within the kind's size, free of
+	// duplicates, and made of user public keys (which also keeps dots and
+	// wildcards out of every per-agent subject).
+	RuleRoster Rule = "roster"
+	// RuleAllowLists: both allow lists are non-empty; an empty set would
+	// inherit the account's defaults.
+	RuleAllowLists Rule = "allow-lists"
+	// RuleDenies: $KV.>, mesh.peer.>, mesh.aclroom.> and $SYS.> are denied for
+	// both publish and subscribe (for a guest also $JS.API.> and $JS.ACK.>).
+	RuleDenies Rule = "deny-entries"
+	// RuleInboxSubscribe: a subscription that reaches any agent inbox must be
+	// exactly a hosted agent's inbox or guarded inbox, never a wildcard.
+	RuleInboxSubscribe Rule = "inbox-subscribe"
+	// RuleStreamSubjects: JetStream subjects ($JS.>, and the $KV.> and $O.>
+	// stream namespaces) are granted only as the hosted agents' own mailbox
+	// subjects plus the one stream-info subject, and only to publish. An ack
+	// pattern passes only if, in both ack layouts the broker routes, it
+	// reaches the hosted agents' own mailbox consumers and no other
+	// (ackGrantSafe).
+	RuleStreamSubjects Rule = "stream-subjects"
+	// RuleFeedPublish: a feed publish is mesh.feed.<hosted agent>.<topic or *>.
+	RuleFeedPublish Rule = "feed-publish"
+	// RuleOwnerPublish: outbox and trace publishes name a hosted agent.
+	RuleOwnerPublish Rule = "owner-publish"
+	// RuleGuardedPublish: nobody but the admission service publishes to a
+	// guarded inbox.
+	RuleGuardedPublish Rule = "guarded-inbox-publish"
+	// RuleSandbox: a guest reaches no admission, rooms, artifacts or board
+	// subject.
+	RuleSandbox Rule = "sandbox"
+	// RuleJobScope: a job credential names one literal task wherever it
+	// touches mesh.task.
+	RuleJobScope Rule = "job-scope"
+)
+
+// GuardError is a refusal by the guard.
+type GuardError struct {
+	Kind Kind
+	Rule Rule
+	// Subject is the offending subject or roster entry ("" when the refusal
+	// is about something missing).
+	Subject string
+	Reason  string
+}
+
+func (e *GuardError) Error() string {
+	if e.Subject == "" {
+		return fmt.Sprintf("guard: %s credential refused by rule %q: %s", e.Kind, e.Rule, e.Reason)
+	}
+	return fmt.Sprintf("guard: %s credential refused by rule %q: %q %s", e.Kind, e.Rule, e.Subject, e.Reason)
+}
+
+// profile is what each guarded kind may do with its hosted agents.
+type profile struct {
+	minHosted, maxHosted int
+	inboxes              bool // may subscribe the hosted agents' inboxes
+	mailbox              bool // may use the hosted agents' mailbox consumers
+	feeds                bool // may publish the hosted agents' feeds
+	sandbox              bool
+	job                  bool
+	denies               []string
+}
+
+// What "hosted" means per kind:
+//
+//   - node: the roster, 1 to 16 agents whose inboxes, mailboxes, feeds,
+//     outboxes and traces the node serves;
+//   - bootstrap: the one agent named in the am_ exchange, served like a node;
+//   - app: the app's own key, served like a node;
+//   - guest: the guest's own key: its inbox, feeds, outbox and trace, but no
+//     mailbox;
+//   - job: the one agent performing the task: its outbox and trace only; a
+//     job subscribes no inbox, has no mailbox and publishes no feed.
+func profileOf(k Kind) (profile, bool) {
+	switch k {
+	case KindNode:
+		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, denies: RequiredDenies()}, true
+	case KindBootstrap, KindApp:
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, denies: RequiredDenies()}, true
+	case KindGuest:
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, sandbox: true, denies: guestDenies()}, true
+	case KindJob:
+		return profile{minHosted: 1, maxHosted: 1, job: true, denies: RequiredDenies()}, true
+	}
+	return profile{}, false
+}
+
+// The subject spaces the guard watches, as wildcard patterns.
+var (
+	inboxSpaces       = []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")}
+	streamSpaces      = []string{"$JS.>", denyKV, "$O.>"}
+	feedSpace         = protocol.FeedSubject("*", "*")
+	outboxSpace       = protocol.OutboxSubject("*")
+	traceSpace        = protocol.TraceSubject(">")
+	guardedInboxSpace = protocol.GuardedInboxSubject("*")
+	sandboxSpaces     = []string{protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard,
+		roomsPrefix + ">", artifactsPrefix + ">", boardPrefix + ">"}
+)
+
+// Guard checks a permission set against the rules of spec §4.6 rule 4 for a
+// credential of kind hosting the agents in hosted, and returns a *GuardError
+// naming the first broken rule and the offending subject. Only guarded kinds
+// (Kind.Guarded) have a guard; the others are refused. Subjects are compared
+// as NATS subjects, token by token, with * and > as the broker reads them.
+func Guard(kind Kind, hosted []string, p Permissions) error {
+	prof, ok := profileOf(kind)
+	if !ok {
+		return &GuardError{Kind: kind, Rule: RuleRoster, Reason: "is not a guarded kind; only credentials that never leave the process go unguarded"}
+	}
+	refuse := func(r Rule, subject, format string, args ...any) error {
+		return &GuardError{Kind: kind, Rule: r, Subject: subject, Reason: fmt.Sprintf(format, args...)}
+	}
+
+	// Roster.
+	switch {
+	case len(hosted) < prof.minHosted:
+		return refuse(RuleRoster, "", "empty roster: the credential hosts no agent")
+	case len(hosted) > prof.maxHosted:
+		return refuse(RuleRoster, "", "roster of %d agents, at most %d allowed", len(hosted), prof.maxHosted)
+	}
+	for i, h := range hosted {
+		if !keys.IsUserPublicKey(h) {
+			return refuse(RuleRoster, h, "is not an agent public key")
+		}
+		if slices.Contains(hosted[:i], h) {
+			return refuse(RuleRoster, h, "is on the roster twice")
+		}
+	}
+
+	// Allow lists.
+	if len(p.PubAllow) == 0 {
+		return refuse(RuleAllowLists, "", "empty publish allow list (it would inherit the account's defaults)")
+	}
+	if len(p.SubAllow) == 0 {
+		return refuse(RuleAllowLists, "", "empty subscribe allow list (it would inherit the account's defaults)")
+	}
+
+	// Denies.
+	for _, d := range prof.denies {
+		if !anyCovers(p.PubDeny, d) {
+			return refuse(RuleDenies, d, "is missing from the publish deny list")
+		}
+		if !anyCovers(p.SubDeny, d) {
+			return refuse(RuleDenies, d, "is missing from the subscribe deny list")
+		}
+	}
+
+	// The hosted agents' own subjects, by what this kind may do with them.
+	var ownInboxes, ownStream, ownConsumers, ownFeeds, ownOutboxes, ownTraces []string
+	if prof.mailbox {
+		ownStream = append(ownStream, protocol.MailboxStreamInfoSubject())
+	}
+	for _, h := range hosted {
+		if prof.inboxes {
+			ownInboxes = append(ownInboxes, protocol.InboxSubject(h))
+			if !prof.sandbox {
+				ownInboxes = append(ownInboxes, protocol.GuardedInboxSubject(h))
+			}
+		}
+		if prof.mailbox {
+			ownStream = append(ownStream, mailboxSubjects(h)...)
+			ownConsumers = append(ownConsumers, protocol.MailboxConsumer(h))
+		}
+		if prof.feeds {
+			ownFeeds = append(ownFeeds, h)
+		}
+		ownOutboxes = append(ownOutboxes, protocol.OutboxSubject(h))
+		ownTraces = append(ownTraces, protocol.TraceSubject(h))
+	}
+
+	// Subscriptions.
+	for _, s := range p.SubAllow {
+		if !validPattern(s) {
+			return refuse(RuleAllowLists, s, "is not a valid subscribe subject")
+		}
+		if anyOverlaps(inboxSpaces, s) && !slices.Contains(ownInboxes, s) {
+			switch {
+			case hasWildcard(s):
+				return refuse(RuleInboxSubscribe, s, "subscribes to agent inboxes through a wildcard")
+			case len(ownInboxes) == 0:
+				return refuse(RuleInboxSubscribe, s, "subscribes to an inbox; a %s credential subscribes to none", kind)
+			default:
+				return refuse(RuleInboxSubscribe, s, "subscribes to an inbox outside the hosted agents' own")
+			}
+		}
+		if anyOverlaps(streamSpaces, s) {
+			return refuse(RuleStreamSubjects, s, "subscribes to a JetStream subject")
+		}
+		if prof.job {
+			if err := jobScope(s); err != "" {
+				return refuse(RuleJobScope, s, "%s", err)
+			}
+		}
+	}
+
+	// Publishes.
+	for _, s := range p.PubAllow {
+		if !validPattern(s) {
+			return refuse(RuleAllowLists, s, "is not a valid publish subject")
+		}
+		if anyOverlaps(streamSpaces, s) && !slices.Contains(ownStream, s) {
+			switch {
+			case len(ownStream) == 0:
+				return refuse(RuleStreamSubjects, s, "reaches JetStream; a %s credential has no mailbox", kind)
+			case patternsOverlap(ackSpace, s) && !ackGrantSafe(s, ownConsumers):
+				return refuse(RuleStreamSubjects, s, "reaches the acknowledgement subjects of consumers other than the hosted agents' own mailboxes")
+			case !patternsOverlap(ackSpace, s):
+				return refuse(RuleStreamSubjects, s, "reaches JetStream outside the hosted agents' own mailbox subjects")
+			}
+		}
+		if patternsOverlap(feedSpace, s) && !ownFeed(s, ownFeeds) {
+			if len(ownFeeds) == 0 {
+				return refuse(RuleFeedPublish, s, "publishes on a feed; a %s credential publishes none", kind)
+			}
+			return refuse(RuleFeedPublish, s, "publishes on a feed outside mesh.feed.<hosted agent>.*")
+		}
+		if patternsOverlap(guardedInboxSpace, s) {
+			return refuse(RuleGuardedPublish, s, "publishes to guarded inboxes, which only the admission service may do")
+		}
+		if patternsOverlap(outboxSpace, s) && !slices.Contains(ownOutboxes, s) {
+			return refuse(RuleOwnerPublish, s, "publishes on an outbox that is not a hosted agent's")
+		}
+		if patternsOverlap(traceSpace, s) && !slices.Contains(ownTraces, s) {
+			return refuse(RuleOwnerPublish, s, "publishes on a trace subject that is not a hosted agent's")
+		}
+		if prof.sandbox && anyOverlaps(sandboxSpaces, s) {
+			return refuse(RuleSandbox, s, "is outside the sandbox (no admission, rooms, artifacts or board)")
+		}
+		if prof.job {
+			if err := jobScope(s); err != "" {
+				return refuse(RuleJobScope, s, "%s", err)
+			}
+		}
+	}
+	return nil
+}
+
+// The two layouts of JetStream acknowledgement subjects, as the broker
+// subscribes them for every consumer: v1 $JS.ACK.<stream>.<consumer> plus
+// exactly five tokens, and v2 $JS.ACK.<domain>.<account hash>.<stream>
+// .<consumer> plus five or more.
+var (
+	ackSpace   = "$JS.ACK.>"
+	ackV1Shape = "$JS.ACK.*.*.*.*.*.*.*"
+	ackV2Shape = "$JS.ACK.*.*.*.*.*.*.*.*.>"
+)
+
+// ackGrantSafe reports whether the publish pattern s reaches the
+// acknowledgement subjects of the given consumers of the mailbox stream and
+// of no other consumer, in either layout. Where s can take the v1 layout, the
+// stream and consumer tokens (third and fourth) must be literal and one of
+// ours; where it can take the v2 layout, the fifth and sixth must be, unless
+// the third and fourth already are (a v2 reading would then need an account
+// hash equal to a consumer name, which cannot be).
+func ackGrantSafe(s string, consumers []string) bool {
+	t := strings.Split(s, ".")
+	if len(t) < 4 || t[0] != "$JS" || t[1] != "ACK" {
+		return false
+	}
+	v1Own := t[2] == protocol.MailboxStream && slices.Contains(consumers, t[3])
+	v2Own := len(t) >= 6 && t[4] == protocol.MailboxStream && slices.Contains(consumers, t[5])
+	if patternsOverlap(ackV1Shape, s) && !v1Own {
+		return false
+	}
+	if patternsOverlap(ackV2Shape, s) && !v2Own && !v1Own {
+		return false
+	}
+	return v1Own || v2Own
+}
+
+// ownFeed reports whether s is mesh.feed.<owner>.<topic or *> for one of owners.
+func ownFeed(s string, owners []string) bool {
+	t := strings.Split(s, ".")
+	return len(t) == 4 && t[0] == "mesh" && t[1] == "feed" && t[3] != ">" &&
+		slices.Contains(owners, t[2])
+}
+
+// jobScope explains why s, in a job credential, reaches more than one task,
+// or returns "".
+func jobScope(s string) string {
+	if !patternsOverlap(subjTaskAll, s) {
+		return ""
+	}
+	t := strings.Split(s, ".")
+	switch {
+	case t[0] != "mesh" || t[1] != "task":
+		return "reaches task subjects through a wildcard"
+	case len(t) < 3 || isWildcard(t[2]):
+		return "reaches more than one task"
+	case t[2] == "get" && (len(t) != 4 || isWildcard(t[3])):
+		return "reads more than one task"
+	}
+	return ""
+}
+
+func anyCovers(patterns []string, subject string) bool {
+	for _, p := range patterns {
+		if subjectCovers(p, subject) {
+			return true
+		}
+	}
+	return false
+}
+
+func anyOverlaps(patterns []string, s string) bool {
+	for _, p := range patterns {
+		if patternsOverlap(p, s) {
+			return true
+		}
+	}
+	return false
+}
+
+func isWildcard(tok string) bool { return tok == "*" || tok == ">" }
+
+// nextToken splits the first token off a subject; more reports whether
+// another token follows.
+func nextToken(s string) (tok, rest string, more bool) {
+	tok, rest, more = strings.Cut(s, ".")
+	return tok, rest, more
+}
+
+func hasWildcard(s string) bool {
+	for {
+		tok, rest, more := nextToken(s)
+		if isWildcard(tok) {
+			return true
+		}
+		if !more {
+			return false
+		}
+		s = rest
+	}
+}
+
+// validPattern reports whether s is a subject or subscription pattern the
+// broker would read as one: non-empty tokens without white space, wildcards
+// only as whole tokens, > only last.
+func validPattern(s string) bool {
+	start, wild := 0, false
+	for i := 0; i <= len(s); i++ {
+		if i < len(s) && s[i] != '.' {
+			switch s[i] {
+			case ' ', '\t', '\r', '\n':
+				return false
+			case '*', '>':
+				wild = true
+			}
+			continue
+		}
+		tok := s[start:i]
+		switch {
+		case tok == "":
+			return false
+		case tok == ">" && i != len(s):
+			return false
+		case wild && tok != "*" && tok != ">":
+			return false
+		}
+		start, wild = i+1, false
+	}
+	return true
+}
+
+// subjectCovers reports whether pattern matches every subject that subject
+// matches (subject may itself hold wildcards): token by token, * covers one
+// token (a literal or *), > covers one or more remaining tokens.
+func subjectCovers(pattern, subject string) bool {
+	for {
+		pt, prest, pmore := nextToken(pattern)
+		st, srest, smore := nextToken(subject)
+		switch {
+		case pt == ">":
+			return true
+		case pt == "*":
+			if st == ">" {
+				return false
+			}
+		case st != pt:
+			return false
+		}
+		if !pmore || !smore {
+			return pmore == smore
+		}
+		pattern, subject = prest, srest
+	}
+}
+
+// patternsOverlap reports whether some concrete subject matches both a and b.
+func patternsOverlap(a, b string) bool {
+	for {
+		x, arest, amore := nextToken(a)
+		y, brest, bmore := nextToken(b)
+		switch {
+		case x == ">" || y == ">":
+			return true
+		case x != "*" && y != "*" && x != y:
+			return false
+		}
+		if !amore || !bmore {
+			return amore == bmore
+		}
+		a, b = arest, brest
+	}
+}

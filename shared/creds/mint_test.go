@@ -1,0 +1,298 @@
+package creds
+
+import (
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"agentmesh.dev/mesh/shared/keys"
+)
+
+func TestMintUserGuardsKinds(t *testing.T) {
+	tr := mustTrust(t)
+	cred := mustUserKey(t).Public()
+	ag := agentKeys(t, 3)
+	a, b := ag[0], ag[1]
+	hour := time.Now().Add(time.Hour)
+
+	tests := []struct {
+		name     string
+		spec     UserSpec
+		wantErr  string
+		wantRule Rule
+	}{
+		{"node", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2]), Expires: hour}, "", ""},
+		{"node without expiry", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2])}, "", ""},
+		{"bootstrap", UserSpec{PublicKey: cred, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a), Expires: hour}, "", ""},
+		{"app", UserSpec{PublicKey: a, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a), Expires: hour}, "", ""},
+		{"guest", UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a), Expires: hour}, "", ""},
+		{"job", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1"), Expires: time.Now().Add(10 * time.Minute)}, "", ""},
+		{"service", UserSpec{PublicKey: cred, Kind: KindService, Permissions: ServicePermissions()}, "", ""},
+
+		{"node roster beyond its set", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: []string{a}, Permissions: NodePermissions(ag[:2])},
+			"guard", RuleInboxSubscribe},
+		{"node with no roster", UserSpec{PublicKey: cred, Kind: KindNode, Permissions: NodePermissions(nil)}, "guard", RuleRoster},
+		{"guest issued to another key", UserSpec{PublicKey: cred, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a), Expires: hour},
+			"issued to the key it hosts", ""},
+		{"app issued to another key", UserSpec{PublicKey: b, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a), Expires: hour},
+			"issued to the key it hosts", ""},
+		{"bootstrap issued to the agent key", UserSpec{PublicKey: a, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a), Expires: hour},
+			"never to the agent key", ""},
+		{"guest without expiry", UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a)}, "must expire", ""},
+		{"job without expiry", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1")}, "must expire", ""},
+		{"job for a day", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1"), Expires: time.Now().Add(24 * time.Hour)},
+			"lives at most", ""},
+		{"hosted agents without a kind", UserSpec{Kind: KindService, PublicKey: cred, Hosted: []string{a}, Permissions: NodePermissions([]string{a})}, "set the kind", ""},
+		{"service with hosted agents", UserSpec{PublicKey: cred, Kind: KindService, Hosted: []string{a}, Permissions: ServicePermissions()}, "set the kind", ""},
+		{"unknown kind", UserSpec{PublicKey: cred, Kind: Kind(42), Permissions: ServicePermissions()}, "unknown credential kind", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			token, err := tr.MintUser(tc.spec)
+			if tc.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				var ge *GuardError
+				if tc.wantRule != "" && (!errors.As(err, &ge) || ge.Rule != tc.wantRule) {
+					t.Fatalf("err = %v, want a guard refusal by %q", err, tc.wantRule)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("MintUser: %v", err)
+			}
+			uc, err := jwt.DecodeUserClaims(token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			p := tc.spec.Permissions
+			if !slices.Equal(uc.Pub.Allow, p.PubAllow) || !slices.Equal(uc.Sub.Allow, p.SubAllow) ||
+				!slices.Equal(uc.Pub.Deny, p.PubDeny) || !slices.Equal(uc.Sub.Deny, p.SubDeny) {
+				t.Fatal("JWT permissions differ from the spec's")
+			}
+		})
+	}
+}
+
+func TestMintServiceUser(t *testing.T) {
+	tr := mustTrust(t)
+	c, err := tr.MintServiceUser("worker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(c.JWT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uc.Subject != c.Key.Public() || uc.IssuerAccount != tr.PublicKeys().MeshAccount {
+		t.Errorf("subject %s account %s", uc.Subject, uc.IssuerAccount)
+	}
+	if !slices.Contains(uc.Pub.Deny, "$SYS.>") || !slices.Contains(uc.Sub.Deny, "$SYS.>") {
+		t.Errorf("service user does not deny $SYS.>: %v %v", uc.Pub.Deny, uc.Sub.Deny)
+	}
+	if uc.Expires != 0 {
+		t.Errorf("service user expires")
+	}
+}
+
+func TestMintUserIssuesAfterRevocation(t *testing.T) {
+	tr := mustTrust(t)
+	key := mustUserKey(t)
+	ag := agentKeys(t, 1)
+	account := tr.MeshAccountClaims()
+
+	now := time.Now()
+	tests := []struct {
+		name      string
+		revokedAt time.Time
+		// minIAT is the least iat the JWT may carry; maxIAT the most.
+		minIAT, maxIAT int64
+	}{
+		{"never revoked", time.Time{}, now.Unix(), now.Unix() + 2},
+		{"revoked long ago", now.Add(-time.Hour), now.Unix(), now.Unix() + 2},
+		{"revoked this second", now, now.Unix() + 1, now.Unix() + 1},
+		{"revoked ahead of the clock", now.Add(10 * time.Second), now.Unix() + 11, now.Unix() + 11},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			token, err := tr.MintUser(UserSpec{
+				PublicKey:   key.Public(),
+				Name:        "node",
+				Kind:        KindNode,
+				Hosted:      ag,
+				Permissions: NodePermissions(ag),
+				Expires:     now.Add(time.Hour),
+				RevokedAt:   tc.revokedAt,
+			})
+			if err != nil {
+				t.Fatal(err)
+			}
+			// Decoding verifies the signature of the re-issued JWT.
+			uc, err := jwt.DecodeUserClaims(token)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if uc.IssuedAt < tc.minIAT || uc.IssuedAt > tc.maxIAT {
+				t.Fatalf("iat = %d, want in [%d, %d]", uc.IssuedAt, tc.minIAT, tc.maxIAT)
+			}
+			if uc.Issuer != tr.PublicKeys().MeshSigningKey || !account.DidSign(uc) {
+				t.Fatal("re-issued JWT is not vouched for by the mesh account")
+			}
+			vr := jwt.CreateValidationResults()
+			if uc.Validate(vr); vr.IsBlocking(true) {
+				t.Fatalf("re-issued JWT invalid: %v", vr.Errors())
+			}
+			if !slices.Equal(uc.Pub.Allow, NodePermissions(ag).PubAllow) || uc.Name != "node" {
+				t.Fatal("re-issued JWT lost its claims")
+			}
+			// The claim id is the library's own: re-encoding the decoded claims
+			// at the same iat gives the same id.
+			id, err := claimsID(&jwt.ClaimsData{Audience: uc.Audience, Expires: uc.Expires, IssuedAt: uc.IssuedAt,
+				Issuer: uc.Issuer, Name: uc.Name, NotBefore: uc.NotBefore, Subject: uc.Subject})
+			if err != nil || id != uc.ID {
+				t.Fatalf("claim id %s, recomputed %s (%v)", uc.ID, id, err)
+			}
+			if !tc.revokedAt.IsZero() {
+				revoked := tr.MeshAccountClaims()
+				if err := RevokeCredentials(revoked, tc.revokedAt, key.Public()); err != nil {
+					t.Fatal(err)
+				}
+				if revoked.IsClaimRevoked(uc) {
+					t.Fatal("fresh credential falls under the revocation it was minted after")
+				}
+			}
+		})
+	}
+}
+
+func TestRevokeCredentials(t *testing.T) {
+	tr := mustTrust(t)
+	k1, k2 := mustUserKey(t).Public(), mustUserKey(t).Public()
+	ac := tr.MeshAccountClaims()
+	at := time.Unix(1_800_000_000, 0)
+
+	if err := RevokeCredentials(ac, at, k1, k2); err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{k1, k2} {
+		if got := RevokedAt(ac, k); !got.Equal(at) {
+			t.Errorf("RevokedAt(%s) = %v, want %v", k, got, at)
+		}
+		if !ac.Revocations.IsRevoked(k, at) || ac.Revocations.IsRevoked(k, at.Add(time.Second)) {
+			t.Errorf("revocation of %s does not cover exactly up to its second", k)
+		}
+	}
+	// An older revocation does not move a newer one back.
+	if err := RevokeCredentials(ac, at.Add(-time.Hour), k1); err != nil {
+		t.Fatal(err)
+	}
+	if got := RevokedAt(ac, k1); !got.Equal(at) {
+		t.Errorf("revocation moved back to %v", got)
+	}
+	// The all-keys entry counts when it is the later one.
+	other := mustUserKey(t).Public()
+	if got := RevokedAt(ac, other); !got.IsZero() {
+		t.Errorf("RevokedAt of an unrevoked key = %v", got)
+	}
+	ac.RevokeAt(jwt.All, at.Add(time.Minute))
+	if got := RevokedAt(ac, other); !got.Equal(at.Add(time.Minute)) {
+		t.Errorf("RevokedAt ignores the all-keys entry: %v", got)
+	}
+	if RevokedAt(nil, other) != (time.Time{}) {
+		t.Error("RevokedAt(nil) not zero")
+	}
+
+	for _, bad := range []struct {
+		name string
+		ac   *jwt.AccountClaims
+		at   time.Time
+		keys []string
+	}{
+		{"nil claims", nil, at, []string{k1}},
+		{"zero time", ac, time.Time{}, []string{k1}},
+		{"no keys", ac, at, nil},
+		{"all keys", ac, at, []string{jwt.All}},
+		{"account key", ac, at, []string{tr.PublicKeys().MeshAccount}},
+		{"garbage", ac, at, []string{k1, "nope"}},
+	} {
+		before := len(ac.Revocations)
+		if err := RevokeCredentials(bad.ac, bad.at, bad.keys...); err == nil {
+			t.Errorf("%s: accepted", bad.name)
+		}
+		if bad.ac != nil && len(ac.Revocations) != before {
+			t.Errorf("%s: revocations changed on refusal", bad.name)
+		}
+	}
+}
+
+// BenchmarkMintNode16 measures the node-credential door's signing work: build
+// the set of a 16-agent roster, guard it and sign the JWT.
+func BenchmarkMintNode16(b *testing.B) {
+	tr, err := Generate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	node, err := keys.Generate[keys.NodeRole]()
+	if err != nil {
+		b.Fatal(err)
+	}
+	ag := agentKeys(b, MaxNodeAgents)
+	expires := time.Now().Add(30 * 24 * time.Hour)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := tr.MintUser(UserSpec{
+			PublicKey:   node.Public(),
+			Name:        "node",
+			Kind:        KindNode,
+			Hosted:      ag,
+			Permissions: NodePermissions(ag),
+			Expires:     expires,
+		}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkGuardNode16 is the guard alone, for the same roster.
+func BenchmarkGuardNode16(b *testing.B) {
+	ag := agentKeys(b, MaxNodeAgents)
+	p := NodePermissions(ag)
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := Guard(KindNode, ag, p); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// TestLargestCredentialFitsMaxControlLine: the largest credential this
+// package mints, with a CONNECT line's overhead, fits MaxControlLine.
+func TestLargestCredentialFitsMaxControlLine(t *testing.T) {
+	tr := mustTrust(t)
+	ag := agentKeys(t, MaxNodeAgents)
+	token, err := tr.MintUser(UserSpec{
+		PublicKey: mustUserKey(t).Public(), Name: strings.Repeat("n", 256), Kind: KindNode, Hosted: ag,
+		Permissions: NodePermissions(ag), Expires: time.Now().Add(time.Hour),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// CONNECT {"verbose":false,...,"jwt":"...","sig":"<86 chars>","name":"..."}:
+	// well under 1 KB besides the JWT.
+	if len(token)+connectLineOverhead > MaxControlLine {
+		t.Fatalf("16-agent node JWT is %d bytes; CONNECT would exceed MaxControlLine %d", len(token), MaxControlLine)
+	}
+	t.Logf("16-agent node JWT: %d bytes", len(token))
+
+	// A JWT no broker would take is refused at minting.
+	_, err = tr.MintUser(UserSpec{Kind: KindService, PublicKey: mustUserKey(t).Public(), Name: strings.Repeat("n", MaxControlLine),
+		Permissions: Permissions{PubAllow: []string{"_INBOX.>"}}})
+	if err == nil || !strings.Contains(err.Error(), "max_control_line") {
+		t.Fatalf("oversized JWT: err = %v", err)
+	}
+}
