@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"strconv"
 	"strings"
 
 	"agentmesh.dev/mesh/shared/devenv"
@@ -18,6 +19,8 @@ type serveConfig struct {
 	NATSAddr string
 	WSAddr   string
 	LogLevel slog.Level
+	// MarkupPct is CREDITS_PLATFORM_MARKUP_PCT, reported by /v1/capabilities.
+	MarkupPct int
 }
 
 // setting is one flag with its environment variable and default.
@@ -83,6 +86,15 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 		return cfg, errUsage
 	}
 	cfg.LogLevel = lvl
+	cfg.MarkupPct = 10
+	if v, ok := env("CREDITS_PLATFORM_MARKUP_PCT"); ok && v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n > 1000 {
+			fmt.Fprintf(stderr, "meshd: CREDITS_PLATFORM_MARKUP_PCT must be a whole percentage, not %q\n", v)
+			return cfg, errUsage
+		}
+		cfg.MarkupPct = n
+	}
 	if cfg.DataDir == "" {
 		fmt.Fprintln(stderr, "meshd: --data-dir must not be empty")
 		return cfg, errUsage

@@ -42,8 +42,8 @@ var errUsage = errors.New("usage error")
 // never leaks into them.
 type lookupEnv func(string) (string, bool)
 
-// run dispatches a subcommand. Only "serve" exists today, and it is also what
-// runs when the first argument is a flag or absent; "admin" is reserved for
+// run dispatches a subcommand: "serve", which is also what
+// runs when the first argument is a flag or absent; "admin" runs
 // operator commands against a data directory.
 func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Writer) error {
 	cmd := "serve"
@@ -57,8 +57,10 @@ func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Wr
 			return err
 		}
 		return serve(ctx, cfg, stdout, stderr)
+	case "admin":
+		return admin(ctx, args, env, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve)\n", cmd)
+		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve, admin)\n", cmd)
 		return errUsage
 	}
 }

@@ -110,7 +110,7 @@ func TestServeWritesURLsAndRestarts(t *testing.T) {
 			wantPrefix := map[string]string{
 				"control_url":   "http://127.0.0.1:",
 				"registrar_url": "http://127.0.0.1:",
-				"console_url":   "http://127.0.0.1:",
+				"console_url":   "http://localhost:", // WebAuthn needs a domain
 				"mesh_tcp_url":  "nats://127.0.0.1:",
 				"mesh_ws_url":   "ws://127.0.0.1:",
 			}
@@ -178,25 +178,26 @@ func TestParseServeConfig(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			want: serveConfig{DataDir: "./.mesh", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelInfo},
+			want: serveConfig{DataDir: "./.mesh", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelInfo, MarkupPct: 10},
 		},
 		{
 			name: "environment",
 			env: map[string]string{"MESHD_DATA_DIR": "/var/mesh", "MESHD_HTTP_ADDR": ":9000", "MESHD_NATS_ADDR": ":5222",
-				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug"},
-			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug},
+				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug", "CREDITS_PLATFORM_MARKUP_PCT": "15"},
+			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug, MarkupPct: 15},
 		},
 		{
 			name: "flags win over environment",
 			args: []string{"--data-dir", "/flag", "--log-level", "trace"},
 			env:  map[string]string{"MESHD_DATA_DIR": "/env", "MESHD_LOG_LEVEL": "error"},
-			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4},
+			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4, MarkupPct: 10},
 		},
 		{name: "help", args: []string{"--help"}, wantErr: flag.ErrHelp},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: errUsage},
 		{name: "bad level", args: []string{"--log-level", "loud"}, wantErr: errUsage},
 		{name: "stray argument", args: []string{"extra"}, wantErr: errUsage},
 		{name: "empty data dir", args: []string{"--data-dir", ""}, wantErr: errUsage},
+		{name: "bad markup", env: map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "ten"}, wantErr: errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -6,7 +6,7 @@
 package devenv
 
 import (
-	"agentmesh.dev/mesh/functions/health"
+	"agentmesh.dev/mesh/shared/mail"
 	"context"
 	"errors"
 	"fmt"
@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -44,6 +45,30 @@ type Config struct {
 	Logger *slog.Logger
 	// ReadyTimeout bounds how long Start waits for the broker; zero means 30s.
 	ReadyTimeout time.Duration
+
+	// MeshName names this mesh in credential answers ("meshd" by default).
+	MeshName string
+	// Mail delivers the control plane's mail; nil writes it to the data
+	// directory's outbox (and logs where, never the body).
+	Mail mail.Sender
+	// Now is the control plane's clock; nil is time.Now.
+	Now func() time.Time
+	// NoExpiry mints node credentials without an expiry.
+	NoExpiry bool
+	// GuestIdleTTL is the guest lease idle timeout (10 minutes by default).
+	GuestIdleTTL time.Duration
+	// RateLimit is the per-address HTTP limit per minute (600 by default).
+	RateLimit int
+	// MarkupPct is the platform markup /v1/capabilities reports; meshd
+	// reads it from CREDITS_PLATFORM_MARKUP_PCT (10 when unset).
+	MarkupPct int
+}
+
+func (c Config) meshName() string {
+	if c.MeshName == "" {
+		return serverName
+	}
+	return c.MeshName
 }
 
 // URLs are the addresses an adapter needs, as printed by meshd and written to
@@ -61,6 +86,10 @@ const (
 	keysDir     = "keys"
 	accountsDir = "nats/accounts"
 )
+
+// MaxControlLine is the broker's max_control_line: room for the CONNECT of
+// the largest credential the control plane mints.
+const MaxControlLine = 64 << 10
 
 // serverName names the embedded broker in its logs and server listings
 // (otherwise it would be a random id that changes on every start).
@@ -81,6 +110,11 @@ type Mesh struct {
 	// sys is the in-process system-account connection used to push account
 	// updates; its state also answers /healthz.
 	sys *nats.Conn
+
+	// control is the control plane (store, services, routes).
+	control *Control
+	// closers release what the control plane opened, after HTTP stops.
+	closers []func() error
 
 	// accountMu serialises read-modify-write of the mesh account JWT, so two
 	// concurrent revocations cannot overwrite each other.
@@ -126,7 +160,7 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 		_ = m.Shutdown(context.Background()) // stop whatever got started
 		return nil, err
 	}
-	if err := m.startHTTP(cfg.HTTPAddr); err != nil {
+	if err := m.startHTTP(dataDir, cfg); err != nil {
 		_ = m.Shutdown(context.Background())
 		return nil, err
 	}
@@ -185,6 +219,10 @@ func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyT
 		// The broker appends "jetstream" to StoreDir, giving <data-dir>/jetstream.
 		StoreDir:               dataDir,
 		DisableJetStreamBanner: true,
+		// A node credential lists its permissions per hosted agent; a full
+		// 16-agent roster's JWT is about 18 KiB, over the default 4 KiB
+		// CONNECT line. The managed cluster needs the same setting.
+		MaxControlLine: MaxControlLine,
 		Websocket: server.WebsocketOpts{
 			Host:  wsHost,
 			Port:  wsPort,
@@ -338,8 +376,10 @@ func (m *Mesh) checkMeshAccount(ctx context.Context) error {
 	return nil
 }
 
-// startHTTP listens on addr and serves the mux with /healthz mounted.
-func (m *Mesh) startHTTP(addr string) error {
+// startHTTP listens on cfg.HTTPAddr, mounts /healthz and the control
+// plane, and serves the mux.
+func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
+	addr := cfg.HTTPAddr
 	if addr == "" {
 		addr = defaultAddr
 	}
@@ -351,12 +391,15 @@ func (m *Mesh) startHTTP(addr string) error {
 	base := "http://" + advertiseAddr(host, ln.Addr().(*net.TCPAddr).Port)
 	m.urls.Control = base
 	m.urls.Registrar = base
-	m.urls.Console = base + "/console/"
+	// The console is served as localhost: WebAuthn needs a domain, and
+	// browsers treat http://localhost as a secure context.
+	m.urls.Console = strings.Replace(base, "127.0.0.1", "localhost", 1) + "/console/"
 
 	m.mux.HandleFunc("GET /healthz", m.handleHealthz)
-	// Every function group is mounted on the same mux, as in the cloud
-	// each route is its own function.
-	health.Mount(m.mux)
+	if err := m.startControlPlane(dataDir, cfg, base); err != nil {
+		ln.Close()
+		return err
+	}
 	m.httpSrv = &http.Server{
 		Handler:           m.mux,
 		ReadHeaderTimeout: 10 * time.Second,
@@ -462,6 +505,13 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 		if m.httpSrv != nil {
 			if err := m.httpSrv.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+			}
+		}
+		// The control plane's closers run in reverse: the sweeper stops
+		// before the store it writes to is closed.
+		for i := len(m.closers) - 1; i >= 0; i-- {
+			if err := m.closers[i](); err != nil {
+				errs = append(errs, err)
 			}
 		}
 		if m.sys != nil {

@@ -1,0 +1,193 @@
+package credential
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"slices"
+	"time"
+
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// NodeRequest is the body of POST /v1/node-credential (spec §4.6). TS is a
+// pointer so that a missing ts is told apart from 0.
+type NodeRequest struct {
+	NodeID  string     `json:"node_id"`
+	Agents  []AgentSig `json:"agents"`
+	TS      *int64     `json:"ts"`
+	NodeSig string     `json:"node_sig"`
+}
+
+// AgentSig is one roster entry: the agent's consent to this node.
+type AgentSig struct {
+	ID  string `json:"id"`
+	Sig string `json:"sig"`
+}
+
+// NodeResult is the 200 answer.
+type NodeResult struct {
+	OK        bool           `json:"ok"`
+	JWT       string         `json:"jwt"`
+	NodeID    string         `json:"node_id"`
+	Agents    []string       `json:"agents"`
+	ExpiresAt any            `json:"expires_at"` // ISO string, or null without expiry
+	Mesh      map[string]any `json:"mesh"`
+}
+
+func bad(msg string) error { return errs.New(errs.InvalidRequest, msg) }
+
+func unauth(code errs.Code, msg string) *errs.Error {
+	return errs.New(code, msg).WithStatus(http.StatusUnauthorized)
+}
+
+// checkRoster is the shape part of §7.3, in its order.
+func checkRoster(r NodeRequest) ([]string, error) {
+	if r.NodeID == "" || r.TS == nil || r.NodeSig == "" || len(r.Agents) == 0 {
+		return nil, bad("node_id, ts, node_sig, agents[] required")
+	}
+	if !keys.IsUserPublicKey(r.NodeID) {
+		return nil, bad("node_id must be a user public key")
+	}
+	if len(r.Agents) > MaxRoster {
+		return nil, bad("a node credential covers at most 16 agents")
+	}
+	ids := make([]string, 0, len(r.Agents))
+	seen := map[string]bool{}
+	for _, a := range r.Agents {
+		if a.ID == "" || a.Sig == "" {
+			return nil, bad("every agents[] entry needs id and sig")
+		}
+		if !keys.IsUserPublicKey(a.ID) {
+			return nil, bad("agent id is not a user public key")
+		}
+		if seen[a.ID] {
+			return nil, bad("duplicate agent id")
+		}
+		seen[a.ID] = true
+		ids = append(ids, a.ID)
+	}
+	slices.Sort(ids)
+	return ids, nil
+}
+
+// NodeCredential mints or renews a node credential (spec §4.6). Every key on
+// the roster proves possession before anything else is looked at; then the
+// roster's standing is checked in the store, and the mint is recorded in
+// the same transaction. The credential being renewed is neither needed nor
+// looked at: authority is possession of the keys.
+func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult, error) {
+	ids, err := checkRoster(r)
+	if err != nil {
+		return NodeResult{}, err
+	}
+	now := s.now()
+	if d := now.Sub(time.Unix(*r.TS, 0)); d > TimestampSkew || d < -TimestampSkew {
+		return NodeResult{}, unauth(errs.Unauthorized, "stale timestamp; re-sign with current time")
+	}
+	if protocol.VerifyNodeCred(*r.TS, r.NodeID, ids, r.NodeSig) != nil {
+		return NodeResult{}, unauth(errs.IdentityMismatch, "node_sig does not verify against node_id")
+	}
+	for _, a := range r.Agents {
+		if protocol.VerifyNodeAgent(*r.TS, r.NodeID, a.ID, a.Sig) != nil {
+			return NodeResult{}, unauth(errs.IdentityMismatch, "agent signature does not verify for "+a.ID[:12]+"…").
+				WithDetail("agent_prefix", a.ID[:12])
+		}
+	}
+	if err := s.minting(); err != nil {
+		return NodeResult{}, err
+	}
+	var expires time.Time
+	if !s.cfg.NoExpiry {
+		expires = s.expiry(now)
+	}
+	var res NodeResult
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		accountID, hs, err := standing(tx, ids)
+		if err != nil {
+			return err
+		}
+		rev, err := revokedAt(tx, r.NodeID)
+		if err != nil {
+			return err
+		}
+		tok, err := s.mint(creds.KindNode, r.NodeID, "node", ids, "", expires, rev)
+		if err != nil {
+			return err
+		}
+		for i, id := range ids {
+			if err := rememberHost(tx, id, hs[i], r.NodeID); err != nil {
+				return err
+			}
+		}
+		m := Mint{ID: protocol.NewID(), Kind: "node", Key: r.NodeID, Agents: ids, AccountID: accountID, IssuedAt: ms(now)}
+		if !expires.IsZero() {
+			m.ExpiresAt = ms(expires)
+		}
+		if err := tx.Create(CollMints, m.ID, m); err != nil {
+			return err
+		}
+		res = NodeResult{OK: true, JWT: tok, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock()}
+		return nil
+	})
+	if err != nil {
+		var e *errs.Error
+		if errors.As(err, &e) {
+			return NodeResult{}, err
+		}
+		return NodeResult{}, errs.Wrap(errs.Unavailable, "cannot check the node's standing now; retry; the current credential is unaffected", err)
+	}
+	return res, nil
+}
+
+// standing reads the roster's standing inside tx: every agent not retired,
+// every owning account live, at most one owning account. Keys no account
+// owns are allowed (spec §4.6 rule 3). It returns the owning account (or
+// "") and each agent's host record, read now because a transaction reads
+// before it writes.
+func standing(tx store.Tx, ids []string) (string, []hosts, error) {
+	owner := ""
+	hs := make([]hosts, len(ids))
+	accounts := map[string]bool{}
+	for i, id := range ids {
+		var t Tombstone
+		dead, err := getOptional(tx, CollTombstones, id, &t)
+		if err != nil {
+			return "", nil, err
+		}
+		if dead {
+			return "", nil, errs.Newf(errs.Forbidden, "agent %s… retired or revoked: %s; re-link to an account to restore", id[:12], t.Reason).
+				WithDetails(map[string]any{"agent_prefix": id[:12], "reason": t.Reason})
+		}
+		var a Agent
+		known, err := getOptional(tx, CollAgents, id, &a)
+		if err != nil {
+			return "", nil, err
+		}
+		if known && a.AccountID != "" {
+			accounts[a.AccountID] = true
+			owner = a.AccountID
+		}
+		if _, err := getOptional(tx, CollHosts, id, &hs[i]); err != nil {
+			return "", nil, err
+		}
+	}
+	if len(accounts) > 1 {
+		return "", nil, errs.New(errs.Conflict, "roster spans two accounts; mint one credential per account")
+	}
+	if owner != "" {
+		var acct account.Account
+		if err := tx.Get(account.CollAccounts, owner, &acct); err != nil {
+			return "", nil, err
+		}
+		if acct.Disabled {
+			return "", nil, errs.New(errs.Forbidden, "owning account disabled; no credential is issued for its agents")
+		}
+	}
+	return owner, hs, nil
+}

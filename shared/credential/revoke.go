@@ -1,0 +1,124 @@
+package credential
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"time"
+
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// RetireAgent tombstones an agent with a reason and revokes at the broker
+// every credential key that carried it, so a connected node is cut off at
+// once and its renewal is refused with 403 and this reason.
+func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error {
+	if err := CheckAgentID(agentID, "agent id"); err != nil {
+		return err
+	}
+	if reason == "" {
+		return bad("a reason is required; it is shown to the node when its renewal is refused")
+	}
+	now := s.now()
+	var revoke []string
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		var a Agent
+		known, err := getOptional(tx, CollAgents, agentID, &a)
+		if err != nil {
+			return err
+		}
+		var hs hosts
+		if _, err := getOptional(tx, CollHosts, agentID, &hs); err != nil {
+			return err
+		}
+		revoke = hs.Keys
+		if known {
+			a.Enabled = false
+			if err := tx.Set(CollAgents, agentID, a); err != nil {
+				return err
+			}
+		}
+		if err := recordRevocations(tx, revoke, now); err != nil {
+			return err
+		}
+		return tx.Set(CollTombstones, agentID, Tombstone{AgentID: agentID, AccountID: a.AccountID, Reason: reason, At: ms(now)})
+	})
+	if err != nil {
+		return txErr(err)
+	}
+	s.log.Info("agent retired", "agent", agentID, "reason", reason, "credentials_revoked", len(revoke))
+	return s.revoke(ctx, revoke, now)
+}
+
+// DisableAccount disables an account: its sessions stop working, no
+// credential is issued for its agents, and every credential of its agents
+// and apps is revoked at the broker.
+func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) error {
+	now := s.now()
+	var revoke []string
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		revoke = nil
+		var acct account.Account
+		if err := tx.Get(account.CollAccounts, accountID, &acct); err != nil {
+			if errors.Is(err, store.ErrNotFound) {
+				return errs.Newf(errs.NotFound, "no account %s", accountID)
+			}
+			return err
+		}
+		var agents []Agent
+		if err := tx.Query(CollAgents, store.Where("account_id", accountID), &agents); err != nil {
+			return err
+		}
+		for _, a := range agents {
+			var hs hosts
+			if _, err := getOptional(tx, CollHosts, a.ID, &hs); err != nil {
+				return err
+			}
+			revoke = append(revoke, hs.Keys...)
+		}
+		var apps []App
+		if err := tx.Query(CollApps, store.Where("account_id", accountID), &apps); err != nil {
+			return err
+		}
+		for _, ap := range apps {
+			revoke = append(revoke, ap.Key)
+		}
+		slices.Sort(revoke)
+		revoke = slices.Compact(revoke)
+		if err := recordRevocations(tx, revoke, now); err != nil {
+			return err
+		}
+		return tx.Update(account.CollAccounts, accountID, map[string]any{"disabled": true, "disabled_reason": reason, "disabled_at": ms(now)})
+	})
+	if err != nil {
+		return txErr(err)
+	}
+	s.log.Info("account disabled", "account", accountID, "credentials_revoked", len(revoke))
+	return s.revoke(ctx, revoke, now)
+}
+
+// recordRevocations writes each key's revocation instant, truncated to the
+// second because that is the broker's granularity.
+func recordRevocations(tx store.Tx, keys []string, at time.Time) error {
+	at = at.Truncate(time.Second)
+	for _, k := range keys {
+		if err := tx.Set(CollRevocations, k, revocation{Key: k, At: ms(at)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) revoke(ctx context.Context, keys []string, at time.Time) error {
+	if len(keys) == 0 || s.cfg.Revoker == nil {
+		return nil
+	}
+	if err := s.cfg.Revoker.Revoke(ctx, keys, at.Truncate(time.Second)); err != nil {
+		// The store already refuses renewal; the broker push can be retried
+		// by running the command again (it is idempotent).
+		return errs.Wrap(errs.DependencyFailed, "recorded, but the broker could not be told to revoke yet; run it again", err)
+	}
+	return nil
+}

@@ -1,0 +1,186 @@
+package devenv
+
+import (
+	"github.com/nats-io/jwt/v2"
+
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"time"
+
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/store"
+	"agentmesh.dev/mesh/shared/store/boltstore"
+)
+
+// AdminSocket is the operator's door into a running meshd: a Unix socket in
+// the data directory (mode 0600, so only the user running meshd can use it)
+// serving AdminHandler.
+const AdminSocket = "admin.sock"
+
+// AdminHandler serves the operator commands over HTTP:
+//
+//	POST /admin/accounts                 {email}         → {account_id, email, created}
+//	POST /admin/agent-tokens             {account, name} → {token, id, label, expires_in, command}
+//	POST /admin/agents/{id}/retire       {reason}        → {ok}
+//	POST /admin/accounts/{id}/disable    {reason}        → {ok}
+//
+// The same handler runs behind the socket of a running meshd and in-process
+// in the admin command when no meshd is running.
+func AdminHandler(c *Control, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	h := func(pattern string, fn httpx.HandlerFunc) { mux.Handle(pattern, httpx.Handle(log, fn)) }
+	h("POST /admin/accounts", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			Email string `json:"email"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		a, created, err := c.Accounts.CreateAccount(r.Context(), b.Email)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"account_id": a.ID, "email": a.Email, "created": created})
+		return nil
+	})
+	h("POST /admin/agent-tokens", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			Account string `json:"account"`
+			Name    string `json:"name"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		g, err := c.Accounts.AdminMintAgentKey(r.Context(), b.Account, b.Name)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"token": g.Token, "id": g.ID, "label": g.Label,
+			"expires_in": g.ExpiresIn, "command": g.Command, "handle_claim": g.HandleClaim})
+		return nil
+	})
+	reasoned := func(do func(ctx context.Context, id, reason string) error) httpx.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) error {
+			var b struct {
+				Reason string `json:"reason"`
+			}
+			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true, AllowEmpty: true}); err != nil {
+				return err
+			}
+			if err := do(r.Context(), r.PathValue("id"), b.Reason); err != nil {
+				return err
+			}
+			httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+			return nil
+		}
+	}
+	h("POST /admin/agents/{id}/retire", reasoned(c.Credentials.RetireAgent))
+	h("POST /admin/accounts/{id}/disable", reasoned(func(ctx context.Context, id, reason string) error {
+		if reason == "" {
+			reason = "disabled by the operator"
+		}
+		return c.Credentials.DisableAccount(ctx, id, reason)
+	}))
+	return mux
+}
+
+// startAdmin serves AdminHandler on the data directory's socket.
+func (m *Mesh) startAdmin(dataDir string) error {
+	path := filepath.Join(dataDir, AdminSocket)
+	// A socket left by a meshd that died is stale; one that answers belongs
+	// to a meshd still running on this directory (its store lock would have
+	// stopped us before this point anyway).
+	if _, err := os.Stat(path); err == nil {
+		if conn, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
+			conn.Close()
+			return fmt.Errorf("devenv: another meshd answers on %s", path)
+		}
+		_ = os.Remove(path)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("devenv: admin socket: %w", err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return fmt.Errorf("devenv: admin socket: %w", err)
+	}
+	srv := &http.Server{Handler: AdminHandler(m.control, m.log.With("component", "admin")), ReadHeaderTimeout: 10 * time.Second}
+	go func() {
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			m.log.Error("admin socket stopped", "err", err)
+		}
+	}()
+	m.closers = append(m.closers, func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		err := srv.Shutdown(ctx)
+		_ = os.Remove(path)
+		return err
+	})
+	return nil
+}
+
+// OpenControl opens a stopped mesh's control plane for the operator
+// commands: the store and the services over it, with no broker (a
+// revocation recorded now is pushed when meshd next starts). It fails when
+// a meshd holds the store.
+func OpenControl(dataDir string, log *slog.Logger) (*Control, func() error, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if _, err := os.Stat(filepath.Join(dataDir, keysDir)); err != nil {
+		return nil, nil, fmt.Errorf("no mesh in %s (start meshd there once first): %w", dataDir, err)
+	}
+	trust, err := creds.Load(filepath.Join(dataDir, keysDir))
+	if err != nil {
+		return nil, nil, err
+	}
+	st, err := boltstore.Open(filepath.Join(dataDir, storeFile), boltstore.WithLockTimeout(time.Second))
+	if err != nil {
+		return nil, nil, err
+	}
+	ob, err := mail.NewOutbox(filepath.Join(dataDir, outboxDir), log)
+	if err != nil {
+		st.Close()
+		return nil, nil, err
+	}
+	c := &Control{Store: st}
+	c.Accounts = account.New(account.Config{Store: st, Mail: ob, Log: log})
+	c.Credentials = credential.New(credential.Config{Store: st, Trust: trust, Log: log})
+	return c, st.Close, nil
+}
+
+// applyStoredRevocations pushes to the broker every revocation the store
+// holds, so ones recorded while meshd was stopped take effect at start.
+func (m *Mesh) applyStoredRevocations(ctx context.Context, st store.Store) error {
+	var revs []struct {
+		Key string `json:"key"`
+		At  int64  `json:"at"`
+	}
+	if err := store.List(ctx, st, credential.CollRevocations, store.Query{}, &revs); err != nil {
+		return fmt.Errorf("devenv: read revocations: %w", err)
+	}
+	if len(revs) == 0 {
+		return nil
+	}
+	// One account update for all of them: each push re-signs the JWT.
+	return m.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
+		for _, r := range revs {
+			if err := creds.RevokeCredentials(ac, time.UnixMilli(r.At), r.Key); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}

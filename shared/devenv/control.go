@@ -1,0 +1,145 @@
+package devenv
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/nats-io/jwt/v2"
+
+	"agentmesh.dev/mesh/functions/accounts"
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/credentials"
+	guestfn "agentmesh.dev/mesh/functions/guest"
+	"agentmesh.dev/mesh/functions/health"
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/passkey"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/store"
+	"agentmesh.dev/mesh/shared/store/boltstore"
+)
+
+// Data-directory entries of the control plane.
+const (
+	storeFile = "control.db"
+	outboxDir = "outbox"
+)
+
+// Control is the control plane of a running mesh: its store and services,
+// for operator commands and tests.
+type Control struct {
+	Store       store.Store
+	Accounts    *account.Service
+	Credentials *credential.Service
+	Guests      *guest.Service
+	Deps        *api.Deps
+}
+
+// Groups are every HTTP function group, in the order they are mounted.
+var Groups = []api.Group{accounts.Group, credentials.Group, guestfn.Group}
+
+// startControlPlane opens the store, builds the services and mounts every
+// function group on the mux, the same handlers the cloud runs one per
+// function.
+func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error {
+	st, err := boltstore.Open(filepath.Join(dataDir, storeFile))
+	if err != nil {
+		return fmt.Errorf("devenv: control store: %w", err)
+	}
+	m.closers = append(m.closers, st.Close)
+	mailer := cfg.Mail
+	if mailer == nil {
+		ob, err := mail.NewOutbox(filepath.Join(dataDir, outboxDir), m.log)
+		if err != nil {
+			return fmt.Errorf("devenv: mail outbox: %w", err)
+		}
+		mailer = ob
+	}
+	// WebAuthn needs a domain for its relying party, and browsers treat
+	// localhost as a secure context over plain http: the console is served
+	// as http://localhost:<port>.
+	pk, err := passkey.New(passkey.Config{RPID: "localhost", RPDisplayName: "agentmesh (" + cfg.meshName() + ")",
+		RPOrigins: []string{strings.Replace(base, "127.0.0.1", "localhost", 1)}})
+	if err != nil {
+		return fmt.Errorf("devenv: passkeys: %w", err)
+	}
+	meshInfo := credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}}
+	c := &Control{Store: st}
+	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
+		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now})
+	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
+		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential")})
+	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL,
+		Now: cfg.Now, Log: m.log.With("service", "guest")})
+	idle := cfg.GuestIdleTTL
+	if idle <= 0 {
+		idle = guest.DefaultIdleTTL
+	}
+	limit := cfg.RateLimit
+	if limit <= 0 {
+		limit = 600 // one person clicking through the console never meets this
+	}
+	c.Deps = &api.Deps{Log: m.log.With("component", "http"), Accounts: c.Accounts, Credentials: c.Credentials, Guests: c.Guests,
+		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now),
+		Capabilities: map[string]any{
+			"protocol": protocol.Version, "mesh": meshInfo.Name, "markup_pct": cfg.MarkupPct, "clearing_service": false,
+			"credentials":      []string{"guest", "bootstrap", "node", "app", "job"},
+			"node_credential":  map[string]any{"minting": true, "no_expiry": cfg.NoExpiry, "max_agents": credential.MaxRoster},
+			"guest":            map[string]any{"idle_ttl_seconds": int(idle / time.Second)},
+			"passkeys":         true,
+			"nats_endpoints":   []string{m.urls.MeshTCP, m.urls.MeshWS},
+			"control_plane_v1": true,
+		}}
+	m.control = c
+	health.Mount(m.mux)
+	for _, g := range Groups {
+		g.Mount(m.mux, c.Deps)
+	}
+	if err := m.applyStoredRevocations(context.Background(), st); err != nil {
+		return err
+	}
+	if err := m.startAdmin(dataDir); err != nil {
+		return err
+	}
+	m.startSweeper(c.Guests)
+	return nil
+}
+
+// startSweeper ends idle guest leases every minute until shutdown.
+func (m *Mesh) startSweeper(g *guest.Service) {
+	ctx, cancel := context.WithCancel(context.Background())
+	m.closers = append(m.closers, func() error { cancel(); return nil })
+	go func() {
+		t := time.NewTicker(time.Minute)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if n, err := g.Sweep(ctx); err != nil {
+					m.log.Warn("guest sweep failed", "err", err)
+				} else if n > 0 {
+					m.log.Info("guest leases lapsed", "count", n)
+				}
+			}
+		}
+	}()
+}
+
+// Control returns the control plane.
+func (m *Mesh) Control() *Control { return m.control }
+
+// Revoke revokes credential keys at the broker at once (credential.Revoker).
+func (m *Mesh) Revoke(ctx context.Context, keys []string, at time.Time) error {
+	return m.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
+		return creds.RevokeCredentials(ac, at, keys...)
+	})
+}

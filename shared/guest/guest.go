@@ -1,0 +1,333 @@
+// Package guest leases sandbox credentials (spec §4.4, §5 "Rules on
+// credentials"): no account, a fresh key per lease, a lease kept alive by
+// heartbeats and ended early by a signed release, a cap of concurrent leases
+// per client address and a pool capacity for the whole instance.
+//
+// The pool is a capacity, not a stock of pre-minted keys: a key handed back
+// to a pool could be reused by whoever held it before, so every lease gets a
+// fresh key and a lapsed or released one is revoked at the broker.
+package guest
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// CollLeases holds one document per lease, keyed by the guest public key.
+const CollLeases = "guest_leases"
+
+// Defaults (spec §8: 10-minute idle lease on the reference deployment;
+// upstream: 3 leases per address).
+const (
+	DefaultIdleTTL  = 10 * time.Minute
+	DefaultPerIP    = 3
+	DefaultPoolSize = 100
+	// DefaultCredentialTTL is the JWT's own expiry, later than any lease:
+	// the lease, not the JWT, is what ends a guest (by revocation).
+	DefaultCredentialTTL = 24 * time.Hour
+	signatureWindow      = 5 * time.Minute
+)
+
+// Config is what the service needs.
+type Config struct {
+	Store         store.Store
+	Trust         *creds.Trust // nil: guests are not configured (501)
+	Revoker       credential.Revoker
+	Mesh          credential.MeshInfo
+	IdleTTL       time.Duration
+	PerIP         int
+	PoolSize      int
+	CredentialTTL time.Duration
+	Now           func() time.Time
+	Log           *slog.Logger
+}
+
+// Service leases guest credentials.
+type Service struct {
+	cfg Config
+	st  store.Store
+	now func() time.Time
+	log *slog.Logger
+}
+
+// New builds the service.
+func New(cfg Config) *Service {
+	if cfg.IdleTTL <= 0 {
+		cfg.IdleTTL = DefaultIdleTTL
+	}
+	if cfg.PerIP <= 0 {
+		cfg.PerIP = DefaultPerIP
+	}
+	if cfg.PoolSize <= 0 {
+		cfg.PoolSize = DefaultPoolSize
+	}
+	if cfg.CredentialTTL <= 0 {
+		cfg.CredentialTTL = DefaultCredentialTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Mesh.Protocol == "" {
+		cfg.Mesh.Protocol = "0.3"
+	}
+	return &Service{cfg: cfg, st: cfg.Store, now: cfg.Now, log: cfg.Log}
+}
+
+// Lease is one guest lease.
+type Lease struct {
+	Key        string `json:"key"`
+	IP         string `json:"ip"`
+	IssuedAt   int64  `json:"issued_at"`
+	LeaseUntil int64  `json:"lease_until"`
+	Active     bool   `json:"active"`
+	EndedAt    int64  `json:"ended_at,omitempty"`
+	EndReason  string `json:"end_reason,omitempty"` // released, idle
+}
+
+// Grant is the answer of POST /v1/guest.
+type Grant struct {
+	JWT          string         `json:"jwt"`
+	Seed         string         `json:"seed"`
+	PublicKey    string         `json:"publicKey"`
+	ExpiresAt    string         `json:"expires_at"`
+	Limits       map[string]any `json:"limits"`
+	Sandbox      bool           `json:"sandbox"`
+	Discoverable bool           `json:"discoverable"`
+	TrustTier    string         `json:"trust_tier"`
+	Mesh         map[string]any `json:"mesh"`
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
+
+func (s *Service) limits() map[string]any {
+	return map[string]any{
+		"idle_ttl_seconds":    int(s.cfg.IdleTTL / time.Second),
+		"leases_per_address":  s.cfg.PerIP,
+		"max_inbound_chars":   protocol.DefaultMaxInbound,
+		"max_payload_bytes":   protocol.TransportMaxPayload,
+		"mailbox":             false,
+		"visibility":          "unlisted",
+		"heartbeat_every_sec": int(s.cfg.IdleTTL / time.Second / 3),
+	}
+}
+
+// Issue leases a fresh guest credential to the client at ip.
+func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
+	if s.cfg.Trust == nil {
+		return Grant{}, errs.New(errs.NotImplemented, "guest credentials are not configured on this instance")
+	}
+	k, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		return Grant{}, errs.Wrap(errs.InternalError, "guest key", err)
+	}
+	now := s.now()
+	lease := Lease{Key: k.Public(), IP: ip, IssuedAt: ms(now), LeaseUntil: ms(now.Add(s.cfg.IdleTTL)), Active: true}
+	credExpires := now.Add(s.cfg.CredentialTTL)
+	var lapsed []string
+	var tok string
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		lapsed = nil
+		var active []Lease
+		if err := tx.Query(CollLeases, store.Where("active", true), &active); err != nil {
+			return err
+		}
+		live, fromIP := 0, 0
+		for _, l := range active {
+			if l.LeaseUntil <= ms(now) {
+				lapsed = append(lapsed, l.Key)
+				continue
+			}
+			live++
+			if l.IP == ip {
+				fromIP++
+			}
+		}
+		if fromIP >= s.cfg.PerIP {
+			return errs.Newf(errs.RateLimited, "this address already holds %d guest leases; release one or wait for one to lapse", s.cfg.PerIP).
+				WithRetryAfter(int64(s.cfg.IdleTTL / time.Millisecond))
+		}
+		if live >= s.cfg.PoolSize {
+			return errs.New(errs.Unavailable, "pool_exhausted: every guest credential is leased; retry later").
+				WithDetail("reason", "pool_exhausted").WithRetryAfter(60_000)
+		}
+		var err error
+		tok, err = s.cfg.Trust.MintUser(creds.UserSpec{PublicKey: k.Public(), Name: "guest", Kind: creds.KindGuest,
+			Hosted: []string{k.Public()}, Permissions: creds.GuestPermissions(k.Public()), Expires: credExpires})
+		if err != nil {
+			return errs.Wrap(errs.InternalError, "the guest credential could not be signed", err)
+		}
+		if err := s.end(tx, lapsed, now, "idle"); err != nil {
+			return err
+		}
+		return tx.Create(CollLeases, lease.Key, lease)
+	})
+	if err != nil {
+		if errs.CodeOf(err) == "" {
+			err = errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
+		}
+		return Grant{}, err
+	}
+	s.revoke(ctx, lapsed, now)
+	return Grant{JWT: tok, Seed: string(k.Seed()), PublicKey: k.Public(), ExpiresAt: protocol.FormatTime(time.UnixMilli(lease.LeaseUntil)),
+		Limits: s.limits(), Sandbox: true, Discoverable: false, TrustTier: "sandbox",
+		Mesh: map[string]any{"name": s.cfg.Mesh.Name, "protocol": s.cfg.Mesh.Protocol,
+			"nats_endpoints": append(append([]string{}, s.cfg.Mesh.TCP...), s.cfg.Mesh.WS...)}}, nil
+}
+
+// end marks leases over inside tx (reads must already be done).
+func (s *Service) end(tx store.Tx, keys []string, now time.Time, reason string) error {
+	for _, k := range keys {
+		if err := tx.Update(CollLeases, k, map[string]any{"active": false, "ended_at": ms(now), "end_reason": reason}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (s *Service) revoke(ctx context.Context, keys []string, now time.Time) {
+	if len(keys) == 0 || s.cfg.Revoker == nil {
+		return
+	}
+	// A failed push is logged: the lease is already over in the store, and
+	// the next sweep or restart does not bring it back; the JWT's own expiry
+	// bounds the damage.
+	if err := s.cfg.Revoker.Revoke(ctx, keys, now.Truncate(time.Second)); err != nil {
+		s.log.Warn("guest credentials not revoked at the broker", "count", len(keys), "err", err)
+	}
+}
+
+// Signed is the body of heartbeat and release: the guest proves it holds
+// the leased key.
+type Signed struct {
+	PublicKey string `json:"publicKey"`
+	TS        *int64 `json:"ts"`
+	Sig       string `json:"sig"`
+}
+
+// HeartbeatString is what a heartbeat signs (standard base64), mirroring
+// the release string: guest-heartbeat-v1:<publicKey>:<ts>.
+func HeartbeatString(publicKey string, ts int64) string {
+	return fmt.Sprintf("guest-heartbeat-v1:%s:%d", publicKey, ts)
+}
+
+// checkSigned verifies that b is signed over signedString(publicKey, ts).
+func (s *Service) checkSigned(b Signed, signedString func(publicKey string, ts int64) string) error {
+	if b.PublicKey == "" || b.TS == nil || b.Sig == "" {
+		return errs.New(errs.InvalidRequest, "publicKey, ts and sig are required")
+	}
+	if d := s.now().Sub(time.Unix(*b.TS, 0)); d > signatureWindow || d < -signatureWindow {
+		return errs.New(errs.Unauthorized, "stale timestamp; re-sign with the current time")
+	}
+	if protocol.VerifyString(b.PublicKey, []byte(signedString(b.PublicKey, *b.TS)), b.Sig, protocol.Base64Std) != nil {
+		return errs.New(errs.Unauthorized, "signature does not verify against publicKey")
+	}
+	return nil
+}
+
+// Heartbeat keeps a lease alive for another idle period.
+func (s *Service) Heartbeat(ctx context.Context, b Signed) (string, error) {
+	if err := s.checkSigned(b, HeartbeatString); err != nil {
+		return "", err
+	}
+	now := s.now()
+	until := now.Add(s.cfg.IdleTTL)
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		var l Lease
+		if err := tx.Get(CollLeases, b.PublicKey, &l); err != nil {
+			return err
+		}
+		if !l.Active || l.LeaseUntil <= ms(now) {
+			return errs.New(errs.Forbidden, "this guest lease has ended; request a new guest credential")
+		}
+		return tx.Update(CollLeases, b.PublicKey, map[string]any{"lease_until": ms(until)})
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return "", errs.New(errs.NotFound, "no guest lease for that key")
+	}
+	if err != nil && errs.CodeOf(err) == "" {
+		return "", errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
+	}
+	return protocol.FormatTime(until), err
+}
+
+// Release ends a lease early, signed guest-release-v1:<publicKey>:<ts>.
+func (s *Service) Release(ctx context.Context, b Signed) error {
+	if err := s.checkSigned(b, protocol.GuestReleaseString); err != nil {
+		return err
+	}
+	now := s.now()
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		var l Lease
+		if err := tx.Get(CollLeases, b.PublicKey, &l); err != nil {
+			return err
+		}
+		if !l.Active {
+			return nil // releasing twice is quiet
+		}
+		return s.end(tx, []string{b.PublicKey}, now, "released")
+	})
+	if errors.Is(err, store.ErrNotFound) {
+		return errs.New(errs.NotFound, "no guest lease for that key")
+	}
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
+	}
+	s.revoke(ctx, []string{b.PublicKey}, now)
+	return nil
+}
+
+// Sweep ends every lease idle past its deadline and revokes its key. meshd
+// runs it every minute; Issue also sweeps what it reads.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	now := s.now()
+	var lapsed []string
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		lapsed = nil
+		var active []Lease
+		if err := tx.Query(CollLeases, store.Where("active", true), &active); err != nil {
+			return err
+		}
+		for _, l := range active {
+			if l.LeaseUntil <= ms(now) {
+				lapsed = append(lapsed, l.Key)
+			}
+		}
+		return s.end(tx, lapsed, now, "idle")
+	})
+	if err != nil {
+		return 0, err
+	}
+	s.revoke(ctx, lapsed, now)
+	return len(lapsed), nil
+}
+
+// Status is GET /auth/status: {available, issued}.
+func (s *Service) Status(ctx context.Context) (available, issued int, err error) {
+	var active []Lease
+	if err := store.List(ctx, s.st, CollLeases, store.Where("active", true), &active); err != nil {
+		return 0, 0, errs.Wrap(errs.Unavailable, "the guest pool is unavailable", err)
+	}
+	now := ms(s.now())
+	for _, l := range active {
+		if l.LeaseUntil > now {
+			issued++
+		}
+	}
+	if s.cfg.Trust == nil {
+		return 0, issued, nil
+	}
+	return max(s.cfg.PoolSize-issued, 0), issued, nil
+}

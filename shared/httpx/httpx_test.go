@@ -1,0 +1,134 @@
+package httpx
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"agentmesh.dev/mesh/shared/errs"
+)
+
+func TestDecode(t *testing.T) {
+	type body struct {
+		Name string `json:"name"`
+		N    int    `json:"n"`
+	}
+	for _, c := range []struct {
+		name, ct, in string
+		opt          DecodeOptions
+		code         errs.Code
+		msg          string
+	}{
+		{"ok", "application/json", `{"name":"a","n":1}`, DecodeOptions{Strict: true}, "", ""},
+		{"charset ok", "application/json; charset=utf-8", `{"name":"a"}`, DecodeOptions{}, "", ""},
+		{"unknown member strict", "application/json", `{"name":"a","state":"x"}`, DecodeOptions{Strict: true}, errs.InvalidRequest, `unknown member "state"`},
+		{"unknown member lax", "application/json", `{"name":"a","state":"x"}`, DecodeOptions{}, "", ""},
+		{"wrong type", "application/json", `{"n":"x"}`, DecodeOptions{}, errs.InvalidRequest, `member "n" must be a number`},
+		{"syntax", "application/json", `{"n":`, DecodeOptions{}, errs.InvalidRequest, "truncated"},
+		{"garbage", "application/json", `nope`, DecodeOptions{}, errs.InvalidRequest, "not valid JSON"},
+		{"two values", "application/json", `{}{}`, DecodeOptions{}, errs.InvalidRequest, "single JSON object"},
+		{"empty", "application/json", ``, DecodeOptions{}, errs.InvalidRequest, "required"},
+		{"empty allowed", "", ``, DecodeOptions{AllowEmpty: true}, "", ""},
+		{"form", "application/x-www-form-urlencoded", `a=b`, DecodeOptions{}, errs.InvalidRequest, "content-type"},
+		{"too big", "application/json", `{"name":"` + strings.Repeat("x", 100) + `"}`, DecodeOptions{MaxBytes: 50}, errs.PayloadTooLarge, "larger than 50"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.in))
+			if c.ct != "" {
+				r.Header.Set("Content-Type", c.ct)
+			}
+			var b body
+			err := Decode(httptest.NewRecorder(), r, &b, c.opt)
+			if errs.CodeOf(err) != c.code {
+				t.Fatalf("got %v, want %q", err, c.code)
+			}
+			if err != nil && !strings.Contains(errs.As(err).Message, c.msg) {
+				t.Errorf("message %q does not say %q", errs.As(err).Message, c.msg)
+			}
+		})
+	}
+}
+
+func TestLimiter(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	l := NewLimiter(3, time.Minute, func() time.Time { return now })
+	for i := range 3 {
+		if ok, _ := l.Allow("a"); !ok {
+			t.Fatalf("request %d refused", i)
+		}
+	}
+	ok, after := l.Allow("a")
+	if ok || after <= 0 || after > time.Minute {
+		t.Fatalf("4th: ok=%v after=%v", ok, after)
+	}
+	if ok, _ := l.Allow("b"); !ok {
+		t.Error("keys are independent")
+	}
+	// Half way through the next window the previous one still counts half.
+	now = now.Add(90 * time.Second)
+	for i, want := range []bool{true, true, false} { // 1.5, 2.5, then 3.5 of 3
+		if ok, _ := l.Allow("a"); ok != want {
+			t.Errorf("half-way request %d: ok=%v, want %v", i, ok, want)
+		}
+	}
+	now = now.Add(2 * time.Minute)
+	if ok, _ := l.Allow("a"); !ok {
+		t.Error("after two idle windows the key is fresh")
+	}
+}
+
+func TestPerIPAnswers429(t *testing.T) {
+	l := NewLimiter(1, time.Minute, nil)
+	h := PerIP(l, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+	do := func(remote, xff string) *httptest.ResponseRecorder {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = remote
+		if xff != "" {
+			r.Header.Set("X-Forwarded-For", xff)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec
+	}
+	if do("10.0.0.1:1", "").Code != 204 {
+		t.Fatal("first request")
+	}
+	rec := do("10.0.0.1:2", "1.2.3.4")
+	var body errs.HTTPBody
+	_ = json.Unmarshal(rec.Body.Bytes(), &body)
+	if rec.Code != 429 || body.Code != errs.RateLimited || body.RetryAfterMS <= 0 || rec.Header().Get("Retry-After") == "" {
+		t.Errorf("second request: %d %+v", rec.Code, body)
+	}
+	// Without trusted hops a forged X-Forwarded-For does not dodge the limit,
+	if do("10.0.0.1:3", "9.9.9.9").Code != 429 {
+		t.Error("X-Forwarded-For must be ignored without trusted proxies")
+	}
+	// and with one trusted hop the client is the address that proxy appended.
+	r := httptest.NewRequest(http.MethodGet, "/", nil)
+	r.RemoteAddr = "10.0.0.9:1"
+	r.Header.Set("X-Forwarded-For", "6.6.6.6, 1.2.3.4")
+	if got := ClientIP(r, 1); got != "1.2.3.4" {
+		t.Errorf("ClientIP = %s", got)
+	}
+}
+
+func TestRoutes(t *testing.T) {
+	rt := Route{EntryPoint: "AccountApps", Method: http.MethodPost, Path: "/v1/accounts/{id}/apps"}
+	h := SingleRoute(rt, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(r.PathValue("id"))) }))
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/accounts/acct_1/apps", nil))
+	if rec.Body.String() != "acct_1" {
+		t.Errorf("path value %q", rec.Body.String())
+	}
+	rec = httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/v1/accounts/acct_1/apps", nil))
+	if rec.Code != 405 {
+		t.Errorf("wrong method: %d", rec.Code)
+	}
+	if FunctionName("NodeCredential") != "node-credential" || BearerToken(&http.Request{Header: http.Header{"Authorization": {"Bearer abc"}}}) != "abc" {
+		t.Error("helpers")
+	}
+}
