@@ -6,5 +6,8 @@
 package mesh
 
 import (
+	_ "agentmesh.dev/mesh/functions/accounts"
+	_ "agentmesh.dev/mesh/functions/credentials"
+	_ "agentmesh.dev/mesh/functions/guest"
 	_ "agentmesh.dev/mesh/functions/health"
 )

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
@@ -41,6 +42,9 @@ var Routes = []httpx.Route{
 
 // Group is the function group.
 var Group = api.Group{Routes: Routes, Handler: handler}
+
+// Each route is its own Cloud Function, built on its first request.
+func init() { Group.RegisterFunctions(cloud.Deps) }
 
 func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 	if d.Accounts == nil && rt.EntryPoint != "Capabilities" {

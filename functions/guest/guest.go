@@ -7,6 +7,7 @@ import (
 	"net/http"
 
 	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 )
@@ -21,6 +22,9 @@ var Routes = []httpx.Route{
 
 // Group is the function group.
 var Group = api.Group{Routes: Routes, Handler: handler}
+
+// Each route is its own Cloud Function, built on its first request.
+func init() { Group.RegisterFunctions(cloud.Deps) }
 
 func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 	gs := d.Guests

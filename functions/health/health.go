@@ -5,47 +5,30 @@
 package health
 
 import (
-	"encoding/json"
 	"net/http"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// Route is one HTTP route of this group: the Cloud Function entry point and
-// the method and path it serves.
-type Route struct {
-	EntryPoint string
-	Method     string
-	Path       string
-}
-
-// Routes lists this group's routes; Terraform's function map and the local
-// mux are both derived from it.
-var Routes = []Route{
+// Routes is the group's route table.
+var Routes = []httpx.Route{
 	{EntryPoint: "Health", Method: http.MethodGet, Path: "/v1/health"},
 }
 
+// Group is the function group. It needs no dependencies.
+var Group = api.Group{Routes: Routes, Handler: func(*api.Deps, httpx.Route) httpx.HandlerFunc { return handle }}
+
+// The health function must answer even when nothing else is configured, so
+// it registers directly instead of through the lazy dependency builder.
 func init() {
-	functions.HTTP("Health", Handle)
+	functions.HTTP(Routes[0].EntryPoint, httpx.SingleRoute(Routes[0], httpx.Handle(nil, handle)).ServeHTTP)
 }
 
-// Mount registers every route of the group on mux.
-func Mount(mux *http.ServeMux) {
-	for _, r := range Routes {
-		mux.HandleFunc(r.Method+" "+r.Path, Handle)
-	}
-}
-
-// Handle answers {ok, protocol}.
-func Handle(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet {
-		w.Header().Set("Allow", http.MethodGet)
-		http.Error(w, `{"ok":false,"error":"method not allowed","code":"INVALID_REQUEST"}`, http.StatusMethodNotAllowed)
-		return
-	}
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "protocol": protocol.Version})
+func handle(w http.ResponseWriter, r *http.Request) error {
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "protocol": protocol.Version})
+	return nil
 }

@@ -5,11 +5,13 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"testing"
+
+	"agentmesh.dev/mesh/functions/api"
 )
 
 func TestHealthRoute(t *testing.T) {
 	mux := http.NewServeMux()
-	Mount(mux)
+	Group.Mount(mux, &api.Deps{})
 	for _, c := range []struct {
 		method string
 		status int
@@ -28,11 +30,5 @@ func TestHealthRoute(t *testing.T) {
 				t.Errorf("body %s (%v)", rec.Body, err)
 			}
 		}
-	}
-	// The Cloud Function entry point serves the same handler directly.
-	rec := httptest.NewRecorder()
-	Handle(rec, httptest.NewRequest(http.MethodGet, "/", nil))
-	if rec.Code != 200 {
-		t.Errorf("entry point status %d", rec.Code)
 	}
 }

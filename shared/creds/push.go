@@ -5,7 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
+	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 )
 
@@ -53,4 +56,49 @@ func PushAccountJWT(ctx context.Context, nc *nats.Conn, accountJWT string) error
 		return fmt.Errorf("push account jwt: reply has neither data nor error: %q", msg.Data)
 	}
 	return nil
+}
+
+// AccountLookupSubject is where a full resolver answers with an account's
+// current JWT.
+func AccountLookupSubject(account string) string {
+	return "$SYS.REQ.ACCOUNT." + account + ".CLAIMS.LOOKUP"
+}
+
+// Revoker revokes credential keys on a running cluster it reaches only
+// over NATS (the cloud deployment, which has no resolver directory of its
+// own): it asks the resolver for the mesh account's current JWT, adds the
+// revocations, re-signs it with the operator key and pushes it back.
+// Revocations already in the JWT are kept, because the current JWT is the
+// starting point.
+type Revoker struct {
+	Trust *Trust
+	// Sys is a system-account connection (MintSystemUser).
+	Sys *nats.Conn
+	// mu serialises read-modify-write cycles from this process; the
+	// resolver itself applies whole JWTs, so two processes revoking at once
+	// can lose one update — callers retry what the store recorded.
+	mu sync.Mutex
+}
+
+// Revoke implements the credential service's Revoker.
+func (r *Revoker) Revoke(ctx context.Context, keys []string, at time.Time) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mesh := r.Trust.PublicKeys().MeshAccount
+	msg, err := r.Sys.RequestWithContext(ctx, AccountLookupSubject(mesh), nil)
+	if err != nil {
+		return fmt.Errorf("revoke: look up the mesh account: %w", err)
+	}
+	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
+	if err != nil {
+		return fmt.Errorf("revoke: the resolver's mesh account jwt: %w", err)
+	}
+	if err := RevokeCredentials(claims, at, keys...); err != nil {
+		return err
+	}
+	signed, err := r.Trust.EncodeAccount(claims)
+	if err != nil {
+		return err
+	}
+	return PushAccountJWT(ctx, r.Sys, signed)
 }

@@ -43,7 +43,7 @@ type Control struct {
 }
 
 // Groups are every HTTP function group, in the order they are mounted.
-var Groups = []api.Group{accounts.Group, credentials.Group, guestfn.Group}
+var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group}
 
 // startControlPlane opens the store, builds the services and mounts every
 // function group on the mux, the same handlers the cloud runs one per
@@ -98,7 +98,6 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 			"control_plane_v1": true,
 		}}
 	m.control = c
-	health.Mount(m.mux)
 	for _, g := range Groups {
 		g.Mount(m.mux, c.Deps)
 	}

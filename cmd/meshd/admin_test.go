@@ -1,0 +1,154 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net/http"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// adminJSON runs `meshd admin --json …` and decodes its one JSON object.
+func adminJSON(t *testing.T, dataDir string, args ...string) map[string]any {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	full := append([]string{"admin", "--data-dir", dataDir, "--json"}, args...)
+	if err := run(context.Background(), full, noEnv, &stdout, &stderr); err != nil {
+		t.Fatalf("meshd %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
+	}
+	var out map[string]any
+	if err := json.Unmarshal(stdout.Bytes(), &out); err != nil {
+		t.Fatalf("meshd %s printed %q, not one JSON object", strings.Join(args, " "), stdout.String())
+	}
+	return out
+}
+
+func postJSON(t *testing.T, url string, body any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// On one meshd: the operator mints an am_ key, the agent exchanges it,
+// connects with the creds it got, renews through the node-credential door
+// with its agent and node keys, and is cut off when the operator retires it.
+func TestAdminKeyToBootstrapToRenewal(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	urls, _, stop := runUntilReady(t, dataDir)
+	defer stop()
+
+	acct := adminJSON(t, dataDir, "account", "create", "--email", "ops@example.org")["account_id"].(string)
+	if again := adminJSON(t, dataDir, "account", "create", "--email", "OPS@example.org"); again["account_id"] != acct || again["created"] != false {
+		t.Errorf("creating the same account twice: %v", again)
+	}
+	grant := adminJSON(t, dataDir, "agent-token", "--account", acct, "--name", "coder")
+	token := grant["token"].(string)
+	if !strings.HasPrefix(token, "am_") || grant["expires_in"] != 604800.0 {
+		t.Fatalf("agent-token: %v", grant)
+	}
+
+	agent, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, boot := postJSON(t, urls["control_url"]+"/v1/bootstrap", map[string]any{"token": token, "agent_id": agent.Public()})
+	if st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, boot)
+	}
+	nc, err := nats.Connect(urls["mesh_tcp_url"], nats.UserCredentialBytes([]byte(boot["creds"].(string))), nats.MaxReconnects(0))
+	if err != nil {
+		t.Fatalf("connect with the returned creds: %v", err)
+	}
+	sub, err := nc.SubscribeSync(protocol.InboxSubject(agent.Public()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Publish(protocol.InboxSubject(agent.Public()), []byte("ping")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := sub.NextMsg(2 * time.Second); err != nil {
+		t.Fatalf("own inbox round trip: %v", err)
+	}
+	nc.Close()
+
+	// Renewal: the adapter's node key and the agent's consent.
+	node, err := keys.Generate[keys.NodeRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts := time.Now().Unix()
+	nodeSig, err := protocol.SignNodeCred(node, ts, []string{agent.Public()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, renewed := postJSON(t, boot["renew_url"].(string), map[string]any{"node_id": node.Public(), "ts": ts, "node_sig": nodeSig,
+		"agents": []any{map[string]any{"id": agent.Public(), "sig": protocol.SignNodeAgent(agent, ts, node.Public())}}})
+	if st != 200 {
+		t.Fatalf("renewal: %d %v", st, renewed)
+	}
+	closed := make(chan struct{})
+	nc2, err := nats.Connect(urls["mesh_tcp_url"], nats.UserJWT(
+		func() (string, error) { return renewed["jwt"].(string), nil }, node.SignNonce),
+		nats.MaxReconnects(0), nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("connect with the renewed node credential: %v", err)
+	}
+	defer nc2.Close()
+
+	adminJSON(t, dataDir, "agent", "retire", agent.Public(), "--reason", "test over")
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the node was not cut off within 5 s of the retirement")
+	}
+	st, out := postJSON(t, boot["renew_url"].(string), map[string]any{"node_id": node.Public(), "ts": ts, "node_sig": nodeSig,
+		"agents": []any{map[string]any{"id": agent.Public(), "sig": protocol.SignNodeAgent(agent, ts, node.Public())}}})
+	if st != 403 || !strings.Contains(out["error"].(string), "test over") {
+		t.Errorf("renewal after retirement: %d %v", st, out)
+	}
+}
+
+// With no meshd running, the admin commands act on the stopped mesh's files,
+// and what they record is there when it starts again.
+func TestAdminOnAStoppedMesh(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	_, _, stop := runUntilReady(t, dataDir)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	acct := adminJSON(t, dataDir, "account", "create", "--email", "later@example.org")["account_id"].(string)
+	token := adminJSON(t, dataDir, "agent-token", "--account", acct, "--name", "offline")["token"].(string)
+
+	urls, _, stop := runUntilReady(t, dataDir)
+	defer stop()
+	agent, _ := keys.Generate[keys.AgentRole]()
+	if st, out := postJSON(t, urls["control_url"]+"/v1/bootstrap", map[string]any{"token": token, "agent_id": agent.Public()}); st != 200 {
+		t.Fatalf("a key minted while meshd was stopped: %d %v", st, out)
+	}
+
+	var stderr bytes.Buffer
+	err := run(context.Background(), []string{"admin", "--data-dir", dataDir, "agent", "retire", agent.Public()}, noEnv, &bytes.Buffer{}, &stderr)
+	if err == nil || !strings.Contains(stderr.String(), "--reason") {
+		t.Errorf("retire without a reason: %v %q", err, stderr.String())
+	}
+	err = run(context.Background(), []string{"admin", "--data-dir", filepath.Join(t.TempDir(), "none"), "account", "create", "--email", "x@example.org"},
+		noEnv, &bytes.Buffer{}, &stderr)
+	if err == nil || !strings.Contains(err.Error(), "no mesh") {
+		t.Errorf("admin on a directory with no mesh: %v", err)
+	}
+}

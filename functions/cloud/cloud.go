@@ -1,0 +1,177 @@
+// Package cloud builds the dependencies of the HTTP routes when they run as
+// Cloud Functions: Firestore for the store, SMTP for mail, the trust chain
+// from a mounted secret, and revocation over the managed NATS cluster. It
+// is the one place the function binary reads its environment, once, in the
+// lazy init of the first request (DESIGN §2, §3).
+package cloud
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/passkey"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/store/firestorestore"
+)
+
+// Config is the function binary's configuration.
+type Config struct {
+	ProjectID  string   // GOOGLE_CLOUD_PROJECT
+	MeshName   string   // MESH_NAME
+	ControlURL string   // MESH_CONTROL_URL, e.g. https://api.example.org
+	ConsoleURL string   // MESH_CONSOLE_URL, e.g. https://console.example.org/
+	NATSURLs   []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
+	WSURLs     []string // MESH_WS_URLS, comma-separated wss:// URLs
+	// TrustDir holds the operator and account seed files, mounted from
+	// Secret Manager as files (MESH_TRUST_DIR).
+	TrustDir         string
+	SMTP             mail.SMTPConfig // SMTP_ADDR, SMTP_FROM, SMTP_USERNAME, SMTP_PASSWORD, SMTP_TLS
+	NoExpiry         bool            // MESH_NODE_CREDENTIAL_NO_EXPIRY=true
+	MarkupPct        int             // CREDITS_PLATFORM_MARKUP_PCT (10)
+	TrustedProxyHops int             // MESH_TRUSTED_PROXY_HOPS (1: Google's front end)
+	RateLimit        int             // MESH_RATE_LIMIT_PER_MINUTE (30, upstream §16.2)
+}
+
+// FromEnv reads the configuration through getenv and checks it.
+func FromEnv(getenv func(string) string) (Config, error) {
+	list := func(k string) []string {
+		var out []string
+		for _, s := range strings.Split(getenv(k), ",") {
+			if s = strings.TrimSpace(s); s != "" {
+				out = append(out, s)
+			}
+		}
+		return out
+	}
+	num := func(k string, def int) (int, error) {
+		v := getenv(k)
+		if v == "" {
+			return def, nil
+		}
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return 0, fmt.Errorf("%s must be a non-negative whole number, not %q", k, v)
+		}
+		return n, nil
+	}
+	c := Config{
+		ProjectID: getenv("GOOGLE_CLOUD_PROJECT"), MeshName: getenv("MESH_NAME"),
+		ControlURL: getenv("MESH_CONTROL_URL"), ConsoleURL: getenv("MESH_CONSOLE_URL"),
+		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"), TrustDir: getenv("MESH_TRUST_DIR"),
+		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
+			Password: getenv("SMTP_PASSWORD"), TLS: mail.TLSPolicy(getenv("SMTP_TLS"))},
+		NoExpiry: getenv("MESH_NODE_CREDENTIAL_NO_EXPIRY") == "true",
+	}
+	var err error
+	if c.MarkupPct, err = num("CREDITS_PLATFORM_MARKUP_PCT", 10); err != nil {
+		return c, err
+	}
+	if c.TrustedProxyHops, err = num("MESH_TRUSTED_PROXY_HOPS", 1); err != nil {
+		return c, err
+	}
+	if c.RateLimit, err = num("MESH_RATE_LIMIT_PER_MINUTE", 30); err != nil {
+		return c, err
+	}
+	var missing []string
+	for k, v := range map[string]string{"GOOGLE_CLOUD_PROJECT": c.ProjectID, "MESH_CONTROL_URL": c.ControlURL,
+		"MESH_CONSOLE_URL": c.ConsoleURL, "SMTP_ADDR": c.SMTP.Addr, "SMTP_FROM": c.SMTP.From} {
+		if v == "" {
+			missing = append(missing, k)
+		}
+	}
+	if len(c.NATSURLs) == 0 {
+		missing = append(missing, "MESH_NATS_URLS")
+	}
+	if len(missing) > 0 {
+		return c, fmt.Errorf("missing configuration: %s", strings.Join(missing, ", "))
+	}
+	if c.MeshName == "" {
+		c.MeshName = c.ProjectID
+	}
+	return c, nil
+}
+
+// Build makes the route dependencies from c. Without MESH_TRUST_DIR the
+// instance does not mint (the doors answer 501) but still serves accounts.
+func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
+	st, err := firestorestore.New(ctx, c.ProjectID)
+	if err != nil {
+		return nil, fmt.Errorf("firestore: %w", err)
+	}
+	smtp, err := mail.NewSMTP(c.SMTP)
+	if err != nil {
+		return nil, fmt.Errorf("smtp: %w", err)
+	}
+	console, err := url.Parse(c.ConsoleURL)
+	if err != nil || console.Host == "" {
+		return nil, fmt.Errorf("MESH_CONSOLE_URL %q is not a URL", c.ConsoleURL)
+	}
+	pk, err := passkey.New(passkey.Config{RPID: console.Hostname(), RPDisplayName: "agentmesh (" + c.MeshName + ")",
+		RPOrigins: []string{console.Scheme + "://" + console.Host}})
+	if err != nil {
+		return nil, fmt.Errorf("passkeys: %w", err)
+	}
+	var trust *creds.Trust
+	var revoker credential.Revoker
+	if c.TrustDir != "" {
+		if trust, err = creds.Load(c.TrustDir); err != nil {
+			return nil, fmt.Errorf("trust: %w", err)
+		}
+		sysCreds, err := trust.MintSystemUser("control-plane")
+		if err != nil {
+			return nil, err
+		}
+		sys, err := nats.Connect(strings.Join(c.NATSURLs, ","), sysCreds.NATSOption(), nats.Name("control-plane"),
+			nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+		if err != nil {
+			return nil, fmt.Errorf("nats: %w", err)
+		}
+		revoker = &creds.Revoker{Trust: trust, Sys: sys}
+	}
+	meshInfo := credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs}
+	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL})
+	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
+		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log})
+	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo, Log: log})
+	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests,
+		RateLimit: httpx.NewLimiter(c.RateLimit, time.Minute, nil), TrustedProxyHops: c.TrustedProxyHops,
+		Capabilities: map[string]any{"protocol": protocol.Version, "mesh": c.MeshName, "markup_pct": c.MarkupPct,
+			"clearing_service": false, "credentials": []string{"guest", "bootstrap", "node", "app", "job"},
+			"node_credential": map[string]any{"minting": trust != nil, "no_expiry": c.NoExpiry, "max_agents": credential.MaxRoster},
+			"passkeys":        true, "nats_endpoints": append(append([]string{}, c.NATSURLs...), c.WSURLs...)}}, nil
+}
+
+// Deps is the builder every function group registers with
+// (api.Group.RegisterFunctions caches its result per instance and retries a
+// failure on the next request).
+func Deps() (*api.Deps, error) {
+	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)) // Cloud Logging reads JSON lines
+	c, err := FromEnv(os.Getenv)
+	if err != nil {
+		log.Error("function configuration", "err", err)
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d, err := Build(ctx, c, log)
+	if err != nil {
+		log.Error("function dependencies", "err", err)
+		return nil, err
+	}
+	return d, nil
+}

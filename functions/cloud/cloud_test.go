@@ -1,0 +1,46 @@
+package cloud
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestFromEnv(t *testing.T) {
+	base := map[string]string{
+		"GOOGLE_CLOUD_PROJECT": "p1", "MESH_CONTROL_URL": "https://api.example.org", "MESH_CONSOLE_URL": "https://console.example.org/",
+		"SMTP_ADDR": "smtp.example.org:587", "SMTP_FROM": "mesh@example.org", "MESH_NATS_URLS": "tls://a:4222, tls://b:4222",
+	}
+	env := func(over map[string]string) func(string) string {
+		return func(k string) string {
+			if v, ok := over[k]; ok {
+				return v
+			}
+			return base[k]
+		}
+	}
+	c, err := FromEnv(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 {
+		t.Errorf("defaults: %+v", c)
+	}
+	for name, over := range map[string]map[string]string{
+		"missing project": {"GOOGLE_CLOUD_PROJECT": ""},
+		"missing nats":    {"MESH_NATS_URLS": " , "},
+		"bad markup":      {"CREDITS_PLATFORM_MARKUP_PCT": "-3"},
+		"bad hops":        {"MESH_TRUSTED_PROXY_HOPS": "one"},
+		"missing smtp":    {"SMTP_ADDR": ""},
+		"missing console": {"MESH_CONSOLE_URL": ""},
+	} {
+		if _, err := FromEnv(env(over)); err == nil {
+			t.Errorf("%s: accepted", name)
+		} else if name == "missing project" && !strings.Contains(err.Error(), "GOOGLE_CLOUD_PROJECT") {
+			t.Errorf("the error must name what is missing: %v", err)
+		}
+	}
+	c, _ = FromEnv(env(map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "0", "MESH_NODE_CREDENTIAL_NO_EXPIRY": "true"}))
+	if c.MarkupPct != 0 || !c.NoExpiry {
+		t.Errorf("explicit values: %+v", c)
+	}
+}
