@@ -38,6 +38,8 @@ var Routes = []httpx.Route{
 	{EntryPoint: "AppRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/apps/{app}"},
 	{EntryPoint: "AccountAgents", Method: "GET", Path: "/v1/accounts/{id}/agents"},
 	{EntryPoint: "Capabilities", Method: "GET", Path: "/v1/capabilities"},
+	{EntryPoint: "Connect", Method: "POST", Path: "/v1/connect"},
+	{EntryPoint: "ConnectStatus", Method: "POST", Path: "/v1/connect/status"},
 }
 
 // Group is the function group.
@@ -85,6 +87,14 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 		return h.authed(map[string]string{"AppList": "read", "AccountAgents": "read"}[rt.EntryPoint], h.appRoute(rt.EntryPoint))
 	case "Capabilities":
 		return h.capabilities
+	case "Connect", "ConnectStatus":
+		if d.Credentials == nil {
+			return api.NotConfigured("the credential service")
+		}
+		if rt.EntryPoint == "Connect" {
+			return h.connect
+		}
+		return h.connectStatus
 	}
 	panic("accounts: no handler for " + rt.EntryPoint)
 }

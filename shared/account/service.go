@@ -69,22 +69,13 @@ func New(cfg Config) *Service {
 		mailRate: httpx.NewLimiter(cfg.MailPerAddress, cfg.MailWindow, cfg.Now)}
 }
 
-// unavailable maps a store failure to a retryable 503.
-func unavailable(err error) error {
-	return errs.Wrap(errs.Unavailable, "the account store is unavailable; retry shortly", err)
-}
+const storeDown = "the account store is unavailable; retry shortly"
+
+// unavailable is the 503 of a store that cannot answer.
+func unavailable(err error) error { return errs.Wrap(errs.Unavailable, storeDown, err) }
 
 // txErr passes protocol errors through and turns store failures into 503.
-func txErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	var e *errs.Error
-	if errors.As(err, &e) {
-		return err
-	}
-	return unavailable(err)
-}
+func txErr(err error) error { return errs.OrUnavailable(err, storeDown) }
 
 // CreateAccount makes the account for email, or returns the existing one
 // (created=false). Used by the operator command and the sign-up route.

@@ -101,21 +101,13 @@ func (s *Service) meshBlock() map[string]any {
 		"nats_endpoints": append(append([]string{}, s.cfg.Mesh.TCP...), s.cfg.Mesh.WS...)}
 }
 
-// unavailable is the 503 of a store that cannot answer.
-func unavailable(err error) error {
-	return errs.Wrap(errs.Unavailable, "the credential store is unavailable; retry shortly", err)
-}
+const storeDown = "the credential store is unavailable; retry shortly"
 
-func txErr(err error) error {
-	if err == nil {
-		return nil
-	}
-	var e *errs.Error
-	if errors.As(err, &e) {
-		return err
-	}
-	return unavailable(err)
-}
+// unavailable is the 503 of a store that cannot answer.
+func unavailable(err error) error { return errs.Wrap(errs.Unavailable, storeDown, err) }
+
+// txErr passes protocol errors through and turns store failures into 503.
+func txErr(err error) error { return errs.OrUnavailable(err, storeDown) }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 

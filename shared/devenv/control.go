@@ -90,12 +90,11 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now),
 		Capabilities: map[string]any{
 			"protocol": protocol.Version, "mesh": meshInfo.Name, "markup_pct": cfg.MarkupPct, "clearing_service": false,
-			"credentials":      []string{"guest", "bootstrap", "node", "app", "job"},
-			"node_credential":  map[string]any{"minting": true, "no_expiry": cfg.NoExpiry, "max_agents": credential.MaxRoster},
-			"guest":            map[string]any{"idle_ttl_seconds": int(idle / time.Second)},
-			"passkeys":         true,
-			"nats_endpoints":   []string{m.urls.MeshTCP, m.urls.MeshWS},
-			"control_plane_v1": true,
+			"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},
+			"node_credential": map[string]any{"minting": true, "no_expiry": cfg.NoExpiry, "max_agents": credential.MaxRoster},
+			"guest":           map[string]any{"idle_ttl_seconds": int(idle / time.Second)},
+			"passkeys":        true,
+			"nats_endpoints":  []string{m.urls.MeshTCP, m.urls.MeshWS},
 		}}
 	m.control = c
 	for _, g := range Groups {

@@ -231,8 +231,12 @@ func TestNodeCredentialRefusals(t *testing.T) {
 		{"entry without sig", with(func(m map[string]any) { m["agents"].([]any)[0].(map[string]any)["sig"] = "" }), 400, "every agents[] entry needs id and sig"},
 		{"agent id not a key", with(func(m map[string]any) { m["agents"].([]any)[0].(map[string]any)["id"] = "Uxyz" }), 400, "agent id is not a user public key"},
 		{"duplicate", nodeRequest(node, []*keys.Agent{a1, a1}, now), 400, "duplicate agent id"},
-		{"stale", nodeRequest(node, []*keys.Agent{a1}, now-601), 401, "stale timestamp; re-sign with current time"},
-		{"future", nodeRequest(node, []*keys.Agent{a1}, now+601), 401, "stale timestamp"},
+		// ±600 s is the window; a margin keeps a slow test second from
+		// moving a case across the bound.
+		{"stale", nodeRequest(node, []*keys.Agent{a1}, now-620), 401, "stale timestamp; re-sign with current time"},
+		{"future", nodeRequest(node, []*keys.Agent{a1}, now+620), 401, "stale timestamp"},
+		{"old but inside the window", nodeRequest(node, []*keys.Agent{a1}, now-580), 200, ""},
+		{"ahead but inside the window", nodeRequest(node, []*keys.Agent{a1}, now+580), 200, ""},
 		{"node_sig wrong", with(func(m map[string]any) {
 			m["node_sig"] = nodeRequest(newNode(t), []*keys.Agent{a1, a2}, now)["node_sig"]
 		}), 401, "node_sig does not verify against node_id"},

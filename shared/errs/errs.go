@@ -278,3 +278,17 @@ func CodeOf(err error) Code {
 	}
 	return ""
 }
+
+// OrUnavailable is how a service reports a failed dependency (its store, a
+// cloud API): a protocol error passes through as is, anything else becomes
+// a retryable UNAVAILABLE with msg, keeping the cause for the log.
+func OrUnavailable(err error, msg string) error {
+	if err == nil {
+		return nil
+	}
+	var e *Error
+	if errors.As(err, &e) {
+		return err
+	}
+	return Wrap(Unavailable, msg, err)
+}
