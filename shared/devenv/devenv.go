@@ -111,6 +111,9 @@ type Mesh struct {
 	// updates; its state also answers /healthz.
 	sys *nats.Conn
 
+	// servicesKey signs every answer and event of the bus workers.
+	servicesKey *keys.Agent
+
 	// control is the control plane (store, services, routes).
 	control *Control
 	// closers release what the control plane opened, after HTTP stops.
@@ -152,6 +155,11 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 		return nil, fmt.Errorf("devenv: %w", err)
 	}
 	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now()}
+	// The workers' signing key lives beside the trust chain (0600): clients
+	// may pin it, so it must survive restarts.
+	if m.servicesKey, err = keys.LoadOrGenerate[keys.AgentRole](filepath.Join(dataDir, keysDir, "services.nk")); err != nil {
+		return nil, fmt.Errorf("devenv: services key: %w", err)
+	}
 	pk := trust.PublicKeys()
 	log.Info("trust chain ready", "created", created, "operator", pk.Operator,
 		"system_account", pk.SystemAccount, "mesh_account", pk.MeshAccount)
@@ -421,6 +429,9 @@ func (m *Mesh) URLs() URLs { return m.urls }
 // routes on it (Go 1.22 method+path patterns); ServeMux allows registering
 // while serving.
 func (m *Mesh) Mux() *http.ServeMux { return m.mux }
+
+// ServicesKey is the key the bus workers sign with.
+func (m *Mesh) ServicesKey() *keys.Agent { return m.servicesKey }
 
 // Trust is the mesh's trust chain, for minting credentials.
 func (m *Mesh) Trust() *creds.Trust { return m.trust }

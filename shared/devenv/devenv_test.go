@@ -450,8 +450,9 @@ func TestDataDirLayoutAndModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(entries) != 4 {
-		t.Errorf("keys dir has %d entries, want 4", len(entries))
+	// The four trust-chain seeds and the bus workers' services key.
+	if len(entries) != 5 {
+		t.Errorf("keys dir has %d entries, want 5", len(entries))
 	}
 	for _, e := range entries {
 		info, err := e.Info()

@@ -1,0 +1,270 @@
+// Package bus is the plumbing every bus worker shares: a NATS micro
+// service whose endpoints take signed envelopes in and answer with signed
+// envelopes out (spec §4.3), in a queue group so several copies share the
+// load; signed calls to such endpoints; compare-and-set on JetStream KV so
+// copies never race; and platform events.
+//
+// Every envelope is decoded and verified before a handler runs (spec §5):
+// a Handler only ever sees a verified request.
+package bus
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nats.go/micro"
+
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Service is one worker on the bus: its connection, its JetStream handle,
+// and the key its answers are signed with.
+type Service struct {
+	Name string
+	NC   *nats.Conn
+	JS   jetstream.JetStream
+	// Key signs every answer and event. All copies of all workers of one
+	// mesh share the services key, whose public half clients may pin.
+	Key keys.Signer
+	Log *slog.Logger
+	Now func() time.Time
+
+	dec   *protocol.Decoder
+	dedup *protocol.DedupMemory
+	micro micro.Service
+}
+
+// Config describes a worker.
+type Config struct {
+	Name, Version, Description string
+	NC                         *nats.Conn
+	Key                        keys.Signer
+	Log                        *slog.Logger
+	Now                        func() time.Time
+}
+
+// QueueGroup is the queue group of a worker's endpoints: every copy of the
+// worker joins it, so each request is answered by exactly one copy.
+func QueueGroup(name string) string { return "mesh-" + name }
+
+// NewService registers a micro service for a worker.
+func NewService(cfg Config) (*Service, error) {
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Version == "" {
+		cfg.Version = "1.0.0"
+	}
+	js, err := jetstream.New(cfg.NC)
+	if err != nil {
+		return nil, fmt.Errorf("%s: jetstream: %w", cfg.Name, err)
+	}
+	m, err := micro.AddService(cfg.NC, micro.Config{Name: "mesh-" + cfg.Name, Version: cfg.Version,
+		Description: cfg.Description, QueueGroup: QueueGroup(cfg.Name)})
+	if err != nil {
+		return nil, fmt.Errorf("%s: micro service: %w", cfg.Name, err)
+	}
+	return &Service{Name: cfg.Name, NC: cfg.NC, JS: js, Key: cfg.Key, Log: cfg.Log.With("worker", cfg.Name), Now: cfg.Now,
+		dec: protocol.DefaultDecoder, dedup: protocol.NewDedupMemory(0), micro: m}, nil
+}
+
+// Stop unsubscribes the worker's endpoints.
+func (s *Service) Stop() error { return s.micro.Stop() }
+
+// Request is a verified request envelope and where it arrived.
+type Request struct {
+	Env     *protocol.Envelope
+	Subject string
+	// Payload is the decoded payload (generic JSON value).
+	Payload any
+}
+
+// Object returns the payload as an object ({} when it is not one).
+func (r *Request) Object() map[string]any {
+	m, _ := r.Payload.(map[string]any)
+	if m == nil {
+		m = map[string]any{}
+	}
+	return m
+}
+
+// Handler serves one endpoint. It returns the reply payload (a Go value or
+// decoded JSON) or an error; a protocol error (*errs.Error) is answered
+// with its code, anything else as INTERNAL_ERROR.
+type Handler func(ctx context.Context, r *Request) (any, error)
+
+// Endpoint adds an endpoint on subject (wildcards allowed) to the service.
+// Requests are verified first: structure, version, signature, the live
+// freshness window and (from, id) dedup. A refused request is answered
+// with its code when it has a reply subject, and never reaches h.
+func (s *Service) Endpoint(name, subject string, h Handler) error {
+	return s.micro.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
+		s.serve(req, h)
+	}), micro.WithEndpointSubject(subject))
+}
+
+func (s *Service) serve(req micro.Request, h Handler) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	env, err := s.dec.Decode(req.Data())
+	if err != nil {
+		s.answerError(req, nil, errs.As(err))
+		return
+	}
+	if err := protocol.CheckFreshness(env.TS, s.Now(), protocol.SourceLive); err != nil {
+		return // stale: silent, like every receiver (upstream §5)
+	}
+	if s.dedup.Seen(env.From, env.ID) {
+		return // a copy of a request this copy already answered
+	}
+	payload, err := env.PayloadValue()
+	if err != nil {
+		s.answerError(req, env, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err))
+		return
+	}
+	out, err := h(ctx, &Request{Env: env, Subject: req.Subject(), Payload: payload})
+	if err != nil {
+		e := errs.As(err)
+		if e.Code == errs.InternalError {
+			s.Log.Error("handler failed", "subject", req.Subject(), "err", err)
+		}
+		s.answerError(req, env, e)
+		return
+	}
+	if req.Reply() == "" {
+		return
+	}
+	reply, err := s.reply(env, out)
+	if err != nil {
+		s.Log.Error("reply", "subject", req.Subject(), "err", err)
+		return
+	}
+	_ = req.Respond(reply)
+}
+
+// reply signs a respond envelope to req carrying payload.
+func (s *Service) reply(req *protocol.Envelope, payload any) ([]byte, error) {
+	var e *protocol.Envelope
+	var err error
+	if req != nil {
+		e, err = protocol.NewReply(req, s.Key.Public(), payload)
+	} else {
+		e, err = protocol.New(protocol.TypeRespond, s.Key.Public(), payload)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Sign(s.Key); err != nil {
+		return nil, err
+	}
+	return e.Marshal()
+}
+
+func (s *Service) answerError(req micro.Request, env *protocol.Envelope, e *errs.Error) {
+	if req.Reply() == "" {
+		return
+	}
+	b, err := s.reply(env, e.BusPayload())
+	if err != nil {
+		s.Log.Error("error reply", "err", err)
+		return
+	}
+	_ = req.Respond(b)
+}
+
+// Emit publishes a signed platform event on mesh.event.<domain>.<event>
+// with payload {domain, event_type, data} (upstream §6.4).
+func (s *Service) Emit(domain, event string, data any) error {
+	e, err := protocol.New(protocol.TypeEmit, s.Key.Public(), map[string]any{"domain": domain, "event_type": event, "data": data})
+	if err != nil {
+		return err
+	}
+	if err := e.Sign(s.Key); err != nil {
+		return err
+	}
+	b, err := e.Marshal()
+	if err != nil {
+		return err
+	}
+	return s.NC.Publish(protocol.EventSubject(domain+"."+event), b)
+}
+
+// Call signs a request envelope of type typ from signer, sends it to
+// subject and returns the verified answer. An answer carrying an error
+// object comes back as that *errs.Error. No answer within ctx is
+// TRANSPORT_TIMEOUT; nobody listening is TRANSPORT_NO_RESPONDERS.
+func Call(ctx context.Context, nc *nats.Conn, signer keys.Signer, subject string, typ protocol.Type, to string, payload any) (*protocol.Envelope, error) {
+	req, err := protocol.New(typ, signer.Public(), payload)
+	if err != nil {
+		return nil, err
+	}
+	req.To = to
+	if err := req.Sign(signer); err != nil {
+		return nil, err
+	}
+	data, err := req.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	msg, err := nc.RequestWithContext(ctx, subject, data)
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		return nil, errs.Newf(errs.TransportNoResponders, "nothing answers on %s", subject)
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, nats.ErrTimeout):
+		return nil, errs.Newf(errs.TransportTimeout, "no answer on %s in time", subject)
+	case err != nil:
+		if strings.Contains(err.Error(), "Permissions Violation") {
+			return nil, errs.Wrap(errs.TransportPermissionDenied, "this credential may not publish on "+subject, err)
+		}
+		return nil, errs.Wrap(errs.TransportTimeout, "request failed", err)
+	}
+	rep, err := protocol.Decode(msg.Data)
+	if err != nil {
+		return nil, err
+	}
+	if rep.InReplyTo != req.ID {
+		return nil, errs.New(errs.InvalidEnvelope, "the answer is not in reply to the request")
+	}
+	if e := ErrorOf(rep); e != nil {
+		return rep, e
+	}
+	return rep, nil
+}
+
+// ErrorOf returns the error object a respond envelope carries, if any.
+func ErrorOf(e *protocol.Envelope) *errs.Error {
+	v, err := e.PayloadValue()
+	if err != nil {
+		return nil
+	}
+	m, _ := v.(map[string]any)
+	if m == nil || m["error"] == nil {
+		return nil
+	}
+	return errs.FromWire(m["error"])
+}
+
+// Env is what one copy of a worker is started with: its own connection, the
+// services key, a logger and a clock.
+type Env struct {
+	NC  *nats.Conn
+	Key keys.Signer
+	Log *slog.Logger
+	Now func() time.Time
+}
+
+// NewServiceIn registers a worker's micro service in env.
+func NewServiceIn(env Env, name, description string) (*Service, error) {
+	return NewService(Config{Name: name, Description: description, NC: env.NC, Key: env.Key, Log: env.Log, Now: env.Now})
+}

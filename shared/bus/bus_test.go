@@ -1,0 +1,163 @@
+package bus_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+func mesh(t *testing.T) *devenv.Mesh {
+	t.Helper()
+	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	return m
+}
+
+func agent(t *testing.T) *keys.Agent {
+	k, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
+}
+
+// Three copies of a worker share one queue group: each request is answered
+// exactly once, by a signed envelope in reply to it; an unsigned request
+// never reaches a handler.
+func TestEndpointCopiesAnswerOnce(t *testing.T) {
+	m := mesh(t)
+	svcKey := agent(t)
+	var calls atomic.Int64
+	for i := range 3 {
+		nc, err := m.ConnectService("copy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		s, err := bus.NewService(bus.Config{Name: "echo", NC: nc, Key: svcKey})
+		if err != nil {
+			t.Fatal(err)
+		}
+		_ = i
+		if err := s.Endpoint("echo", "mesh.test.echo", func(_ context.Context, r *bus.Request) (any, error) {
+			calls.Add(1)
+			if r.Object()["fail"] == true {
+				return nil, errs.New(errs.NotFound, "nothing here")
+			}
+			return map[string]any{"status": "ok", "from": r.Env.From}, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	client, err := m.ConnectService("client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	caller := agent(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	for range 30 {
+		rep, err := bus.Call(ctx, client, caller, "mesh.test.echo", protocol.TypeRequest, "", map[string]any{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rep.From != svcKey.Public() {
+			t.Fatalf("answer signed by %s", rep.From)
+		}
+	}
+	if n := calls.Load(); n != 30 {
+		t.Errorf("30 requests reached handlers %d times", n)
+	}
+	if _, err := bus.Call(ctx, client, caller, "mesh.test.echo", protocol.TypeRequest, "", map[string]any{"fail": true}); errs.CodeOf(err) != errs.NotFound {
+		t.Errorf("handler error: %v", err)
+	}
+	// Unsigned: refused at decode, with the code, and no handler runs.
+	before := calls.Load()
+	msg, err := client.RequestWithContext(ctx, "mesh.test.echo", []byte(`{"v":"0.3.0","id":"x","type":"request","ts":"2026-01-01T00:00:00Z","from":"`+caller.Public()+`","trace":{"trace_id":"a","span_id":"b"},"payload":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := protocol.Decode(msg.Data)
+	if err != nil || bus.ErrorOf(rep) == nil || bus.ErrorOf(rep).Code != errs.IdentityMismatch {
+		t.Errorf("unsigned request answered %v (%v)", rep, err)
+	}
+	if calls.Load() != before {
+		t.Error("an unsigned request reached a handler")
+	}
+}
+
+// Fifty copies racing to claim one key: exactly one changes it.
+func TestCASOneWinner(t *testing.T) {
+	m := mesh(t)
+	nc, err := m.ConnectService("cas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := bus.Bucket(t.Context(), js, jetstream.KeyValueConfig{Bucket: "test_cas"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	type claim struct{ By int }
+	var wg sync.WaitGroup
+	var winners atomic.Int64
+	for i := range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, changed, err := bus.CAS(context.Background(), kv, "item", func(cur *claim, exists bool) (*claim, error) {
+				if exists {
+					return nil, bus.ErrNoChange
+				}
+				return &claim{By: i}, nil
+			})
+			if err != nil {
+				t.Error(err)
+			}
+			if changed {
+				winners.Add(1)
+			}
+		}()
+	}
+	wg.Wait()
+	if winners.Load() != 1 {
+		t.Errorf("%d winners", winners.Load())
+	}
+	// Twenty increments through read-modify-write end at twenty.
+	type counter struct{ N int }
+	for range 20 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := bus.CAS(context.Background(), kv, "n", func(cur *counter, _ bool) (*counter, error) {
+				c := counter{}
+				if cur != nil {
+					c = *cur
+				}
+				c.N++
+				return &c, nil
+			}); err != nil {
+				t.Error(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if v, _, _ := bus.GetJSON[counter](t.Context(), kv, "n"); v.N != 20 {
+		t.Errorf("counter %d", v.N)
+	}
+}

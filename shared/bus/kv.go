@@ -1,0 +1,107 @@
+package bus
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/nats-io/nats.go/jetstream"
+)
+
+// Bucket binds a KV bucket, creating it when it does not exist yet. Every
+// copy of a worker calls it at start; creation races are harmless.
+func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueConfig) (jetstream.KeyValue, error) {
+	kv, err := js.CreateOrUpdateKeyValue(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w", cfg.Bucket, err)
+	}
+	return kv, nil
+}
+
+// ErrNoChange is returned by an update function that leaves the value as it
+// is; CAS then writes nothing and reports changed=false.
+var ErrNoChange = errors.New("no change")
+
+// maxCASAttempts bounds retries under contention; each loser re-reads the
+// winner's value, so a handful is plenty even with many copies.
+const maxCASAttempts = 16
+
+// CAS reads key into a T, lets update change it, and writes it back only if
+// nobody wrote in between (revision check), retrying on conflict. exists
+// tells update whether the key was there. Returning (nil, nil) deletes the
+// key; returning ErrNoChange writes nothing. It reports whether this call
+// changed the value, which is how exactly one copy of a worker learns it
+// made a transition (and so emits the event for it).
+func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update func(cur *T, exists bool) (*T, error)) (next *T, changed bool, err error) {
+	for range maxCASAttempts {
+		var cur T
+		var rev uint64
+		exists := false
+		e, err := kv.Get(ctx, key)
+		switch {
+		case err == nil:
+			if err := json.Unmarshal(e.Value(), &cur); err != nil {
+				return nil, false, fmt.Errorf("kv %s: decode %s: %w", kv.Bucket(), key, err)
+			}
+			rev, exists = e.Revision(), true
+		case errors.Is(err, jetstream.ErrKeyNotFound):
+		default:
+			return nil, false, fmt.Errorf("kv %s: get %s: %w", kv.Bucket(), key, err)
+		}
+		var curp *T
+		if exists {
+			curp = &cur
+		}
+		next, err := update(curp, exists)
+		if errors.Is(err, ErrNoChange) {
+			return curp, false, nil
+		}
+		if err != nil {
+			return nil, false, err
+		}
+		if next == nil {
+			if !exists {
+				return nil, false, nil
+			}
+			err = kv.Delete(ctx, key, jetstream.LastRevision(rev))
+		} else {
+			var b []byte
+			if b, err = json.Marshal(next); err != nil {
+				return nil, false, err
+			}
+			if exists {
+				_, err = kv.Update(ctx, key, b, rev)
+			} else {
+				_, err = kv.Create(ctx, key, b)
+			}
+		}
+		if err == nil {
+			return next, true, nil
+		}
+		if !isConflict(err) {
+			return nil, false, fmt.Errorf("kv %s: write %s: %w", kv.Bucket(), key, err)
+		}
+	}
+	return nil, false, fmt.Errorf("kv %s: %s: too much contention", kv.Bucket(), key)
+}
+
+func isConflict(err error) bool {
+	var apiErr *jetstream.APIError
+	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+		return true
+	}
+	return errors.Is(err, jetstream.ErrKeyExists)
+}
+
+// GetJSON reads key into a T; found is false when the key does not exist.
+func GetJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T, found bool, err error) {
+	e, err := kv.Get(ctx, key)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return v, false, nil
+	}
+	if err != nil {
+		return v, false, err
+	}
+	return v, true, json.Unmarshal(e.Value(), &v)
+}
