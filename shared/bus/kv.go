@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 )
@@ -23,9 +25,13 @@ func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 // is; CAS then writes nothing and reports changed=false.
 var ErrNoChange = errors.New("no change")
 
-// maxCASAttempts bounds retries under contention; each loser re-reads the
-// winner's value, so a handful is plenty even with many copies.
-const maxCASAttempts = 16
+// maxCASAttempts bounds retries under contention. Each loser re-reads the
+// winner's value and waits a short random while before trying again, so
+// copies that keep colliding spread out instead of retrying in lockstep.
+const maxCASAttempts = 24
+
+// ErrContention is returned when a key stayed contended for every attempt.
+var ErrContention = errors.New("kv: too much contention")
 
 // CAS reads key into a T, lets update change it, and writes it back only if
 // nobody wrote in between (revision check), retrying on conflict. exists
@@ -34,7 +40,16 @@ const maxCASAttempts = 16
 // changed the value, which is how exactly one copy of a worker learns it
 // made a transition (and so emits the event for it).
 func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update func(cur *T, exists bool) (*T, error)) (next *T, changed bool, err error) {
-	for range maxCASAttempts {
+	for attempt := range maxCASAttempts {
+		if attempt > 0 {
+			// Up to 1, 2, 4 … ms of jitter, capped at 64 ms.
+			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+			select {
+			case <-ctx.Done():
+				return nil, false, ctx.Err()
+			case <-time.After(d):
+			}
+		}
 		var cur T
 		var rev uint64
 		exists := false
@@ -83,7 +98,7 @@ func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update f
 			return nil, false, fmt.Errorf("kv %s: write %s: %w", kv.Bucket(), key, err)
 		}
 	}
-	return nil, false, fmt.Errorf("kv %s: %s: too much contention", kv.Bucket(), key)
+	return nil, false, fmt.Errorf("kv %s: %s: %w", kv.Bucket(), key, ErrContention)
 }
 
 func isConflict(err error) bool {

@@ -1,0 +1,420 @@
+// Package presence tracks node liveness from heartbeats (spec §3.3, §4.3,
+// upstream-notes §6.3): every node publishes a signed emit on
+// mesh.heartbeat.<node> every 30 s; the worker keeps one record per node in
+// KV mesh_presence, flips a node offline after OfflineAfter of silence, and
+// emits presence.node_online / presence.node_offline exactly once per
+// transition however many copies run. Manifests are never touched.
+package presence
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Name is the worker's name: its micro service is mesh-presence and its
+// copies share the queue group bus.QueueGroup(Name).
+const Name = "presence"
+
+// Bucket is the KV bucket of presence records, keyed by node id.
+const Bucket = "mesh_presence"
+
+// Event types, emitted on mesh.event.presence.<type>.
+const (
+	EventNodeOnline  = "node_online"
+	EventNodeOffline = "node_offline"
+)
+
+// Availability values a heartbeat may declare; anything else reads as
+// AvailOnline.
+const (
+	AvailOnline   = "online"
+	AvailBusy     = "busy"
+	AvailDegraded = "degraded"
+	AvailOffline  = "offline"
+)
+
+// maxAgents bounds the agent list one heartbeat may record.
+const maxAgents = 1024
+
+// Config tunes the worker; zero values take the defaults.
+type Config struct {
+	// OfflineAfter is the silence after which a node is offline (60 s:
+	// twice the heartbeat interval).
+	OfflineAfter time.Duration
+	// SweepEvery is how often each copy sweeps for silent nodes (10 s).
+	SweepEvery time.Duration
+}
+
+// Defaults.
+const (
+	DefaultOfflineAfter = 60 * time.Second
+	DefaultSweepEvery   = 10 * time.Second
+)
+
+// Node is a presence record: the value stored under the node id in
+// mesh_presence and one entry of a mesh.presence.get answer.
+type Node struct {
+	Node         string   `json:"node"`
+	Agents       []string `json:"agents"`
+	Availability string   `json:"availability"`
+	// LastSeen is when a copy last accepted a heartbeat from the node, by
+	// the worker's clock (RFC 3339, UTC, milliseconds).
+	LastSeen string `json:"last_seen"`
+	Online   bool   `json:"online"`
+}
+
+// Stats counts what one copy did with the heartbeats it received.
+type Stats struct {
+	Accepted uint64 // recorded
+	Dropped  uint64 // refused: bad subject, envelope, sender, freshness or payload
+}
+
+// Worker is one running copy of the presence worker.
+type Worker struct {
+	svc   *bus.Service
+	kv    jetstream.KeyValue
+	cfg   Config
+	now   func() time.Time
+	sub   *nats.Subscription
+	dedup *protocol.DedupMemory
+
+	accepted, dropped atomic.Uint64
+
+	stop     chan struct{}
+	done     sync.WaitGroup
+	stopErr  error
+	stopOnce sync.Once
+}
+
+// Start runs one copy of the worker in env: binds the bucket, serves
+// mesh.presence.get, subscribes mesh.heartbeat.* in the worker's queue
+// group and sweeps every cfg.SweepEvery.
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
+	if cfg.OfflineAfter <= 0 {
+		cfg.OfflineAfter = DefaultOfflineAfter
+	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = DefaultSweepEvery
+	}
+	svc, err := bus.NewServiceIn(env, Name, "node presence from heartbeats")
+	if err != nil {
+		return nil, err
+	}
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "node presence, keyed by node id"})
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	w := &Worker{svc: svc, kv: kv, cfg: cfg, now: svc.Now, dedup: protocol.NewDedupMemory(0), stop: make(chan struct{})}
+	if err := svc.Endpoint("get", protocol.SubjPresenceGet, w.get); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("%s: endpoint: %w", Name, err)
+	}
+	// Heartbeats are publishes, not requests: a plain queue subscription,
+	// so each beat is handled by exactly one copy.
+	w.sub, err = env.NC.QueueSubscribe(protocol.HeartbeatSubject("*"), bus.QueueGroup(Name), w.onHeartbeat)
+	if err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("%s: subscribe heartbeats: %w", Name, err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("%s: flush: %w", Name, err)
+	}
+	w.done.Add(1)
+	go w.sweepLoop()
+	return w, nil
+}
+
+// Stop ends the copy: no more heartbeats, sweeps or answers. It is safe to
+// call more than once; the first call's error is returned every time.
+func (w *Worker) Stop() error {
+	w.stopOnce.Do(func() {
+		close(w.stop)
+		var errs []error
+		if w.sub != nil {
+			errs = append(errs, w.sub.Unsubscribe())
+		}
+		errs = append(errs, w.svc.Stop())
+		w.done.Wait()
+		w.stopErr = errors.Join(errs...)
+	})
+	return w.stopErr
+}
+
+// Stats reports this copy's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{Accepted: w.accepted.Load(), Dropped: w.dropped.Load()}
+}
+
+func (w *Worker) sweepLoop() {
+	defer w.done.Done()
+	t := time.NewTicker(w.cfg.SweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			return
+		case <-t.C:
+			ctx, cancel := context.WithTimeout(context.Background(), w.cfg.SweepEvery)
+			if _, err := w.Sweep(ctx); err != nil {
+				w.svc.Log.Warn("presence sweep", "err", err)
+			}
+			cancel()
+		}
+	}
+}
+
+// onHeartbeat records one heartbeat. Anything that does not pass is dropped
+// silently (counted): a heartbeat has no reply.
+func (w *Worker) onHeartbeat(msg *nats.Msg) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := w.heartbeat(ctx, msg.Subject, msg.Data); err != nil {
+		w.dropped.Add(1)
+		if !errors.Is(err, errDrop) {
+			w.svc.Log.Warn("heartbeat", "subject", msg.Subject, "err", err)
+		}
+		return
+	}
+	w.accepted.Add(1)
+}
+
+var errDrop = errors.New("heartbeat dropped")
+
+func (w *Worker) heartbeat(ctx context.Context, subject string, data []byte) error {
+	// Node identity comes from the subject token only.
+	node, ok := strings.CutPrefix(subject, protocol.HeartbeatSubject(""))
+	if !ok || !keys.IsUserPublicKey(node) {
+		return errDrop
+	}
+	env, err := protocol.Decode(data)
+	if err != nil {
+		return errDrop
+	}
+	if env.Type != protocol.TypeEmit || env.From != node {
+		return errDrop
+	}
+	now := w.now()
+	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
+		return errDrop
+	}
+	agents, avail, ok := parseBeat(env)
+	if !ok {
+		return errDrop
+	}
+	if w.dedup.Seen(env.From, env.ID) {
+		return errDrop // a replay this copy has already counted
+	}
+	var flipped bool
+	rec, _, err := bus.CAS(ctx, w.kv, node, func(cur *Node, exists bool) (*Node, error) {
+		seen := now
+		if exists {
+			// Never move last_seen backwards when copies race.
+			if t, err := protocol.ParseTime(cur.LastSeen); err == nil && t.After(seen) {
+				seen = t
+			}
+		}
+		flipped = !exists || !cur.Online
+		return &Node{Node: node, Agents: agents, Availability: avail, LastSeen: protocol.FormatTime(seen), Online: true}, nil
+	})
+	if err != nil {
+		return err
+	}
+	// Only the copy whose write flipped the record announces it.
+	if flipped {
+		if err := w.svc.Emit(Name, EventNodeOnline, map[string]any{"node": node, "agents": rec.Agents}); err != nil {
+			w.svc.Log.Error("emit node_online", "node", node, "err", err)
+		}
+	}
+	return nil
+}
+
+// parseBeat reads a heartbeat payload {availability, agents, …}. An
+// unknown or missing availability reads as online; a payload that is not an
+// object, or agents that are not a list of strings, is undecodable. Agent
+// entries that are not agent keys are left out.
+func parseBeat(env *protocol.Envelope) (agents []string, avail string, ok bool) {
+	v, err := env.PayloadValue()
+	if err != nil {
+		return nil, "", false
+	}
+	m, isObj := v.(map[string]any)
+	if !isObj {
+		return nil, "", false
+	}
+	avail = AvailOnline
+	if s, _ := m["availability"].(string); validAvailability(s) {
+		avail = s
+	}
+	agents = []string{}
+	switch list := m["agents"].(type) {
+	case nil:
+	case []any:
+		for _, a := range list {
+			s, isStr := a.(string)
+			if !isStr {
+				return nil, "", false
+			}
+			if keys.IsUserPublicKey(s) && !slices.Contains(agents, s) && len(agents) < maxAgents {
+				agents = append(agents, s)
+			}
+		}
+	default:
+		return nil, "", false
+	}
+	return agents, avail, true
+}
+
+func validAvailability(s string) bool {
+	switch s {
+	case AvailOnline, AvailBusy, AvailDegraded, AvailOffline:
+		return true
+	}
+	return false
+}
+
+// Sweep flips every online node silent for longer than OfflineAfter to
+// offline and emits presence.node_offline for each node this call flipped.
+// Copies may sweep concurrently: each flip happens, and is announced, once.
+func (w *Worker) Sweep(ctx context.Context) (flipped int, err error) {
+	nodes, err := w.all(ctx)
+	if err != nil {
+		return 0, err
+	}
+	now := w.now()
+	var firstErr error
+	for _, n := range nodes {
+		if !n.Online || !w.silent(n, now) {
+			continue
+		}
+		rec, changed, err := bus.CAS(ctx, w.kv, n.Node, func(cur *Node, exists bool) (*Node, error) {
+			if !exists || !cur.Online || !w.silent(*cur, now) {
+				return nil, bus.ErrNoChange // a heartbeat or another copy got there first
+			}
+			next := *cur
+			next.Online = false
+			return &next, nil
+		})
+		if err != nil {
+			if firstErr == nil {
+				firstErr = err
+			}
+			continue
+		}
+		if !changed {
+			continue
+		}
+		flipped++
+		if err := w.svc.Emit(Name, EventNodeOffline, map[string]any{"node": rec.Node, "agents": rec.Agents, "last_seen": rec.LastSeen}); err != nil {
+			w.svc.Log.Error("emit node_offline", "node", rec.Node, "err", err)
+		}
+	}
+	return flipped, firstErr
+}
+
+// silent reports whether n has not been heard from for OfflineAfter. A
+// record whose last_seen does not parse is silent.
+func (w *Worker) silent(n Node, now time.Time) bool {
+	t, err := protocol.ParseTime(n.LastSeen)
+	return err != nil || now.Sub(t) > w.cfg.OfflineAfter
+}
+
+// all reads every presence record.
+func (w *Worker) all(ctx context.Context) ([]Node, error) {
+	watch, err := w.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("kv %s: watch: %w", Bucket, err)
+	}
+	defer func() { _ = watch.Stop() }()
+	var out []Node
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return nil, fmt.Errorf("kv %s: watch closed", Bucket)
+			}
+			if e == nil { // initial values delivered
+				slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Node, b.Node) })
+				return out, nil
+			}
+			var n Node
+			if err := json.Unmarshal(e.Value(), &n); err != nil {
+				w.svc.Log.Warn("presence record", "key", e.Key(), "err", err)
+				continue
+			}
+			out = append(out, n)
+		}
+	}
+}
+
+// get answers mesh.presence.get {node?, agent?} with {nodes:[…]}: every
+// known node, or the one named, or those hosting the agent named.
+func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
+	if r.Env.Type != protocol.TypeDiscover && r.Env.Type != protocol.TypeRequest {
+		return nil, errs.New(errs.InvalidEnvelope, "mesh.presence.get takes a discover or request envelope")
+	}
+	q := r.Object()
+	node, err := keyFilter(q, "node")
+	if err != nil {
+		return nil, err
+	}
+	agent, err := keyFilter(q, "agent")
+	if err != nil {
+		return nil, err
+	}
+	var nodes []Node
+	if node != "" {
+		n, found, err := bus.GetJSON[Node](ctx, w.kv, node)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			nodes = []Node{n}
+		}
+	} else if nodes, err = w.all(ctx); err != nil {
+		return nil, err
+	}
+	out := make([]Node, 0, len(nodes))
+	for _, n := range nodes {
+		if agent != "" && !slices.Contains(n.Agents, agent) {
+			continue
+		}
+		if n.Agents == nil {
+			n.Agents = []string{}
+		}
+		out = append(out, n)
+	}
+	return map[string]any{"nodes": out}, nil
+}
+
+// keyFilter reads an optional key filter: absent, null or "" is no filter;
+// anything else must be a user public key.
+func keyFilter(q map[string]any, name string) (string, error) {
+	switch v := q[name].(type) {
+	case nil:
+		return "", nil
+	case string:
+		if v == "" || keys.IsUserPublicKey(v) {
+			return v, nil
+		}
+	}
+	return "", errs.Newf(errs.InvalidQuery, "%s must be a public key", name)
+}

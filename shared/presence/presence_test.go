@@ -1,0 +1,329 @@
+package presence_test
+
+import (
+	"context"
+	"encoding/json"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/presence"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+type harness struct {
+	t       *testing.T
+	clock   *bustest.Clock
+	workers []*presence.Worker
+	client  *nats.Conn
+	caller  keys.Signer
+	svcKey  string
+
+	mu     sync.Mutex
+	events map[string]int // "<event_type> <node>" → count
+}
+
+// start runs three copies of the worker, each on its own connection, all
+// on one test clock, and records every presence event.
+func start(t *testing.T) *harness {
+	m := bustest.Mesh(t)
+	h := &harness{t: t, clock: &bustest.Clock{}, client: bustest.Client(t, m), caller: bustest.Agent(t),
+		svcKey: m.ServicesKey().Public(), events: map[string]int{}}
+	for range 3 {
+		env := bustest.Env(t, m, "presence", h.clock.Now)
+		// The background sweep stays out of the way: the test sweeps.
+		w, err := presence.Start(t.Context(), env, presence.Config{SweepEvery: time.Hour})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop() })
+		h.workers = append(h.workers, w)
+	}
+	if _, err := h.client.Subscribe("mesh.event.presence.>", func(msg *nats.Msg) {
+		e, err := protocol.Decode(msg.Data)
+		if err != nil || e.From != h.svcKey || e.Type != protocol.TypeEmit {
+			t.Errorf("event on %s not a services-signed emit: %v", msg.Subject, err)
+			return
+		}
+		var p struct {
+			Domain    string `json:"domain"`
+			EventType string `json:"event_type"`
+			Data      struct {
+				Node   string   `json:"node"`
+				Agents []string `json:"agents"`
+			} `json:"data"`
+		}
+		if err := e.DecodePayload(&p); err != nil || p.Domain != "presence" || msg.Subject != "mesh.event.presence."+p.EventType {
+			t.Errorf("event %s payload %s", msg.Subject, e.Payload)
+			return
+		}
+		h.mu.Lock()
+		h.events[p.EventType+" "+p.Data.Node]++
+		h.mu.Unlock()
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.client.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) count(event, node string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.events[event+" "+node]
+}
+
+// settle waits ~500 ms so any duplicate event would have arrived.
+func settle() { time.Sleep(500 * time.Millisecond) }
+
+func (h *harness) stats() presence.Stats {
+	var s presence.Stats
+	for _, w := range h.workers {
+		st := w.Stats()
+		s.Accepted += st.Accepted
+		s.Dropped += st.Dropped
+	}
+	return s
+}
+
+// waitStats waits until the copies together have accepted and dropped at
+// least the given numbers of heartbeats.
+func (h *harness) waitStats(accepted, dropped uint64) {
+	h.t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		s := h.stats()
+		if s.Accepted >= accepted && s.Dropped >= dropped {
+			if s.Accepted != accepted || s.Dropped != dropped {
+				h.t.Fatalf("stats %+v, want accepted %d dropped %d", s, accepted, dropped)
+			}
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("stats %+v, want accepted %d dropped %d", s, accepted, dropped)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// beat builds a heartbeat signed by signer; edit may change it before
+// signing.
+func beat(t *testing.T, signer keys.Signer, payload any, edit func(*protocol.Envelope)) []byte {
+	t.Helper()
+	e, err := protocol.New(protocol.TypeEmit, signer.Public(), payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if edit != nil {
+		edit(e)
+	}
+	if err := e.Sign(signer); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func (h *harness) publish(node string, data []byte) {
+	h.t.Helper()
+	if err := h.client.Publish(protocol.HeartbeatSubject(node), data); err != nil {
+		h.t.Fatal(err)
+	}
+	if err := h.client.Flush(); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) get(q map[string]any) ([]presence.Node, error) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
+	defer cancel()
+	rep, err := bus.Call(ctx, h.client, h.caller, protocol.SubjPresenceGet, protocol.TypeDiscover, "", q)
+	if err != nil {
+		return nil, err
+	}
+	if rep.From != h.svcKey {
+		h.t.Fatalf("answer signed by %s", rep.From)
+	}
+	var out struct {
+		Nodes []presence.Node `json:"nodes"`
+	}
+	if err := json.Unmarshal(rep.Payload, &out); err != nil || out.Nodes == nil {
+		h.t.Fatalf("answer %s: %v", rep.Payload, err)
+	}
+	return out.Nodes, nil
+}
+
+func (h *harness) mustGet(q map[string]any) []presence.Node {
+	h.t.Helper()
+	n, err := h.get(q)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return n
+}
+
+func TestHeartbeatsAndSweep(t *testing.T) {
+	h := start(t)
+	node, node2 := bustest.Node(t), bustest.Node(t)
+	agentA, agentB, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	good := map[string]any{"availability": "busy", "agents": []any{agentA.Public(), agentB.Public()}, "active_tasks": 2}
+
+	// Refused heartbeats: none reaches the bucket.
+	unsigned := func() []byte {
+		e, _ := protocol.New(protocol.TypeEmit, node.Public(), good)
+		b, err := e.CanonicalUnsigned()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}()
+	forged := beat(t, stranger, good, nil)
+	forged = []byte(strings.Replace(string(forged), stranger.Public(), node.Public(), 1))
+	bad := [][]byte{
+		beat(t, agentA, good, nil), // from ≠ subject token (an agent on its node's subject)
+		unsigned,
+		forged, // claims the node, signed by another key
+		beat(t, node, good, func(e *protocol.Envelope) { e.TS = protocol.FormatTime(time.Now().Add(-11 * time.Minute)) }), // stale
+		beat(t, node, good, func(e *protocol.Envelope) { e.Type = protocol.TypeRequest }),                                 // not an emit
+		beat(t, node, "not an object", nil),
+		beat(t, node, map[string]any{"agents": "not a list"}, nil),
+	}
+	for _, b := range bad {
+		h.publish(node.Public(), b)
+	}
+	h.publish("not-a-key", beat(t, node, good, nil)) // subject token is not a key
+	h.waitStats(0, uint64(len(bad))+1)
+	if n := h.mustGet(map[string]any{"node": node.Public()}); len(n) != 0 {
+		t.Fatalf("refused heartbeats recorded: %+v", n)
+	}
+
+	// Five beats from the node race across the copies: one node_online.
+	for range 5 {
+		h.publish(node.Public(), beat(t, node, good, nil))
+	}
+	// A bad availability reads as online; no agents is an empty list.
+	h.publish(node2.Public(), beat(t, node2, map[string]any{"availability": "sleeping"}, nil))
+	h.waitStats(5+1, uint64(len(bad))+1)
+
+	n := h.mustGet(map[string]any{"node": node.Public()})
+	if len(n) != 1 || !n[0].Online || n[0].Node != node.Public() || n[0].Availability != "busy" ||
+		!slices.Equal(n[0].Agents, []string{agentA.Public(), agentB.Public()}) {
+		t.Fatalf("presence of node: %+v", n)
+	}
+	if _, err := protocol.ParseTime(n[0].LastSeen); err != nil || len(n[0].LastSeen) != len("2006-01-02T15:04:05.000Z") {
+		t.Errorf("last_seen %q", n[0].LastSeen)
+	}
+	n = h.mustGet(map[string]any{"agent": agentB.Public()})
+	if len(n) != 1 || n[0].Node != node.Public() {
+		t.Errorf("nodes hosting agent B: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": stranger.Public()}); len(n) != 0 {
+		t.Errorf("nodes hosting a stranger: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"node": node.Public(), "agent": agentA.Public()}); len(n) != 1 {
+		t.Errorf("node and agent filter: %+v", n)
+	}
+	all := h.mustGet(map[string]any{})
+	if len(all) != 2 {
+		t.Fatalf("all nodes: %+v", all)
+	}
+	for _, x := range all {
+		if x.Node == node2.Public() && (x.Availability != "online" || x.Agents == nil || len(x.Agents) != 0 || !x.Online) {
+			t.Errorf("node2: %+v", x)
+		}
+	}
+	if _, err := h.get(map[string]any{"node": "nope"}); errs.CodeOf(err) != errs.InvalidQuery {
+		t.Errorf("bad node filter: %v", err)
+	}
+	if _, err := h.get(map[string]any{"agent": 7}); errs.CodeOf(err) != errs.InvalidQuery {
+		t.Errorf("bad agent filter: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := bus.Call(ctx, h.client, h.caller, protocol.SubjPresenceGet, protocol.TypeRequest, "", map[string]any{}); err != nil {
+		t.Errorf("request type refused: %v", err)
+	}
+	if _, err := bus.Call(ctx, h.client, h.caller, protocol.SubjPresenceGet, protocol.TypeEmit, "", map[string]any{}); errs.CodeOf(err) != errs.InvalidEnvelope {
+		t.Errorf("emit type: %v", err)
+	}
+
+	settle()
+	if c := h.count(presence.EventNodeOnline, node.Public()); c != 1 {
+		t.Errorf("node_online emitted %d times for five racing beats", c)
+	}
+	if c := h.count(presence.EventNodeOnline, node2.Public()); c != 1 {
+		t.Errorf("node_online emitted %d times for node2", c)
+	}
+
+	// Not yet silent long enough: nothing flips.
+	h.clock.Advance(30 * time.Second)
+	if f, err := h.workers[0].Sweep(ctx); err != nil || f != 0 {
+		t.Fatalf("early sweep flipped %d (%v)", f, err)
+	}
+	// Past 60 s: three copies sweep at once, each node flips once.
+	h.clock.Advance(31 * time.Second)
+	var wg sync.WaitGroup
+	flipped := make([]int, len(h.workers))
+	for i, w := range h.workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f, err := w.Sweep(ctx)
+			if err != nil {
+				t.Error(err)
+			}
+			flipped[i] = f
+		}()
+	}
+	wg.Wait()
+	if total := flipped[0] + flipped[1] + flipped[2]; total != 2 {
+		t.Errorf("concurrent sweeps flipped %v, want 2 in all", flipped)
+	}
+	settle()
+	for _, k := range []keys.Signer{node, node2} {
+		if c := h.count(presence.EventNodeOffline, k.Public()); c != 1 {
+			t.Errorf("node_offline emitted %d times", c)
+		}
+	}
+	n = h.mustGet(map[string]any{"node": node.Public()})
+	if len(n) != 1 || n[0].Online || len(n[0].Agents) != 2 {
+		t.Fatalf("after sweep: %+v (manifest-side agents kept, offline)", n)
+	}
+	if f, _ := h.workers[1].Sweep(ctx); f != 0 {
+		t.Errorf("second sweep flipped %d", f)
+	}
+
+	// A new beat brings the node back, announced once.
+	for range 3 {
+		h.publish(node.Public(), beat(t, node, map[string]any{"availability": "degraded", "agents": []any{agentA.Public()}}, nil))
+	}
+	h.waitStats(5+1+3, uint64(len(bad))+1)
+	n = h.mustGet(map[string]any{"node": node.Public()})
+	if len(n) != 1 || !n[0].Online || n[0].Availability != "degraded" || !slices.Equal(n[0].Agents, []string{agentA.Public()}) {
+		t.Fatalf("back online: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": agentB.Public()}); len(n) != 0 {
+		t.Errorf("agent B no longer hosted: %+v", n)
+	}
+	settle()
+	if c := h.count(presence.EventNodeOnline, node.Public()); c != 2 {
+		t.Errorf("node_online emitted %d times in all, want 2", c)
+	}
+	if c := h.count(presence.EventNodeOnline, node2.Public()); c != 1 {
+		t.Errorf("node2 came back without a beat")
+	}
+}

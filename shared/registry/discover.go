@@ -1,0 +1,296 @@
+package registry
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Discovery limits.
+const (
+	DefaultDiscoverLimit = 50
+	MaxDiscoverLimit     = 500
+)
+
+var availabilityFilters = map[string]bool{AvailOnline: true, AvailOffline: true, "busy": true, "degraded": true}
+
+// query is a parsed discover payload; every filter set is AND-combined.
+type query struct {
+	capabilities      []string
+	offering          string
+	tags              []string
+	node              string
+	availability      string
+	trustTier         string
+	availabilityClass string
+	reachability      string
+	limit             int
+}
+
+func badQuery(format string, args ...any) error {
+	return errs.Newf(errs.InvalidQuery, format, args...)
+}
+
+// parseQuery reads the discover filters. Members it does not know are
+// ignored (upstream names more filters than the specification).
+func parseQuery(payload any) (query, error) {
+	q := query{limit: DefaultDiscoverLimit}
+	if payload == nil {
+		return q, nil
+	}
+	m, ok := payload.(map[string]any)
+	if !ok {
+		return q, badQuery("the discover payload must be an object of filters")
+	}
+	present := func(k string) (any, bool) {
+		v, ok := m[k]
+		return v, ok && v != nil
+	}
+	str := func(k string, dst *string) error {
+		v, ok := present(k)
+		if !ok {
+			return nil
+		}
+		s, isStr := v.(string)
+		if !isStr || s == "" {
+			return badQuery("%s must be a non-empty string", k)
+		}
+		*dst = s
+		return nil
+	}
+	list := func(k string, dst *[]string) error {
+		v, ok := present(k)
+		if !ok {
+			return nil
+		}
+		l, ok := stringList(v)
+		if !ok {
+			return badQuery("%s must be an array of at most %d non-empty strings", k, maxListItems)
+		}
+		*dst = l
+		return nil
+	}
+	for _, f := range []error{
+		list("capabilities", &q.capabilities),
+		list("tags", &q.tags),
+		str("offering_id", &q.offering),
+		str("node", &q.node),
+		str("availability", &q.availability),
+		str("trust_tier", &q.trustTier),
+		str("availability_class", &q.availabilityClass),
+		str("reachability", &q.reachability),
+	} {
+		if f != nil {
+			return q, f
+		}
+	}
+	if q.offering == "" {
+		if err := str("skill_id", &q.offering); err != nil {
+			return q, err
+		}
+	}
+	if q.node != "" && !keys.IsUserPublicKey(q.node) {
+		return q, badQuery("node must be a node public key")
+	}
+	if q.availability != "" && !availabilityFilters[q.availability] {
+		return q, badQuery("availability must be one of %v", sortedKeys(availabilityFilters))
+	}
+	if v, ok := present("limit"); ok {
+		n, isNum := v.(float64)
+		if !isNum || n < 1 || n != float64(int64(n)) {
+			return q, badQuery("limit must be a positive integer")
+		}
+		q.limit = int(min(n, MaxDiscoverLimit))
+	}
+	return q, nil
+}
+
+// matches reports whether rec passes every filter but availability.
+func (q query) matches(rec record) bool {
+	if q.node != "" && rec.nodeID() != q.node {
+		return false
+	}
+	if q.trustTier != "" && rec.profile("trust_tier") != q.trustTier {
+		return false
+	}
+	if q.availabilityClass != "" && rec.profile("availability_class") != q.availabilityClass {
+		return false
+	}
+	if q.reachability != "" && rec.profile("reachability") != q.reachability {
+		return false
+	}
+	if q.offering != "" && !slices.Contains(rec.offeringIDs(), q.offering) {
+		return false
+	}
+	if len(q.capabilities) > 0 {
+		have := rec.capabilitySet()
+		for _, c := range q.capabilities {
+			if !have[c] {
+				return false
+			}
+		}
+	}
+	if len(q.tags) > 0 {
+		have := rec.tagSet()
+		for _, t := range q.tags {
+			if !have[t] {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// matchesAvailability: "online" is any live node (busy and degraded
+// included), "offline" any other; "busy" and "degraded" are the node's own
+// report.
+func (q query) matchesAvailability(s nodeState) bool {
+	switch q.availability {
+	case "":
+		return true
+	case AvailOnline:
+		return s.live()
+	case AvailOffline:
+		return !s.live()
+	default:
+		return s.live() && s.availability() == q.availability
+	}
+}
+
+// discover serves mesh.registry.discover: public registrations only,
+// ordered by name then id, each stamped with its node's live availability.
+func (w *Worker) discover(ctx context.Context, r *bus.Request) (any, error) {
+	if err := wantType(r, protocol.TypeDiscover); err != nil {
+		return nil, err
+	}
+	q, err := parseQuery(r.Payload)
+	if err != nil {
+		return nil, err
+	}
+	recs, err := w.records(ctx)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
+	}
+	p := newPresence(w)
+	var hits []map[string]any
+	for _, rec := range recs {
+		if rec.visibility() != VisibilityPublic || !q.matches(rec) {
+			continue
+		}
+		st, err := p.node(ctx, rec.nodeID())
+		if err != nil {
+			return nil, errs.OrUnavailable(err, "presence could not be read; try again")
+		}
+		if !q.matchesAvailability(st) {
+			continue
+		}
+		hits = append(hits, rec.stamped(st.availability()))
+	}
+	slices.SortFunc(hits, func(a, b map[string]any) int {
+		return cmp.Or(cmp.Compare(record(a).str("name"), record(b).str("name")), cmp.Compare(record(a).id(), record(b).id()))
+	})
+	total := len(hits)
+	agents := hits[:min(total, q.limit)]
+	if agents == nil {
+		agents = []map[string]any{}
+	}
+	return map[string]any{"agents": agents, "total": total}, nil
+}
+
+// nodeEntry is one entry of mesh.registry.nodes.list.
+type nodeEntry struct {
+	Node              string   `json:"node"`
+	Agents            []string `json:"agents"`
+	HostedAgents      int      `json:"hosted_agents"`
+	TrustTier         string   `json:"trust_tier,omitempty"`
+	Role              string   `json:"role,omitempty"`
+	AvailabilityClass string   `json:"availability_class,omitempty"`
+	Live              bool     `json:"live"`
+	Availability      string   `json:"availability"`
+	LastSeen          string   `json:"last_seen,omitempty"`
+}
+
+// nodesList serves mesh.registry.nodes.list: every node hosting a
+// registration, with its hosted-agent count (all registrations), the ids of
+// its public agents, the trust tier, role and availability class its
+// manifests declare (sandbox when any is sandbox) and its presence.
+func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
+	if err := wantType(r, protocol.TypeDiscover); err != nil {
+		return nil, err
+	}
+	recs, err := w.records(ctx)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
+	}
+	byNode := map[string]*nodeEntry{}
+	for _, rec := range recs {
+		id := rec.nodeID()
+		e := byNode[id]
+		if e == nil {
+			e = &nodeEntry{Node: id, Agents: []string{}}
+			byNode[id] = e
+		}
+		e.HostedAgents++
+		if rec.visibility() == VisibilityPublic {
+			e.Agents = append(e.Agents, rec.id())
+		}
+		if tier := rec.profile("trust_tier"); rec.sandbox() {
+			e.TrustTier = TierSandbox
+		} else if e.TrustTier == "" {
+			e.TrustTier = tier
+		}
+		e.Role = cmp.Or(e.Role, rec.profile("role"))
+		e.AvailabilityClass = cmp.Or(e.AvailabilityClass, rec.profile("availability_class"))
+	}
+	p := newPresence(w)
+	nodes := make([]*nodeEntry, 0, len(byNode))
+	for _, e := range byNode {
+		st, err := p.node(ctx, e.Node)
+		if err != nil {
+			return nil, errs.OrUnavailable(err, "presence could not be read; try again")
+		}
+		e.Live, e.Availability, e.LastSeen = st.live(), st.availability(), st.entry.LastSeen
+		slices.Sort(e.Agents)
+		nodes = append(nodes, e)
+	}
+	slices.SortFunc(nodes, func(a, b *nodeEntry) int { return cmp.Compare(a.Node, b.Node) })
+	return map[string]any{"nodes": nodes, "total": len(nodes)}, nil
+}
+
+// records reads every registration in one pass over the bucket.
+func (w *Worker) records(ctx context.Context) ([]record, error) {
+	watch, err := w.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return nil, fmt.Errorf("kv %s: watch: %w", Bucket, err)
+	}
+	defer func() { _ = watch.Stop() }()
+	var out []record
+	for {
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return nil, fmt.Errorf("kv %s: watch ended early", Bucket)
+			}
+			if e == nil {
+				return out, nil
+			}
+			var rec record
+			if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.id() == "" {
+				w.log.Warn("undecodable registration", "key", e.Key(), "err", err)
+				continue
+			}
+			out = append(out, rec)
+		}
+	}
+}

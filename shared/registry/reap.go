@@ -1,0 +1,101 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"agentmesh.dev/mesh/shared/bus"
+)
+
+// Reap reclaims registrations (upstream-notes §2.4): every registration
+// whose vouch expired (reason vouch_expired), and every sandbox
+// registration whose node has been silent for SandboxTTL (reason
+// sandbox_idle), silence counted from the node's last heartbeat in
+// mesh_presence or, when later or when the node was never seen, from the
+// last (re-)registration. A non-sandbox registration is never reclaimed for
+// missed heartbeats. Each reclamation is a compare-and-set delete that
+// re-checks the condition on the current record, so copies reaping at once
+// reclaim (and emit registry.agent_reaped for) each registration once; the
+// mailbox consumer goes with it. It returns how many this call reclaimed.
+func (w *Worker) Reap(ctx context.Context) (int, error) {
+	recs, err := w.records(ctx)
+	if err != nil {
+		return 0, err
+	}
+	now := w.now()
+	p := newPresence(w)
+	n := 0
+	var errList []error
+	for _, rec := range recs {
+		reason, err := w.reapReason(ctx, p, rec, now)
+		if err != nil {
+			errList = append(errList, err)
+			continue
+		}
+		if reason == "" {
+			continue
+		}
+		agent := rec.id()
+		var why string
+		_, changed, err := bus.CAS(ctx, w.kv, agent, func(cur *record, exists bool) (*record, error) {
+			why = ""
+			if !exists {
+				return nil, bus.ErrNoChange
+			}
+			// Decide again on what is stored now: the agent may have
+			// renewed its vouch or moved since the listing.
+			r, err := w.reapReason(ctx, p, *cur, now)
+			if err != nil {
+				return nil, err
+			}
+			if r == "" {
+				return nil, bus.ErrNoChange
+			}
+			why = r
+			return nil, nil
+		})
+		if err != nil {
+			errList = append(errList, err)
+			continue
+		}
+		if !changed {
+			continue
+		}
+		n++
+		if err := w.svc.Emit(Name, EventReaped, map[string]any{"agent_id": agent, "reason": why}); err != nil {
+			w.log.Warn("emit", "event", EventReaped, "agent", agent, "err", err)
+		}
+		if err := w.dropMailbox(ctx, agent); err != nil {
+			errList = append(errList, err)
+		}
+	}
+	return n, errors.Join(errList...)
+}
+
+// reapReason says why rec should be reclaimed at now, or "" to keep it.
+func (w *Worker) reapReason(ctx context.Context, p *presence, rec record, now time.Time) (string, error) {
+	if exp, ok := rec.time("vouch_expires_at"); ok && now.After(exp) {
+		return ReasonVouchExpired, nil
+	}
+	if !rec.sandbox() {
+		return "", nil
+	}
+	st, err := p.node(ctx, rec.nodeID())
+	if err != nil {
+		return "", err
+	}
+	var since time.Time
+	for _, t := range []string{"registered_at", "updated_at"} {
+		if at, ok := rec.time(t); ok && at.After(since) {
+			since = at
+		}
+	}
+	if st.lastSeen.After(since) {
+		since = st.lastSeen
+	}
+	if !since.IsZero() && now.Sub(since) > w.cfg.SandboxTTL {
+		return ReasonSandboxIdle, nil
+	}
+	return "", nil
+}

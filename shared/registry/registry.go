@@ -1,0 +1,204 @@
+// Package registry is the agent registry of the mesh (spec §2.6, §4.3,
+// upstream-notes §2): agents register a manifest carrying their node's
+// vouch, which is verified before anything is stored; the registry keeps one
+// record per agent in KV mesh_registry, answers discovery, get and the node
+// list, keeps each non-sandbox agent's offline mailbox consumer, and reclaims
+// registrations whose vouch expired and sandbox registrations whose node went
+// quiet.
+//
+// Every copy is stateless: records live in KV and every transition other
+// parties hear about (registered, deregistered, reaped) is emitted only by
+// the copy whose compare-and-set made it, so N copies emit it once.
+package registry
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Name is the worker's name: its micro service is mesh-registry and its
+// copies share the queue group bus.QueueGroup(Name).
+const Name = "registry"
+
+// Buckets. The registry owns Bucket; it only reads the other two, and only
+// when they exist (their workers create them).
+const (
+	Bucket          = "mesh_registry"
+	PresenceBucket  = "mesh_presence"
+	AdmissionBucket = "mesh_admission"
+)
+
+// Event types, emitted on mesh.event.registry.<type>.
+const (
+	EventRegistered   = "agent_registered"
+	EventDeregistered = "agent_deregistered"
+	EventReaped       = "agent_reaped"
+)
+
+// Reap reasons.
+const (
+	ReasonVouchExpired = "vouch_expired"
+	ReasonSandboxIdle  = "sandbox_idle"
+)
+
+// Defaults.
+const (
+	DefaultReapEvery  = 10 * time.Minute
+	DefaultSandboxTTL = time.Hour
+)
+
+// Config tunes the worker; zero values take the defaults.
+type Config struct {
+	// Now is the worker's clock (nil: the env's clock).
+	Now func() time.Time
+	// ReapEvery is how often each copy runs Reap (10 min).
+	ReapEvery time.Duration
+	// SandboxTTL is how long a sandbox registration survives its node's
+	// silence (1 h: spec §3.3, "guest registration swept").
+	SandboxTTL time.Duration
+}
+
+// Worker is one running copy of the registry.
+type Worker struct {
+	svc *bus.Service
+	js  jetstream.JetStream
+	kv  jetstream.KeyValue
+	cfg Config
+	now func() time.Time
+	log *slog.Logger
+
+	presence  optionalBucket
+	admission optionalBucket
+
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+	stopOnce sync.Once
+	stopErr  error
+}
+
+// Start runs one copy of the registry in env: binds mesh_registry, makes
+// sure the mailbox stream exists, serves the registry subjects in the
+// worker's queue group and reaps every cfg.ReapEvery until ctx ends or Stop.
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
+	if cfg.ReapEvery <= 0 {
+		cfg.ReapEvery = DefaultReapEvery
+	}
+	if cfg.SandboxTTL <= 0 {
+		cfg.SandboxTTL = DefaultSandboxTTL
+	}
+	if cfg.Now == nil {
+		cfg.Now = env.Now
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	svc, err := bus.NewServiceIn(env, Name, "agent registry: register, discover, get, node list")
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Worker, error) {
+		_ = svc.Stop()
+		return nil, err
+	}
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "agent registrations, keyed by agent id"})
+	if err != nil {
+		return fail(err)
+	}
+	if err := EnsureMailboxStream(ctx, svc.JS); err != nil {
+		return fail(err)
+	}
+	w := &Worker{svc: svc, js: svc.JS, kv: kv, cfg: cfg, now: cfg.Now, log: svc.Log,
+		presence: optionalBucket{name: PresenceBucket}, admission: optionalBucket{name: AdmissionBucket}}
+	for _, ep := range []struct {
+		name, subject string
+		h             bus.Handler
+	}{
+		{"register", protocol.SubjRegister, w.register},
+		// The node-bound form (upstream §2.1 clause b): the token must be
+		// the attesting node, which the broker can pin per connection.
+		{"register-bound", protocol.SubjRegister + ".*", w.register},
+		{"deregister", protocol.SubjDeregister, w.deregister},
+		{"discover", protocol.SubjDiscover, w.discover},
+		{"get", protocol.SubjRegistryGetPfx + "*", w.get},
+		{"nodes-list", protocol.SubjNodesList, w.nodesList},
+	} {
+		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
+			return fail(fmt.Errorf("%s: endpoint %s: %w", Name, ep.subject, err))
+		}
+	}
+	if err := env.NC.Flush(); err != nil {
+		return fail(fmt.Errorf("%s: flush: %w", Name, err))
+	}
+	loopCtx, cancel := context.WithCancel(ctx)
+	w.cancel = cancel
+	w.done.Add(1)
+	go w.reapLoop(loopCtx)
+	return w, nil
+}
+
+// Stop unsubscribes the endpoints and ends the reaper. Safe to call twice.
+func (w *Worker) Stop() error {
+	w.stopOnce.Do(func() {
+		w.cancel()
+		w.done.Wait()
+		w.stopErr = w.svc.Stop()
+	})
+	return w.stopErr
+}
+
+// reapLoop runs Reap every ReapEvery until Start's ctx ends or Stop.
+func (w *Worker) reapLoop(ctx context.Context) {
+	defer w.done.Done()
+	t := time.NewTicker(w.cfg.ReapEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			rctx, cancel := context.WithTimeout(ctx, w.cfg.ReapEvery)
+			if n, err := w.Reap(rctx); err != nil {
+				w.log.Warn("reap", "err", err, "reaped", n)
+			} else if n > 0 {
+				w.log.Info("reaped registrations", "count", n)
+			}
+			cancel()
+		}
+	}
+}
+
+// optionalBucket binds a KV bucket another worker owns, once it exists.
+// A bucket that is missing is looked up again next time (its worker may
+// start later); once bound the handle is kept.
+type optionalBucket struct {
+	name string
+	mu   sync.Mutex
+	kv   jetstream.KeyValue
+}
+
+// get returns the bucket, or nil when it does not exist.
+func (b *optionalBucket) get(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.kv != nil {
+		return b.kv, nil
+	}
+	kv, err := js.KeyValue(ctx, b.name)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w", b.name, err)
+	}
+	b.kv = kv
+	return kv, nil
+}

@@ -1,0 +1,536 @@
+package registry_test
+
+import (
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
+)
+
+const month = 30 * 24 * time.Hour
+
+func TestRegister(t *testing.T) {
+	f := setup(t, registry.Config{})
+	a, n := bustest.Agent(t), bustest.Node(t)
+
+	rep := f.mustRegister(a, manifest(t, a, n, month, map[string]any{"availability": "online", "sandbox": true}))
+	if rep["status"] != "registered" || rep["agent_id"] != a.Public() || rep["visibility"] != "public" || rep["sandbox"] != false || len(rep) != 4 {
+		t.Fatalf("answer %v", rep)
+	}
+	rec, found := f.stored(a.Public())
+	if !found {
+		t.Fatal("no record in mesh_registry")
+	}
+	if rec["id"] != a.Public() || rec["sandbox"] != false || rec["visibility"] != "public" ||
+		rec["endpoint"] != protocol.InboxSubject(a.Public()) || rec["registered_at"] == nil || rec["vouch_expires_at"] == nil {
+		t.Fatalf("record %v", rec)
+	}
+	if _, ok := rec["availability"]; ok {
+		t.Fatal("a live availability stamp was stored")
+	}
+	if node, _ := rec["node"].(map[string]any); node["id"] != n.Public() || node["attestation"] == nil {
+		t.Fatalf("record node %v", rec["node"])
+	}
+	info, ok := f.consumer(a.Public())
+	if !ok {
+		t.Fatal("no mailbox consumer")
+	}
+	c := info.Config
+	if c.FilterSubject != protocol.InboxSubject(a.Public()) || c.AckPolicy != jetstream.AckExplicitPolicy ||
+		c.AckWait != 30*time.Second || c.MaxDeliver != 5 || c.Durable != protocol.MailboxConsumer(a.Public()) {
+		t.Fatalf("consumer config %+v", c)
+	}
+	ev := f.events.expect(t, registry.EventRegistered, a.Public(), 1)
+	if ev[0].Data["node"] != n.Public() || ev[0].Data["sandbox"] != false {
+		t.Fatalf("event data %v", ev[0].Data)
+	}
+	st, err := f.js.Stream(f.ctx(), protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sc := st.CachedInfo().Config; !sc.NoAck || sc.MaxAge != 7*24*time.Hour || sc.Discard != jetstream.DiscardOld ||
+		sc.Retention != jetstream.LimitsPolicy || !slices.Equal(sc.Subjects, []string{"mesh.agent.*.inbox", "mesh.agent.*.inbox.guarded"}) {
+		t.Fatalf("mailbox stream %+v", sc)
+	}
+
+	// Renewal on the same node: stored again (registered_at kept), no
+	// second event, the consumer kept.
+	time.Sleep(5 * time.Millisecond)
+	f.mustRegister(a, manifest(t, a, n, 2*month, nil))
+	rec2, _ := f.stored(a.Public())
+	if rec2["registered_at"] != rec["registered_at"] || rec2["vouch_expires_at"] == rec["vouch_expires_at"] {
+		t.Fatalf("renewal: registered_at %v→%v, vouch %v→%v", rec["registered_at"], rec2["registered_at"], rec["vouch_expires_at"], rec2["vouch_expires_at"])
+	}
+	f.events.expect(t, registry.EventRegistered, a.Public(), 1)
+	if _, ok := f.consumer(a.Public()); !ok {
+		t.Fatal("renewal lost the mailbox consumer")
+	}
+
+	// Migration to another node is a new registration: one more event.
+	n2 := bustest.Node(t)
+	f.mustRegister(a, manifest(t, a, n2, month, nil))
+	ev = f.events.expect(t, registry.EventRegistered, a.Public(), 2)
+	if ev[1].Data["node"] != n2.Public() || ev[1].Data["previous_node"] != n.Public() {
+		t.Fatalf("migration event %v", ev[1].Data)
+	}
+
+	// The node-bound subject: the token must be the attesting node.
+	if _, err := f.call(a, protocol.SubjRegister+"."+n2.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil)); err != nil {
+		t.Fatalf("bound register: %v", err)
+	}
+	_, err = f.call(a, protocol.SubjRegister+"."+n.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil))
+	wantCode(t, err, errs.Unauthorized, "attested by node")
+}
+
+func TestRegisterRefusals(t *testing.T) {
+	f := setup(t, registry.Config{})
+	a, n, other := bustest.Agent(t), bustest.Node(t), bustest.Agent(t)
+
+	// Signed by another key than the manifest's id.
+	_, err := f.register(other, manifest(t, a, n, month, nil))
+	wantCode(t, err, errs.IdentityMismatch, "")
+
+	// Expired vouch.
+	old, err := protocol.NewVouch(n, a.Public(), time.Now().Add(-3*time.Hour), time.Now().Add(-time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = f.register(a, manifest(t, a, n, month, map[string]any{"node": map[string]any{"id": n.Public(), "attestation": vouchValue(t, old)}}))
+	wantCode(t, err, errs.Unauthorized, "expired")
+
+	// A vouch for another agent.
+	vo, _ := protocol.NewVouch(n, other.Public(), time.Now(), time.Now().Add(month))
+	_, err = f.register(a, manifest(t, a, n, month, map[string]any{"node": map[string]any{"id": n.Public(), "attestation": vouchValue(t, vo)}}))
+	wantCode(t, err, errs.InvalidManifest, "vouches for agent")
+
+	// A vouch signed by another node than node.id.
+	n2 := bustest.Node(t)
+	vn, _ := protocol.NewVouch(n2, a.Public(), time.Now(), time.Now().Add(month))
+	_, err = f.register(a, manifest(t, a, n, month, map[string]any{"node": map[string]any{"id": n.Public(), "attestation": vouchValue(t, vn)}}))
+	wantCode(t, err, errs.InvalidManifest, "not by node.id")
+
+	// A forged vouch: node.id and vouch.node agree, the signature does not.
+	vf := vouchValue(t, vn)
+	vf["node"] = n.Public()
+	_, err = f.register(a, manifest(t, a, n, month, map[string]any{"node": map[string]any{"id": n.Public(), "attestation": vf}}))
+	wantCode(t, err, errs.IdentityMismatch, "signature")
+
+	// Shape.
+	for name, extra := range map[string]map[string]any{
+		"no name":         {"name": nil},
+		"empty name":      {"name": " "},
+		"no node":         {"node": nil},
+		"bad visibility":  {"visibility": "secret"},
+		"bad endpoint":    {"endpoint": "mesh.agent.x.inbox"},
+		"bad offerings":   {"offerings": []any{"echo"}},
+		"bad tags":        {"tags": "a,b"},
+		"bad avail class": {"availability_class": "sometimes"},
+		"no attestation":  {"node": map[string]any{"id": n.Public()}},
+	} {
+		_, err = f.register(a, manifest(t, a, n, month, extra))
+		if errs.CodeOf(err) != errs.InvalidManifest {
+			t.Errorf("%s: %v, want INVALID_MANIFEST", name, err)
+		}
+	}
+	_, err = f.register(a, map[string]any{"id": "not-a-key", "name": "x"})
+	wantCode(t, err, errs.InvalidManifest, "id must be")
+
+	// The wrong envelope type for the subject.
+	_, err = f.call(a, protocol.SubjRegister, protocol.TypeRequest, manifest(t, a, n, month, nil))
+	wantCode(t, err, errs.InvalidEnvelope, "")
+
+	if _, found := f.stored(a.Public()); found {
+		t.Fatal("a refused registration was stored")
+	}
+	f.events.expect(t, registry.EventRegistered, a.Public(), 0)
+}
+
+// An unsigned (or badly signed) request is refused before any handler:
+// nothing is stored, nothing emitted.
+func TestUnsignedNeverReachesHandler(t *testing.T) {
+	f := setup(t, registry.Config{})
+	a, n := bustest.Agent(t), bustest.Node(t)
+	env, err := protocol.New(protocol.TypeRegister, a.Public(), manifest(t, a, n, month, nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsigned, err := env.CanonicalUnsigned()
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := bustest.Agent(t)
+	env.From = other.Public()
+	if err := env.Sign(other); err != nil { // a signature by the wrong key
+		t.Fatal(err)
+	}
+	env.From = a.Public()
+	forged, err := env.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, data := range [][]byte{unsigned, forged} {
+		msg, err := f.nc.Request(protocol.SubjRegister, data, 2*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rep, err := protocol.Decode(msg.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		v, _ := rep.PayloadValue()
+		if p, _ := v.(map[string]any); p["status"] != "failed" {
+			t.Fatalf("answer %v", v)
+		}
+	}
+	if _, found := f.stored(a.Public()); found {
+		t.Fatal("an unverified registration was stored")
+	}
+	if _, ok := f.consumer(a.Public()); ok {
+		t.Fatal("an unverified registration got a mailbox")
+	}
+	f.events.expect(t, registry.EventRegistered, a.Public(), 0)
+}
+
+func TestSandbox(t *testing.T) {
+	f := setup(t, registry.Config{})
+	// A guest credential is its own node.
+	g := bustest.Agent(t)
+	rep := f.mustRegister(g, manifest(t, g, g, 72*time.Hour, nil))
+	if rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("guest answer %v", rep)
+	}
+	rec, _ := f.stored(g.Public())
+	if rec["sandbox"] != true || rec["trust_tier"] != "sandbox" || rec["visibility"] != "unlisted" {
+		t.Fatalf("guest record %v", rec)
+	}
+	if _, ok := f.consumer(g.Public()); ok {
+		t.Fatal("a sandbox agent got a mailbox")
+	}
+	ev := f.events.expect(t, registry.EventRegistered, g.Public(), 1)
+	if ev[0].Data["sandbox"] != true {
+		t.Fatalf("event %v", ev[0].Data)
+	}
+
+	// trust_tier sandbox declared, public asked: clamped to unlisted.
+	s, n := bustest.Agent(t), bustest.Node(t)
+	rep = f.mustRegister(s, manifest(t, s, n, month, map[string]any{"trust_tier": "sandbox", "visibility": "public"}))
+	if rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("sandbox-tier answer %v", rep)
+	}
+	// Private stays private.
+	p := bustest.Agent(t)
+	rep = f.mustRegister(p, manifest(t, p, p, month, map[string]any{"visibility": "private"}))
+	if rep["visibility"] != "private" {
+		t.Fatalf("private sandbox answer %v", rep)
+	}
+	// Not listed; reachable by id.
+	res, err := f.discover(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res["total"] != 0.0 {
+		t.Fatalf("sandbox agents listed: %v", res)
+	}
+	got, err := f.call(bustest.Agent(t), protocol.RegistryGetSubject(s.Public()), protocol.TypeDiscover, nil)
+	if err != nil || got["id"] != s.Public() || got["sandbox"] != true {
+		t.Fatalf("get sandbox: %v %v", got, err)
+	}
+}
+
+func TestGuardedMailbox(t *testing.T) {
+	f := setup(t, registry.Config{})
+	a, n := bustest.Agent(t), bustest.Node(t)
+	f.putJSON(registry.AdmissionBucket, a.Public(), map[string]any{"guarded": true})
+	f.mustRegister(a, manifest(t, a, n, month, nil))
+	info, ok := f.consumer(a.Public())
+	if !ok || info.Config.FilterSubject != protocol.GuardedInboxSubject(a.Public()) {
+		t.Fatalf("guarded consumer %+v", info)
+	}
+	// Re-registration keeps the guard.
+	f.mustRegister(a, manifest(t, a, n, month, nil))
+	if info, _ := f.consumer(a.Public()); info.Config.FilterSubject != protocol.GuardedInboxSubject(a.Public()) {
+		t.Fatalf("re-registration lost the guard: %s", info.Config.FilterSubject)
+	}
+	// Unguarded: the next registration moves the consumer to the public inbox.
+	f.putJSON(registry.AdmissionBucket, a.Public(), map[string]any{"guarded": false})
+	f.mustRegister(a, manifest(t, a, n, month, nil))
+	if info, _ := f.consumer(a.Public()); info.Config.FilterSubject != protocol.InboxSubject(a.Public()) {
+		t.Fatalf("unguarded filter %s", info.Config.FilterSubject)
+	}
+}
+
+func TestDeregister(t *testing.T) {
+	f := setup(t, registry.Config{})
+	a, n, other := bustest.Agent(t), bustest.Node(t), bustest.Agent(t)
+	f.mustRegister(a, manifest(t, a, n, month, nil))
+
+	_, err := f.call(other, protocol.SubjDeregister, protocol.TypeRegister, map[string]any{"agent_id": a.Public()})
+	wantCode(t, err, errs.IdentityMismatch, "")
+	_, err = f.call(n, protocol.SubjDeregister, protocol.TypeRegister, map[string]any{"agent_id": a.Public()})
+	wantCode(t, err, errs.IdentityMismatch, "")
+	_, err = f.call(a, protocol.SubjDeregister, protocol.TypeDiscover, map[string]any{"agent_id": a.Public()})
+	wantCode(t, err, errs.InvalidEnvelope, "")
+	if _, found := f.stored(a.Public()); !found {
+		t.Fatal("a refused deregistration removed the record")
+	}
+
+	rep, err := f.call(a, protocol.SubjDeregister, protocol.TypeRegister, map[string]any{"agent_id": a.Public()})
+	if err != nil || rep["status"] != "deregistered" || rep["agent_id"] != a.Public() {
+		t.Fatalf("deregister: %v %v", rep, err)
+	}
+	if _, found := f.stored(a.Public()); found {
+		t.Fatal("record kept")
+	}
+	if _, ok := f.consumer(a.Public()); ok {
+		t.Fatal("mailbox consumer kept")
+	}
+	f.events.expect(t, registry.EventDeregistered, a.Public(), 1)
+
+	_, err = f.call(a, protocol.SubjDeregister, protocol.TypeRegister, map[string]any{"agent_id": a.Public()})
+	wantCode(t, err, errs.NotFound, "")
+	_, err = f.call(a, protocol.RegistryGetSubject(a.Public()), protocol.TypeDiscover, nil)
+	wantCode(t, err, errs.NotFound, "")
+}
+
+func TestDiscoverGetNodes(t *testing.T) {
+	f := setup(t, registry.Config{})
+	n1, n2, n3 := bustest.Node(t), bustest.Node(t), bustest.Node(t)
+	a, b, c, u, p := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	f.mustRegister(a, manifest(t, a, n1, month, map[string]any{
+		"name": "alpha", "capabilities": []any{"chat", "search"}, "tags": []any{"news", "en"},
+		"offerings":  []any{map[string]any{"id": "summarize", "name": "Summarize", "tags": []any{"text"}}},
+		"trust_tier": "verified", "availability_class": "always_on", "reachability": "direct",
+	}))
+	f.mustRegister(b, manifest(t, b, n1, month, map[string]any{
+		"name": "beta", "capabilities": []any{"chat"}, "tags": []any{"en"},
+		"skills": []any{map[string]any{"id": "translate", "name": "Translate"}}, "offerings": nil,
+		"availability_class": "intermittent",
+	}))
+	f.mustRegister(c, manifest(t, c, n2, month, map[string]any{"name": "gamma", "capabilities": []any{"search"}, "reachability": "relay"}))
+	f.mustRegister(u, manifest(t, u, n3, month, map[string]any{"name": "unlisted", "visibility": "unlisted"}))
+	f.mustRegister(p, manifest(t, p, n3, month, map[string]any{"name": "private", "visibility": "private"}))
+
+	// Presence: n1 busy, n2 silent for long (offline), n3 never seen.
+	now := protocol.FormatTime(time.Now())
+	f.putJSON(registry.PresenceBucket, n1.Public(), map[string]any{"node": n1.Public(), "agents": []any{}, "availability": "busy", "last_seen": now, "online": true})
+	f.putJSON(registry.PresenceBucket, n2.Public(), map[string]any{"node": n2.Public(), "availability": "online", "last_seen": protocol.FormatTime(time.Now().Add(-time.Hour)), "online": false})
+
+	names := func(q map[string]any) []string {
+		t.Helper()
+		res, err := f.discover(q)
+		if err != nil {
+			t.Fatalf("discover %v: %v", q, err)
+		}
+		agents, _ := res["agents"].([]any)
+		var out []string
+		for _, x := range agents {
+			out = append(out, x.(map[string]any)["name"].(string))
+		}
+		if q["limit"] == nil && res["total"] != float64(len(out)) {
+			t.Fatalf("total %v for %d agents", res["total"], len(out))
+		}
+		return out
+	}
+	for _, tc := range []struct {
+		q    map[string]any
+		want []string
+	}{
+		{nil, []string{"alpha", "beta", "gamma"}},
+		{map[string]any{}, []string{"alpha", "beta", "gamma"}},
+		{map[string]any{"capabilities": []any{"chat"}}, []string{"alpha", "beta"}},
+		{map[string]any{"capabilities": []any{"chat", "search"}}, []string{"alpha"}},
+		{map[string]any{"offering_id": "summarize"}, []string{"alpha"}},
+		{map[string]any{"skill_id": "translate"}, []string{"beta"}},
+		{map[string]any{"offering_id": "nothing"}, nil},
+		{map[string]any{"tags": []any{"en"}}, []string{"alpha", "beta"}},
+		{map[string]any{"tags": []any{"en", "news"}}, []string{"alpha"}},
+		{map[string]any{"tags": []any{"text"}}, []string{"alpha"}},
+		{map[string]any{"node": n1.Public()}, []string{"alpha", "beta"}},
+		{map[string]any{"node": n3.Public()}, nil},
+		{map[string]any{"availability": "online"}, []string{"alpha", "beta"}},
+		{map[string]any{"availability": "busy"}, []string{"alpha", "beta"}},
+		{map[string]any{"availability": "offline"}, []string{"gamma"}},
+		{map[string]any{"trust_tier": "verified"}, []string{"alpha"}},
+		{map[string]any{"availability_class": "intermittent"}, []string{"beta"}},
+		{map[string]any{"reachability": "relay"}, []string{"gamma"}},
+		{map[string]any{"capabilities": []any{"search"}, "availability": "online"}, []string{"alpha"}},
+	} {
+		if got := names(tc.q); !slices.Equal(got, tc.want) {
+			t.Errorf("discover %v: %v, want %v", tc.q, got, tc.want)
+		}
+	}
+	res, err := f.discover(map[string]any{"limit": 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	agents := res["agents"].([]any)
+	if len(agents) != 2 || res["total"] != 3.0 {
+		t.Fatalf("limit 2: %d agents, total %v", len(agents), res["total"])
+	}
+	stamps := map[string]any{}
+	for _, x := range names2(t, f) {
+		stamps[x["name"].(string)] = x["availability"]
+	}
+	if stamps["alpha"] != "busy" || stamps["gamma"] != "offline" {
+		t.Fatalf("availability stamps %v", stamps)
+	}
+	for _, q := range []map[string]any{
+		{"capabilities": "chat"}, {"tags": []any{1}}, {"limit": "ten"}, {"limit": 0}, {"limit": 1.5},
+		{"availability": "maybe"}, {"node": "n1"}, {"offering_id": 7},
+	} {
+		_, err := f.discover(q)
+		if errs.CodeOf(err) != errs.InvalidQuery {
+			t.Errorf("discover %v: %v, want INVALID_QUERY", q, err)
+		}
+	}
+	_, err = f.call(a, protocol.SubjDiscover, protocol.TypeDiscover, []any{"x"})
+	wantCode(t, err, errs.InvalidQuery, "")
+	_, err = f.call(a, protocol.SubjDiscover, protocol.TypeRequest, nil)
+	wantCode(t, err, errs.InvalidEnvelope, "")
+
+	// Get: unlisted by id, stamped; private only to itself or its node;
+	// unknown NOT_FOUND.
+	stranger := bustest.Agent(t)
+	got, err := f.call(stranger, protocol.RegistryGetSubject(u.Public()), protocol.TypeDiscover, nil)
+	if err != nil || got["id"] != u.Public() || got["visibility"] != "unlisted" || got["availability"] != "offline" {
+		t.Fatalf("get unlisted: %v %v", got, err)
+	}
+	got, err = f.call(stranger, protocol.RegistryGetSubject(a.Public()), protocol.TypeDiscover, nil)
+	if err != nil || got["availability"] != "busy" || got["name"] != "alpha" {
+		t.Fatalf("get alpha: %v %v", got, err)
+	}
+	_, err = f.call(stranger, protocol.RegistryGetSubject(p.Public()), protocol.TypeDiscover, nil)
+	wantCode(t, err, errs.NotFound, "")
+	if got, err = f.call(p, protocol.RegistryGetSubject(p.Public()), protocol.TypeDiscover, nil); err != nil || got["id"] != p.Public() {
+		t.Fatalf("private get by itself: %v %v", got, err)
+	}
+	_, err = f.call(stranger, protocol.RegistryGetSubject(bustest.Agent(t).Public()), protocol.TypeDiscover, nil)
+	wantCode(t, err, errs.NotFound, "")
+	_, err = f.call(stranger, protocol.RegistryGetSubject("nobody"), protocol.TypeDiscover, nil)
+	wantCode(t, err, errs.NotFound, "")
+
+	// Nodes.
+	nl, err := f.call(stranger, protocol.SubjNodesList, protocol.TypeDiscover, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if nl["total"] != 3.0 {
+		t.Fatalf("nodes.list total %v", nl["total"])
+	}
+	byNode := map[string]map[string]any{}
+	for _, x := range nl["nodes"].([]any) {
+		e := x.(map[string]any)
+		byNode[e["node"].(string)] = e
+	}
+	e1 := byNode[n1.Public()]
+	if e1["hosted_agents"] != 2.0 || len(e1["agents"].([]any)) != 2 || e1["live"] != true || e1["availability"] != "busy" ||
+		e1["last_seen"] != now || e1["trust_tier"] != "verified" || e1["availability_class"] != "always_on" {
+		t.Fatalf("node 1 %v", e1)
+	}
+	if e2 := byNode[n2.Public()]; e2["live"] != false || e2["availability"] != "offline" || e2["hosted_agents"] != 1.0 {
+		t.Fatalf("node 2 %v", e2)
+	}
+	if e3 := byNode[n3.Public()]; e3["hosted_agents"] != 2.0 || len(e3["agents"].([]any)) != 0 || e3["live"] != false || e3["last_seen"] != nil {
+		t.Fatalf("node 3 %v", e3)
+	}
+}
+
+func names2(t *testing.T, f *fixture) []map[string]any {
+	t.Helper()
+	res, err := f.discover(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out []map[string]any
+	for _, x := range res["agents"].([]any) {
+		out = append(out, x.(map[string]any))
+	}
+	return out
+}
+
+// Reaping with three copies at once: a short vouch past its expiry and a
+// quiet sandbox past SandboxTTL are reclaimed once each; a non-sandbox
+// agent whose node never heartbeats, and a sandbox whose node does, stay.
+func TestReap(t *testing.T) {
+	f := setup(t, registry.Config{})
+	short, long, n := bustest.Agent(t), bustest.Agent(t), bustest.Node(t)
+	quiet, chatty := bustest.Agent(t), bustest.Agent(t)
+	f.mustRegister(short, manifest(t, short, n, 2*time.Minute, nil))
+	f.mustRegister(long, manifest(t, long, n, month, nil))
+	f.mustRegister(quiet, manifest(t, quiet, quiet, 72*time.Hour, nil))
+	f.mustRegister(chatty, manifest(t, chatty, chatty, 72*time.Hour, nil))
+	if _, ok := f.consumer(short.Public()); !ok {
+		t.Fatal("no mailbox for the short-vouch agent")
+	}
+
+	reapAll := func() int {
+		t.Helper()
+		var wg sync.WaitGroup
+		counts := make([]int, len(f.workers))
+		for i, w := range f.workers {
+			wg.Go(func() {
+				n, err := w.Reap(f.ctx())
+				if err != nil {
+					t.Errorf("reap: %v", err)
+				}
+				counts[i] = n
+			})
+		}
+		wg.Wait()
+		total := 0
+		for _, c := range counts {
+			total += c
+		}
+		return total
+	}
+
+	if got := reapAll(); got != 0 {
+		t.Fatalf("reaped %d fresh registrations", got)
+	}
+	f.clock.Advance(3 * time.Minute)
+	if got := reapAll(); got != 1 {
+		t.Fatalf("reaped %d after the short vouch expired, want 1", got)
+	}
+	ev := f.events.expect(t, registry.EventReaped, short.Public(), 1)
+	if ev[0].Data["reason"] != registry.ReasonVouchExpired {
+		t.Fatalf("reap event %v", ev[0].Data)
+	}
+	if _, found := f.stored(short.Public()); found {
+		t.Fatal("expired registration kept")
+	}
+	if _, ok := f.consumer(short.Public()); ok {
+		t.Fatal("reaped agent's mailbox kept")
+	}
+
+	// An hour on: the chatty guest heartbeated ten minutes ago, the quiet
+	// one never did.
+	f.clock.Advance(time.Hour)
+	f.putJSON(registry.PresenceBucket, chatty.Public(), map[string]any{"node": chatty.Public(), "availability": "online",
+		"last_seen": protocol.FormatTime(f.clock.Now().Add(-10 * time.Minute)), "online": false})
+	if got := reapAll(); got != 1 {
+		t.Fatalf("reaped %d after SandboxTTL, want 1", got)
+	}
+	ev = f.events.expect(t, registry.EventReaped, quiet.Public(), 1)
+	if ev[0].Data["reason"] != registry.ReasonSandboxIdle {
+		t.Fatalf("reap event %v", ev[0].Data)
+	}
+	for _, a := range []string{long.Public(), chatty.Public()} {
+		if _, found := f.stored(a); !found {
+			t.Fatalf("%s reaped", a)
+		}
+		f.events.expect(t, registry.EventReaped, a, 0)
+	}
+	if _, ok := f.consumer(long.Public()); !ok {
+		t.Fatal("the long-vouch agent lost its mailbox")
+	}
+	if got := reapAll(); got != 0 {
+		t.Fatalf("second pass reaped %d", got)
+	}
+}

@@ -1,0 +1,681 @@
+// Package tasks is the task manager (docs/bus.md "Tasks", upstream-notes
+// §3.4–3.5, §4.1): it records what performers publish on
+// mesh.task.<id>.update in the KV bucket mesh_tasks and answers
+// mesh.task.get.<id> for the two parties of a task.
+//
+// Updates are plain publishes taken in the worker's queue group, so each
+// reaches one copy; every write is a compare-and-set, so two copies handling
+// two updates of one task at once serialise on the record and neither is
+// lost. The copy that handled an illegal update is the one that emits
+// task.invalid_transition, so the event goes out once.
+package tasks
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Defaults (upstream-notes §13: task history 50 entries, KV TTL 7 days).
+const (
+	DefaultName          = "tasks"
+	DefaultBucket        = "mesh_tasks"
+	DefaultTTL           = 7 * 24 * time.Hour
+	DefaultHistoryLimit  = 50
+	DefaultReorderWindow = 500 * time.Millisecond
+
+	// UpdateSubjects is what the manager subscribes: every task's updates.
+	UpdateSubjects = "mesh.task.*.update"
+	// EventDomain and EventInvalidTransition name the platform event of an
+	// illegal update: mesh.event.task.invalid_transition.
+	EventDomain            = "task"
+	EventInvalidTransition = "invalid_transition"
+)
+
+// Config tunes the manager; the zero value gives the defaults (a
+// single-replica bucket: set Replicas on a cluster).
+type Config struct {
+	// Name is the worker name (queue group mesh-<name>); "tasks".
+	Name string
+	// Bucket is the KV bucket; "mesh_tasks".
+	Bucket string
+	// TTL is how long a task record lives after its last write; 7 days.
+	TTL time.Duration
+	// Replicas of the bucket; 0 is 1 (a single server). Production: 3.
+	Replicas int
+	// HistoryLimit caps a record's history (oldest dropped); 50.
+	HistoryLimit int
+	// ReorderWindow is how long an update that is ahead of the record (a
+	// task not created yet, or a move the record's non-terminal state does
+	// not allow yet) is held and retried before it is refused: two updates
+	// published back to back may reach two copies and land in either
+	// order. 500 ms; negative refuses at once.
+	ReorderWindow time.Duration
+}
+
+func (c Config) withDefaults() Config {
+	if c.Name == "" {
+		c.Name = DefaultName
+	}
+	if c.Bucket == "" {
+		c.Bucket = DefaultBucket
+	}
+	if c.TTL <= 0 {
+		c.TTL = DefaultTTL
+	}
+	if c.Replicas <= 0 {
+		c.Replicas = 1
+	}
+	if c.HistoryLimit <= 0 {
+		c.HistoryLimit = DefaultHistoryLimit
+	}
+	if c.ReorderWindow == 0 {
+		c.ReorderWindow = DefaultReorderWindow
+	}
+	return c
+}
+
+// Task is the record kept in mesh_tasks under the task id, and what
+// mesh.task.get.<id> answers as payload.task.
+type Task struct {
+	ID        string  `json:"id"`
+	Requester string  `json:"requester"`
+	Responder string  `json:"responder"`
+	Offering  string  `json:"offering,omitempty"`
+	State     string  `json:"state"`
+	CreatedAt string  `json:"created_at"`
+	UpdatedAt string  `json:"updated_at"`
+	History   []Entry `json:"history"`
+	// Output, Message and Error are those of the terminal update.
+	Output  json.RawMessage `json:"output,omitempty"`
+	Message string          `json:"message,omitempty"`
+	Error   json.RawMessage `json:"error,omitempty"`
+	// Reason and Note are those of the canceled update.
+	Reason string `json:"reason,omitempty"`
+	Note   string `json:"note,omitempty"`
+	// Budget is the standing budget: the envelope budget of the creating
+	// update, then the newest accepted revision.
+	Budget *protocol.Budget `json:"budget,omitempty"`
+	// Spent is the latest spend the responder reported (details.spent of a
+	// BUDGET_EXHAUSTED pause, or payload.cost); revisions whose ceiling is
+	// below it are refused.
+	Spent *protocol.Money `json:"spent,omitempty"`
+}
+
+// Entry is one recorded update: the state it left the task in, when it was
+// recorded, and the envelope that carried it.
+type Entry struct {
+	State      string `json:"state"`
+	At         string `json:"at"`
+	EnvelopeID string `json:"envelope_id"`
+}
+
+// Stats counts what one copy did with the updates it received. Every
+// received update ends in exactly one of the outcome counters.
+type Stats struct {
+	Received uint64
+	// Recorded: created a task, moved it, or added a progress entry.
+	Recorded uint64
+	// Duplicates: an envelope already recorded (or seen by this copy).
+	Duplicates uint64
+	// Refused: not decodable, unsigned, not a respond, stale, on an
+	// invalid task id, malformed payload, no requester on the creating
+	// update, canceled without a valid reason, misaddressed.
+	Refused uint64
+	// NotParty: a state update not from the responder, a revision not
+	// from the requester.
+	NotParty uint64
+	// Illegal: a transition the state table does not allow (an
+	// invalid_transition event was emitted for each).
+	Illegal uint64
+	// RevisionsApplied and RevisionsRefused count budget revisions.
+	RevisionsApplied uint64
+	RevisionsRefused uint64
+	// Failed: the store could not be read or written.
+	Failed uint64
+}
+
+// Done is the number of updates that reached an outcome.
+func (s Stats) Done() uint64 {
+	return s.Recorded + s.Duplicates + s.Refused + s.NotParty + s.Illegal +
+		s.RevisionsApplied + s.RevisionsRefused + s.Failed
+}
+
+type counters struct {
+	received, recorded, duplicates, refused, notParty, illegal, revApplied, revRefused, failed atomic.Uint64
+}
+
+// Worker is one copy of the task manager.
+type Worker struct {
+	cfg   Config
+	svc   *bus.Service
+	kv    jetstream.KeyValue
+	sub   *nats.Subscription
+	dedup *protocol.DedupMemory
+	n     counters
+
+	ctx    context.Context // canceled by Stop
+	cancel context.CancelFunc
+	mu     sync.Mutex
+	closed bool
+	wg     sync.WaitGroup
+}
+
+// Start binds (creating if needed) the mesh_tasks bucket, subscribes the
+// task updates in the worker's queue group and adds the get endpoint. ctx
+// bounds the start only; the worker runs until Stop.
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
+	cfg = cfg.withDefaults()
+	svc, err := bus.NewServiceIn(env, cfg.Name, "task manager: records task updates, answers mesh.task.get")
+	if err != nil {
+		return nil, err
+	}
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{
+		Bucket:      cfg.Bucket,
+		Description: "task records (docs/bus.md Tasks)",
+		TTL:         cfg.TTL,
+		Replicas:    cfg.Replicas,
+	})
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	w := &Worker{cfg: cfg, svc: svc, kv: kv, dedup: protocol.NewDedupMemory(0), ctx: wctx, cancel: cancel}
+	if err := svc.Endpoint("get", protocol.SubjTaskGetPfx+"*", w.get); err != nil {
+		cancel()
+		_ = svc.Stop()
+		return nil, fmt.Errorf("%s: get endpoint: %w", cfg.Name, err)
+	}
+	w.sub, err = env.NC.QueueSubscribe(UpdateSubjects, UpdateQueueGroup(cfg.Name), w.onUpdate)
+	if err == nil {
+		err = env.NC.Flush()
+	}
+	if err != nil {
+		cancel()
+		_ = svc.Stop()
+		return nil, fmt.Errorf("%s: subscribe %s: %w", cfg.Name, UpdateSubjects, err)
+	}
+	return w, nil
+}
+
+// UpdateQueueGroup is the queue group of the update subscription. It is not
+// the endpoints' group (mesh-<name>): the server balances one queue group
+// across every subscription in it that matches a subject, so sharing the
+// name would let the get endpoint (mesh.task.get.*) take the updates of a
+// task named "get" (mesh.task.get.update) away from this subscription.
+func UpdateQueueGroup(name string) string { return bus.QueueGroup(name) + "-updates" }
+
+// Stop unsubscribes, waits for updates in hand (held ones are dropped) and
+// stops the endpoint. Stopping twice is harmless.
+func (w *Worker) Stop() error {
+	w.mu.Lock()
+	if w.closed {
+		w.mu.Unlock()
+		return nil
+	}
+	w.closed = true
+	w.mu.Unlock()
+	err := w.sub.Unsubscribe()
+	w.cancel()
+	w.wg.Wait()
+	return errors.Join(err, w.svc.Stop())
+}
+
+// Stats is a snapshot of this copy's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{
+		Received: w.n.received.Load(), Recorded: w.n.recorded.Load(), Duplicates: w.n.duplicates.Load(),
+		Refused: w.n.refused.Load(), NotParty: w.n.notParty.Load(), Illegal: w.n.illegal.Load(),
+		RevisionsApplied: w.n.revApplied.Load(), RevisionsRefused: w.n.revRefused.Load(), Failed: w.n.failed.Load(),
+	}
+}
+
+// enter registers work in hand unless the worker is stopping.
+func (w *Worker) enter() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return false
+	}
+	w.wg.Add(1)
+	return true
+}
+
+func (w *Worker) now() time.Time { return w.svc.Now() }
+
+// get answers mesh.task.get.<id> (payload {}) with {task:{…}}, to the
+// requester or the responder only.
+func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
+	if r.Env.Type != protocol.TypeRequest {
+		return nil, errs.Newf(errs.InvalidEnvelope, "mesh.task.get takes a request envelope, not %s", r.Env.Type)
+	}
+	id := strings.TrimPrefix(r.Subject, protocol.SubjTaskGetPfx)
+	if !protocol.ValidToken(id) {
+		return nil, errs.New(errs.TaskNotFound, "no such task")
+	}
+	t, found, err := bus.GetJSON[Task](ctx, w.kv, id)
+	if err != nil {
+		return nil, fmt.Errorf("read task %s: %w", id, err)
+	}
+	if !found {
+		return nil, errs.Newf(errs.TaskNotFound, "no task %s", id)
+	}
+	if r.Env.From != t.Requester && r.Env.From != t.Responder {
+		return nil, errs.New(errs.Unauthorized, "only the requester or the responder of a task may read it")
+	}
+	return map[string]any{"task": t}, nil
+}
+
+// update is one decoded, verified task update.
+type update struct {
+	task string
+	env  *protocol.Envelope
+
+	// A state update (status != "").
+	status   string
+	offering string
+	output   json.RawMessage
+	message  string
+	errObj   json.RawMessage
+	reason   string
+	note     string
+	spent    *protocol.Money
+	budget   *protocol.Budget // the envelope budget, kept on creation
+
+	// A budget revision (status == "").
+	revision *protocol.Budget
+}
+
+func (w *Worker) onUpdate(msg *nats.Msg) {
+	if !w.enter() {
+		return
+	}
+	defer w.wg.Done()
+	w.n.received.Add(1)
+	u, err := w.parse(msg)
+	if err != nil {
+		if errors.Is(err, errDuplicate) {
+			w.n.duplicates.Add(1)
+			return
+		}
+		w.n.refused.Add(1)
+		// Warn and refuse: nothing is stored, nothing is published.
+		w.svc.Log.Warn("task update refused", "subject", msg.Subject, "err", err)
+		return
+	}
+	if u.status == "" {
+		w.revise(u)
+		return
+	}
+	w.apply(u, 0, w.now())
+}
+
+var errDuplicate = errors.New("duplicate")
+
+func refuse(format string, args ...any) error {
+	return errs.Newf(errs.InvalidEnvelope, format, args...)
+}
+
+// parse runs the receiver's checks on an update and reads its payload.
+func (w *Worker) parse(msg *nats.Msg) (*update, error) {
+	tok := strings.Split(msg.Subject, ".")
+	if len(tok) != 4 || !protocol.ValidToken(tok[2]) || tok[2] == "get" {
+		return nil, refuse("%s is not a task update subject", msg.Subject)
+	}
+	u := &update{task: tok[2]}
+	env, err := protocol.Decode(msg.Data)
+	if err != nil {
+		return nil, err
+	}
+	if env.Type != protocol.TypeRespond {
+		return nil, refuse("a task update is a respond, not %s", env.Type)
+	}
+	if err := protocol.CheckFreshness(env.TS, w.now(), protocol.SourceLive); err != nil {
+		return nil, err
+	}
+	if env.TaskID != "" && env.TaskID != u.task {
+		return nil, refuse("envelope task_id %s does not match the subject's task %s", env.TaskID, u.task)
+	}
+	if w.dedup.Seen(env.From, env.ID) {
+		return nil, errDuplicate
+	}
+	u.env = env
+	v, err := env.PayloadValue()
+	if err != nil {
+		return nil, refuse("payload is not JSON")
+	}
+	p, ok := v.(map[string]any)
+	if !ok {
+		return nil, refuse("payload must be an object")
+	}
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(env.Payload, &raw); err != nil {
+		return nil, refuse("payload must be an object")
+	}
+
+	sv, hasStatus := p["status"]
+	if !hasStatus {
+		bv, ok := p["budget"]
+		switch {
+		case ok && bv != nil:
+			b, err := protocol.BudgetFromValue(bv)
+			if err != nil {
+				return nil, err
+			}
+			u.revision = &b
+		case env.Budget != nil:
+			u.revision = env.Budget
+		default:
+			return nil, refuse("a task update carries status, or budget alone (a revision)")
+		}
+		return u, nil
+	}
+	if u.status, ok = sv.(string); !ok || u.status == "" {
+		return nil, refuse("status must be a non-empty string")
+	}
+	u.offering = protocol.OfferingOf(p)
+	if r, ok := raw["output"]; ok && string(r) != "null" {
+		u.output = r
+	}
+	u.message, _ = p["message"].(string)
+	if r, ok := raw["error"]; ok && string(r) != "null" {
+		u.errObj = r
+	}
+	if u.status == protocol.StateCanceled {
+		in := map[string]any{"task_id": u.task}
+		for _, k := range []string{"reason", "note"} {
+			if x, ok := p[k]; ok {
+				in[k] = x
+			}
+		}
+		ci, err := protocol.ParseCancelInput(in)
+		if err != nil {
+			return nil, err
+		}
+		u.reason, u.note = ci.Reason, ci.Note
+	}
+	u.spent = spentOf(p)
+	u.budget = env.Budget
+	return u, nil
+}
+
+// spentOf reads a reported spend: payload.cost, or details.spent of a
+// BUDGET_EXHAUSTED error.
+func spentOf(p map[string]any) *protocol.Money {
+	if c, ok := p["cost"]; ok {
+		if m, err := protocol.MoneyFromValue(c); err == nil {
+			return &m
+		}
+	}
+	e, _ := p["error"].(map[string]any)
+	if code, _ := e["code"].(string); code == string(errs.BudgetExhausted) {
+		d, _ := e["details"].(map[string]any)
+		if m, err := protocol.MoneyFromValue(d["spent"]); err == nil {
+			return &m
+		}
+	}
+	return nil
+}
+
+// knownState reports whether s is a task state of this version.
+func knownState(s string) bool {
+	return s == protocol.StateSubmitted || s == protocol.StateWorking || protocol.Cancelable(s) || protocol.Terminal(s)
+}
+
+type outcome int
+
+const (
+	recorded outcome = iota
+	duplicate
+	refused
+	notParty
+	illegal
+	ahead // illegal now, but a predecessor may still be on its way
+)
+
+// apply records a state update with a compare-and-set, holding it for a
+// while when it is ahead of the record.
+func (w *Worker) apply(u *update, attempt int, first time.Time) {
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	var out outcome
+	var from string
+	err := w.cas(ctx, u.task, func(cur *Task, exists bool) (*Task, error) {
+		out, from = recorded, ""
+		if !exists {
+			return w.create(u, &out)
+		}
+		from = cur.State
+		return w.advance(cur, u, &out)
+	})
+	if err != nil {
+		w.n.failed.Add(1)
+		w.svc.Log.Error("task update not stored", "task", u.task, "envelope", u.env.ID, "err", err)
+		return
+	}
+	if out == ahead {
+		if wait := w.cfg.ReorderWindow - w.now().Sub(first); wait > 0 && w.ctx.Err() == nil {
+			w.hold(u, attempt+1, first, min(wait, 25*time.Millisecond<<attempt))
+			return
+		}
+		out = illegal
+	}
+	switch out {
+	case recorded:
+		w.n.recorded.Add(1)
+	case duplicate:
+		w.n.duplicates.Add(1)
+	case refused:
+		w.n.refused.Add(1)
+	case notParty:
+		w.n.notParty.Add(1)
+		w.svc.Log.Info("task update from a non-responder ignored", "task", u.task, "from", u.env.From)
+	case illegal:
+		w.n.illegal.Add(1)
+		var fromState any = from
+		if from == "" {
+			fromState = nil // no task yet
+		}
+		w.svc.Log.Info("illegal task transition", "task", u.task, "from", from, "to", u.status, "by", u.env.From)
+		if err := w.svc.Emit(EventDomain, EventInvalidTransition, map[string]any{
+			"task_id": u.task, "from": fromState, "to": u.status, "by": u.env.From,
+		}); err != nil {
+			w.svc.Log.Error("emit invalid_transition", "task", u.task, "err", err)
+		}
+	}
+}
+
+// casRounds bounds the rounds of bus.CAS one update may take. bus.CAS
+// retries a lost race at once, up to a fixed count; copies that stay busy
+// on one task can keep beating the same loser, so a round that gives up is
+// tried again after a short random pause, which breaks the lockstep.
+const casRounds = 8
+
+// cas is bus.CAS on the task's record, retried in rounds with jitter.
+func (w *Worker) cas(ctx context.Context, key string, update func(*Task, bool) (*Task, error)) error {
+	var err error
+	for round := range casRounds {
+		if round > 0 {
+			select {
+			case <-time.After(time.Duration(1+rand.IntN(10*round)) * time.Millisecond):
+			case <-ctx.Done():
+				return err
+			}
+		}
+		if _, _, err = bus.CAS(ctx, w.kv, key, update); err == nil {
+			return nil
+		}
+	}
+	return err
+}
+
+// hold retries an update that is ahead of the record after d.
+func (w *Worker) hold(u *update, attempt int, first time.Time, d time.Duration) {
+	if !w.enter() {
+		return
+	}
+	go func() {
+		defer w.wg.Done()
+		select {
+		case <-time.After(d):
+			w.apply(u, attempt, first)
+		case <-w.ctx.Done():
+		}
+	}()
+}
+
+// create builds the record from the first update of a task: the requester
+// is the envelope's `to`, the responder its `from`, and the task starts as
+// submitted (a first "working" is recorded as submitted, then working).
+func (w *Worker) create(u *update, out *outcome) (*Task, error) {
+	if u.status != protocol.StateSubmitted && u.status != protocol.StateWorking {
+		*out = illegal
+		if knownState(u.status) {
+			*out = ahead // its creating update may still be on its way
+		}
+		return nil, bus.ErrNoChange
+	}
+	if !keys.IsUserPublicKey(u.env.To) {
+		*out = refused
+		w.svc.Log.Info("first task update without the requester in to", "task", u.task, "from", u.env.From)
+		return nil, bus.ErrNoChange
+	}
+	at := protocol.FormatTime(w.now())
+	t := &Task{
+		ID: u.task, Requester: u.env.To, Responder: u.env.From, Offering: u.offering,
+		State: u.status, CreatedAt: at, UpdatedAt: at, Budget: u.budget, Spent: u.spent,
+		History: []Entry{{State: protocol.StateSubmitted, At: at, EnvelopeID: u.env.ID}},
+	}
+	if u.status == protocol.StateWorking {
+		t.History = append(t.History, Entry{State: protocol.StateWorking, At: at, EnvelopeID: u.env.ID})
+	}
+	return t, nil
+}
+
+// advance applies a later state update to the record.
+func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
+	if u.env.From != t.Responder {
+		*out = notParty
+		return nil, bus.ErrNoChange
+	}
+	if u.env.To != "" && u.env.To != t.Requester {
+		*out = refused
+		w.svc.Log.Warn("task update addressed to someone other than the requester", "task", u.task, "to", u.env.To)
+		return nil, bus.ErrNoChange
+	}
+	for _, e := range t.History {
+		if e.EnvelopeID == u.env.ID {
+			*out = duplicate
+			return nil, bus.ErrNoChange
+		}
+	}
+	if u.status == protocol.StateSubmitted && implicitSubmitted(t) {
+		// The task was created by a first "working" that overtook this
+		// "submitted" on another copy: it takes the place of the submitted
+		// entry recorded for it, as if the two had arrived in order.
+		t.History[0].EnvelopeID = u.env.ID
+		t.UpdatedAt = protocol.FormatTime(w.now())
+		return t, nil
+	}
+	switch {
+	case u.status == t.State && !protocol.Terminal(t.State):
+		// progress within the state: history only
+	case protocol.LegalTransition(t.State, u.status):
+		t.State = u.status
+	case !protocol.Terminal(t.State) && knownState(u.status):
+		*out = ahead
+		return nil, bus.ErrNoChange
+	default:
+		*out = illegal
+		return nil, bus.ErrNoChange
+	}
+	at := protocol.FormatTime(w.now())
+	t.UpdatedAt = at
+	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID})
+	if n := len(t.History) - w.cfg.HistoryLimit; n > 0 {
+		t.History = append([]Entry(nil), t.History[n:]...)
+	}
+	if t.Offering == "" {
+		t.Offering = u.offering
+	}
+	if u.spent != nil {
+		t.Spent = u.spent
+	}
+	if protocol.Terminal(t.State) {
+		t.Output, t.Message, t.Error = u.output, u.message, u.errObj
+		if t.State == protocol.StateCanceled {
+			t.Reason, t.Note = u.reason, u.note
+		}
+	}
+	return t, nil
+}
+
+// implicitSubmitted reports whether the record's submitted entry was
+// implied by a first "working" (it carries that envelope) rather than
+// published.
+func implicitSubmitted(t *Task) bool {
+	h := t.History
+	return len(h) >= 2 && h[0].State == protocol.StateSubmitted && h[1].State == protocol.StateWorking &&
+		h[0].EnvelopeID == h[1].EnvelopeID
+}
+
+// revise applies a budget revision from the requester (upstream-notes
+// §4.1): absolute, strictly newer wins; one that is not newer, arrives for
+// a terminal task, or is retroactive (deadline past, ceiling below the
+// spend) is refused — counted and logged, recorded nowhere.
+func (w *Worker) revise(u *update) {
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	var out outcome
+	var why error
+	err := w.cas(ctx, u.task, func(t *Task, exists bool) (*Task, error) {
+		out, why = recorded, nil
+		switch {
+		case !exists:
+			out, why = refused, errs.New(errs.TaskNotFound, "no such task")
+		case u.env.From != t.Requester:
+			out = notParty
+		case protocol.Terminal(t.State):
+			out, why = refused, errs.Newf(errs.TaskInvalidTransition, "task is already %s", t.State)
+		default:
+			if why = protocol.CheckRevision(t.Budget, *u.revision, w.now(), t.Spent); why != nil {
+				out = refused
+			}
+		}
+		if out != recorded {
+			return nil, bus.ErrNoChange
+		}
+		b := *u.revision
+		t.Budget = &b
+		t.UpdatedAt = protocol.FormatTime(w.now())
+		return t, nil
+	})
+	switch {
+	case err != nil:
+		w.n.failed.Add(1)
+		w.svc.Log.Error("budget revision not stored", "task", u.task, "err", err)
+	case out == recorded:
+		w.n.revApplied.Add(1)
+	case out == notParty:
+		w.n.notParty.Add(1)
+		w.svc.Log.Info("budget revision from a non-requester ignored", "task", u.task, "from", u.env.From)
+	default:
+		w.n.revRefused.Add(1)
+		w.svc.Log.Info("budget revision refused", "task", u.task, "revision", u.revision.Revision, "err", why)
+	}
+}

@@ -1,0 +1,20 @@
+// Command feeds-worker runs the feeds bus worker on its own (one Cloud Run
+// service; every copy joins the same queue group). meshd runs the same
+// worker in-process.
+//
+//	feeds-worker --nats-url tls://nats.example:4222 --creds worker.creds --services-key services.nk
+package main
+
+import (
+	"context"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/workers/feeds"
+	"agentmesh.dev/mesh/workers/workerkit"
+)
+
+func main() {
+	workerkit.Main("feeds", func(ctx context.Context, env bus.Env) (workerkit.Stopper, error) {
+		return feeds.Start(ctx, env)
+	})
+}
