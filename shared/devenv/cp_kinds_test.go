@@ -15,6 +15,7 @@ import (
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 // Forbidden subjects every hosted credential must be refused, by the
@@ -100,12 +101,10 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 		defer svc.Close()
 		ctx := context.Background()
 		js, _ := jetstream.New(svc)
-		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: protocol.MailboxStream, Subjects: []string{"mesh.agent.*.inbox"}}); err != nil {
-			t.Fatal(err)
-		}
+		// The registry worker keeps the mailbox stream; consumers are made
+		// as it makes them at registration.
 		for _, a := range []string{a1.Public(), other} {
-			if _, err := js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{Durable: protocol.MailboxConsumer(a),
-				FilterSubject: protocol.InboxSubject(a), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			if _, err := js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, registry.MailboxConsumerConfig(a, false)); err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -59,6 +59,8 @@ type Config struct {
 	GuestIdleTTL time.Duration
 	// RateLimit is the per-address HTTP limit per minute (600 by default).
 	RateLimit int
+	// Workers tunes the bus workers (one copy of each by default).
+	Workers WorkerConfig
 	// MarkupPct is the platform markup /v1/capabilities reports; meshd
 	// reads it from CREDITS_PLATFORM_MARKUP_PCT (10 when unset).
 	MarkupPct int
@@ -114,6 +116,9 @@ type Mesh struct {
 	// servicesKey signs every answer and event of the bus workers.
 	servicesKey *keys.Agent
 
+	// workers are the running bus workers.
+	workers *Workers
+
 	// control is the control plane (store, services, routes).
 	control *Control
 	// closers release what the control plane opened, after HTTP stops.
@@ -166,6 +171,10 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 
 	if err := m.startNATS(ctx, dataDir, cfg, readyTimeout); err != nil {
 		_ = m.Shutdown(context.Background()) // stop whatever got started
+		return nil, err
+	}
+	if err := m.startWorkers(cfg); err != nil {
+		_ = m.Shutdown(context.Background())
 		return nil, err
 	}
 	if err := m.startHTTP(dataDir, cfg); err != nil {

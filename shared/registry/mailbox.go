@@ -101,14 +101,24 @@ func (w *Worker) guarded(ctx context.Context, agent string) (bool, error) {
 }
 
 // ensureMailbox creates or updates agent's mailbox consumer; an existing
-// consumer keeps its undelivered mail.
+// consumer keeps its undelivered mail. The guard state is read again after
+// the write: a guard or unguard that landed in between (the admission
+// service only updates a consumer that exists) must win, so the filter is
+// set until it agrees with what admission last recorded.
 func (w *Worker) ensureMailbox(ctx context.Context, agent string) error {
 	g, err := w.guarded(ctx, agent)
 	if err != nil {
 		return err
 	}
-	if _, err := w.js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, MailboxConsumerConfig(agent, g)); err != nil {
-		return fmt.Errorf("mailbox consumer %s: %w", protocol.MailboxConsumer(agent), err)
+	for range 4 {
+		if _, err := w.js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, MailboxConsumerConfig(agent, g)); err != nil {
+			return fmt.Errorf("mailbox consumer %s: %w", protocol.MailboxConsumer(agent), err)
+		}
+		now, err := w.guarded(ctx, agent)
+		if err != nil || now == g {
+			return err
+		}
+		g = now
 	}
 	return nil
 }

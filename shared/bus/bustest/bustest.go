@@ -17,7 +17,8 @@ import (
 // Mesh starts a mesh on random ports in a temp dir, stopped at cleanup.
 func Mesh(t testing.TB) *devenv.Mesh {
 	t.Helper()
-	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir()})
+	// No built-in workers: a worker test starts the copies it counts.
+	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir(), Workers: devenv.WorkerConfig{None: true}})
 	if err != nil {
 		t.Fatal(err)
 	}

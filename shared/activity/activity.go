@@ -1,0 +1,752 @@
+// Package activity is the observability worker (spec §4.3, upstream-notes
+// §6.5): it taps the agent inboxes, outboxes and trace subjects, keeps a
+// content-free timeline and per-agent counters, and answers
+// mesh.activity.list, mesh.usage.list and mesh.catalog.list.
+//
+// Taps are queue subscriptions, so each observed message is handled by one
+// copy. Every tap verifies the envelope and records metadata only (who,
+// to whom, ids, offering, status, error code): never an input, output,
+// message or any other payload content.
+//
+// The timeline is the stream MESH_ACTIVITY on mesh.internal.activity (7 days,
+// 100,000 records), one compact JSON record per observed message, published
+// with Nats-Msg-Id <kind>:<from>:<id> so a message seen twice (a retry, a
+// replay inside the freshness window) is recorded and counted once. The
+// counters are KV mesh_usage, updated by compare-and-set by the copy whose
+// record was not a duplicate.
+package activity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Name is the worker's name: micro service mesh-activity, queue group
+// bus.QueueGroup(Name) for the endpoints and the taps.
+const Name = "activity"
+
+// JetStream names.
+const (
+	// Stream is the timeline; Subject is its only subject, reachable with
+	// service credentials only.
+	Stream  = "MESH_ACTIVITY"
+	Subject = "mesh.internal.activity"
+	// UsageBucket holds one Usage per agent id.
+	UsageBucket = "mesh_usage"
+	// RegistryBucket is the registry's bucket, read by the catalog; bound
+	// when it exists.
+	RegistryBucket = "mesh_registry"
+)
+
+// Timeline limits.
+const (
+	MaxAge  = 7 * 24 * time.Hour
+	MaxMsgs = 100_000
+	// dedupWindow covers the live freshness window (10 min old, 5 min
+	// ahead): a replay the taps would accept is recognised as one.
+	dedupWindow = 15 * time.Minute
+)
+
+// Listing limits of mesh.activity.list.
+const (
+	DefaultLimit = 100
+	MaxLimit     = 1000
+)
+
+// Record kinds.
+const (
+	KindRequest  = "request"
+	KindResponse = "response"
+	KindTrace    = "trace"
+)
+
+// Config tunes the worker.
+type Config struct {
+	// Official lists the agent ids the catalog marks official.
+	Official []string
+}
+
+// Item is one timeline record: the stream message body and one entry of a
+// mesh.activity.list answer. Metadata only.
+type Item struct {
+	// TS is the envelope's ts (checked against the live freshness window);
+	// ObservedAt is when a tap saw it, by the worker's clock.
+	TS         string `json:"ts"`
+	ObservedAt string `json:"observed_at"`
+	Kind       string `json:"kind"`
+	Type       string `json:"type"`
+	From       string `json:"from"`
+	To         string `json:"to"`
+	ID         string `json:"id"`
+	InReplyTo  string `json:"in_reply_to,omitempty"`
+	TaskID     string `json:"task_id,omitempty"`
+	TraceID    string `json:"trace_id,omitempty"`
+	SpanID     string `json:"span_id,omitempty"`
+	Offering   string `json:"offering,omitempty"`
+	Status     string `json:"status,omitempty"`
+	Error      string `json:"error,omitempty"` // the error code, when the response carries one
+}
+
+// Usage is the value stored under an agent id in mesh_usage and one entry
+// of a mesh.usage.list answer.
+type Usage struct {
+	Agent       string `json:"agent"`
+	MessagesIn  int64  `json:"messages_in"`
+	MessagesOut int64  `json:"messages_out"`
+	Errors      int64  `json:"errors"`
+	FirstSeen   string `json:"first_seen"`
+	LastActive  string `json:"last_active"`
+}
+
+// Offering is one offering of a catalog entry.
+type Offering struct {
+	ID          string `json:"id"`
+	Name        string `json:"name"`
+	Description string `json:"description"`
+}
+
+// Entry is one entry of a mesh.catalog.list answer.
+type Entry struct {
+	AgentID    string     `json:"agent_id"`
+	Name       string     `json:"name"`
+	Offerings  []Offering `json:"offerings"`
+	Provider   string     `json:"provider,omitempty"`
+	Official   bool       `json:"official"`
+	Categories []string   `json:"categories"`
+}
+
+// Stats counts what one copy's taps did.
+type Stats struct {
+	Recorded   uint64 // new timeline records
+	Duplicates uint64 // messages already recorded (by any copy)
+	Dropped    uint64 // undecodable, unsigned, stale, misattributed or not of the tapped kind
+}
+
+// Worker is one running copy of the activity worker.
+type Worker struct {
+	svc      *bus.Service
+	cfg      Config
+	official map[string]bool
+	stream   jetstream.Stream
+	usage    jetstream.KeyValue
+	registry lazyKV
+	subs     []*nats.Subscription
+	once     sync.Once
+
+	recorded, duplicates, dropped atomic.Uint64
+}
+
+// Start runs one copy of the worker in env: creates the stream and the
+// bucket, serves the three list subjects and starts the taps.
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
+	svc, err := bus.NewServiceIn(env, Name, "activity timeline, usage counters and catalog")
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Worker, error) {
+		_ = svc.Stop()
+		return nil, err
+	}
+	st, err := svc.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+		Name:        Stream,
+		Description: "content-free timeline of observed requests, responses and span events",
+		Subjects:    []string{Subject},
+		Retention:   jetstream.LimitsPolicy,
+		Discard:     jetstream.DiscardOld,
+		MaxAge:      MaxAge,
+		MaxMsgs:     MaxMsgs,
+		Duplicates:  dedupWindow,
+		Storage:     jetstream.FileStorage,
+	})
+	if err != nil {
+		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
+	}
+	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id"})
+	if err != nil {
+		return fail(err)
+	}
+	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
+		registry: lazyKV{js: svc.JS, bucket: RegistryBucket}}
+	for _, id := range cfg.Official {
+		w.official[id] = true
+	}
+	for _, ep := range []struct {
+		name, subject string
+		h             bus.Handler
+	}{
+		{"activity", protocol.SubjActivityList, w.listActivity},
+		{"usage", protocol.SubjUsageList, w.listUsage},
+		{"catalog", protocol.SubjCatalogList, w.listCatalog},
+	} {
+		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
+			return fail(fmt.Errorf("%s: endpoint %s: %w", Name, ep.subject, err))
+		}
+	}
+	for _, tap := range []struct {
+		subject, kind string
+	}{
+		{protocol.InboxSubject("*"), KindRequest},
+		{protocol.OutboxSubject("*"), KindResponse},
+		{protocol.TraceSubject("*"), KindTrace},
+	} {
+		sub, err := env.NC.QueueSubscribe(tap.subject, bus.QueueGroup(Name), w.tap(tap.kind))
+		if err != nil {
+			_ = w.Stop()
+			return nil, fmt.Errorf("%s: tap %s: %w", Name, tap.subject, err)
+		}
+		w.subs = append(w.subs, sub)
+	}
+	if err := env.NC.Flush(); err != nil {
+		_ = w.Stop()
+		return nil, fmt.Errorf("%s: flush: %w", Name, err)
+	}
+	return w, nil
+}
+
+// Stop ends the copy: no more taps or answers.
+func (w *Worker) Stop() error {
+	var err error
+	w.once.Do(func() {
+		for _, s := range w.subs {
+			_ = s.Unsubscribe()
+		}
+		err = w.svc.Stop()
+	})
+	return err
+}
+
+// Stats reports this copy's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{Recorded: w.recorded.Load(), Duplicates: w.duplicates.Load(), Dropped: w.dropped.Load()}
+}
+
+// ---------------------------------------------------------------------------
+// Taps
+
+var errDrop = errors.New("dropped")
+
+func (w *Worker) tap(kind string) nats.MsgHandler {
+	return func(msg *nats.Msg) {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		err := w.observe(ctx, kind, msg.Subject, msg.Data)
+		switch {
+		case err == nil:
+		case errors.Is(err, errDrop):
+			w.dropped.Add(1)
+		default:
+			w.svc.Log.Warn("activity tap", "subject", msg.Subject, "err", err)
+		}
+	}
+}
+
+// observe records one tapped message.
+//
+//   - inbox (mesh.agent.<to>.inbox): requests only; the recipient is the
+//     subject token. Counts messages_in for the recipient.
+//   - outbox (mesh.agent.<from>.outbox): responds only, from must be the
+//     token. Counts messages_out for the sender (not for the "accepted"
+//     acknowledgement) and errors when the status is failed.
+//   - trace (mesh.trace.<from>): any envelope whose from is the token;
+//     no counter.
+func (w *Worker) observe(ctx context.Context, kind, subject string, data []byte) error {
+	agent, ok := subjectAgent(kind, subject)
+	if !ok {
+		return errDrop
+	}
+	env, err := protocol.Decode(data)
+	if err != nil {
+		return errDrop
+	}
+	now := w.svc.Now()
+	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
+		return errDrop
+	}
+	it := Item{TS: env.TS, ObservedAt: protocol.FormatTime(now), Kind: kind, Type: string(env.Type), From: env.From,
+		To: env.To, ID: env.ID, InReplyTo: env.InReplyTo, TaskID: token(env.TaskID), TraceID: env.Trace.TraceID}
+	payload := map[string]any{}
+	if v, err := env.PayloadValue(); err == nil {
+		if m, ok := v.(map[string]any); ok {
+			payload = m
+		}
+	}
+	switch kind {
+	case KindRequest:
+		if env.Type != protocol.TypeRequest {
+			return errDrop // drained answers also reach inboxes; the outbox has them
+		}
+		it.To = agent
+		it.Offering = token(protocol.OfferingOf(payload))
+	case KindResponse:
+		if env.Type != protocol.TypeRespond || env.From != agent {
+			return errDrop
+		}
+		it.Status = token(stringOf(payload["status"]))
+		it.Error = errorCode(payload["error"], env.Extra["error"])
+	case KindTrace:
+		if env.From != agent {
+			return errDrop
+		}
+		it.SpanID = env.Trace.SpanID
+	}
+	body, err := json.Marshal(it)
+	if err != nil {
+		return err
+	}
+	ack, err := w.svc.JS.Publish(ctx, Subject, body, jetstream.WithMsgID(kind+":"+env.From+":"+env.ID))
+	if err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	if ack.Duplicate {
+		w.duplicates.Add(1)
+		return nil
+	}
+	w.recorded.Add(1)
+	switch kind {
+	case KindRequest:
+		return w.count(ctx, agent, now, func(u *Usage) { u.MessagesIn++ })
+	case KindResponse:
+		if it.Status == protocol.StatusAccepted {
+			return w.count(ctx, agent, now, func(*Usage) {})
+		}
+		failed := it.Status == errs.StatusFailed
+		return w.count(ctx, agent, now, func(u *Usage) {
+			u.MessagesOut++
+			if failed {
+				u.Errors++
+			}
+		})
+	}
+	return nil
+}
+
+// subjectAgent is the agent token of a tapped subject; it must be an agent
+// key (anything may be published on a wildcard inbox).
+func subjectAgent(kind, subject string) (string, bool) {
+	var agent string
+	var ok bool
+	switch kind {
+	case KindRequest:
+		agent, ok = between(subject, "mesh.agent.", ".inbox")
+	case KindResponse:
+		agent, ok = between(subject, "mesh.agent.", ".outbox")
+	case KindTrace:
+		agent, ok = strings.CutPrefix(subject, "mesh.trace.")
+	}
+	return agent, ok && keys.IsUserPublicKey(agent)
+}
+
+func between(s, prefix, suffix string) (string, bool) {
+	rest, ok := strings.CutPrefix(s, prefix)
+	if !ok {
+		return "", false
+	}
+	return strings.CutSuffix(rest, suffix)
+}
+
+// count updates agent's counters by compare-and-set.
+func (w *Worker) count(ctx context.Context, agent string, now time.Time, f func(*Usage)) error {
+	ts := protocol.FormatTime(now)
+	_, _, err := bus.CAS(ctx, w.usage, agent, func(cur *Usage, exists bool) (*Usage, error) {
+		u := Usage{Agent: agent, FirstSeen: ts, LastActive: ts}
+		if exists {
+			u = *cur
+			if later(ts, u.LastActive) {
+				u.LastActive = ts
+			}
+		}
+		f(&u)
+		return &u, nil
+	})
+	return err
+}
+
+// later reports whether a is after b (an unparseable b is earlier).
+func later(a, b string) bool {
+	ta, err := protocol.ParseTime(a)
+	if err != nil {
+		return false
+	}
+	tb, err := protocol.ParseTime(b)
+	return err != nil || ta.After(tb)
+}
+
+// Metadata hygiene: identifiers, statuses and codes are kept only when
+// they look like identifiers, so no sender-chosen text rides into the
+// timeline under their names.
+var (
+	tokenRe = regexp.MustCompile(`^[A-Za-z0-9._:/@+-]{1,128}$`)
+	codeRe  = regexp.MustCompile(`^[A-Z0-9_]{1,64}$`)
+)
+
+func token(s string) string {
+	if tokenRe.MatchString(s) {
+		return s
+	}
+	return ""
+}
+
+func stringOf(v any) string {
+	s, _ := v.(string)
+	return s
+}
+
+// errorCode is the code of the first error object among objs, "" when none
+// carries one ("INVALID" when the code is not code-shaped).
+func errorCode(objs ...any) string {
+	for _, o := range objs {
+		m, ok := o.(map[string]any)
+		if !ok {
+			continue
+		}
+		c, _ := m["code"].(string)
+		if c == "" {
+			continue
+		}
+		if !codeRe.MatchString(c) {
+			return "INVALID"
+		}
+		return c
+	}
+	return ""
+}
+
+// ---------------------------------------------------------------------------
+// mesh.activity.list
+
+// listActivity answers {from?, to?, limit?} with {items, total}: the newest
+// matching records first, at most limit (default 100, at most 1000); total
+// counts every matching record the timeline holds.
+func (w *Worker) listActivity(ctx context.Context, r *bus.Request) (any, error) {
+	q := r.Object()
+	from, err := keyFilter(q, "from")
+	if err != nil {
+		return nil, err
+	}
+	to, err := keyFilter(q, "to")
+	if err != nil {
+		return nil, err
+	}
+	limit := DefaultLimit
+	switch v := q["limit"].(type) {
+	case nil:
+	case float64:
+		if v < 1 || v != float64(int64(v)) {
+			return nil, errs.New(errs.InvalidQuery, "limit must be a positive integer")
+		}
+		limit = int(min(v, MaxLimit))
+	default:
+		return nil, errs.New(errs.InvalidQuery, "limit must be a positive integer")
+	}
+	items, total, err := w.read(ctx, from, to, limit)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"items": items, "total": total}, nil
+}
+
+// read scans the timeline up to its last record at the time of the call.
+// Without a filter only the last limit records are read and the total is
+// the stream's count; with one, the whole timeline is read once, keeping
+// the last limit matches.
+func (w *Worker) read(ctx context.Context, from, to string, limit int) ([]Item, int, error) {
+	info, err := w.stream.Info(ctx)
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: %w", Stream, err)
+	}
+	st := info.State
+	items := []Item{}
+	if st.Msgs == 0 || st.LastSeq < st.FirstSeq {
+		return items, 0, nil
+	}
+	filtered := from != "" || to != ""
+	start := st.FirstSeq
+	if !filtered && st.LastSeq-st.FirstSeq+1 > uint64(limit) {
+		start = st.LastSeq - uint64(limit) + 1
+	}
+	cons, err := w.svc.JS.OrderedConsumer(ctx, Stream, jetstream.OrderedConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start})
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: consumer: %w", Stream, err)
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(500))
+	if err != nil {
+		return nil, 0, fmt.Errorf("stream %s: read: %w", Stream, err)
+	}
+	defer it.Stop()
+	ring := make([]Item, 0, limit) // the last limit matches, oldest first, rotated at next
+	next, matched := 0, 0
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return nil, 0, fmt.Errorf("stream %s: read: %w", Stream, err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return nil, 0, fmt.Errorf("stream %s: metadata: %w", Stream, err)
+		}
+		if meta.Sequence.Stream > st.LastSeq {
+			break
+		}
+		var rec Item
+		if json.Unmarshal(m.Data(), &rec) == nil && (from == "" || rec.From == from) && (to == "" || rec.To == to) {
+			matched++
+			if len(ring) < limit {
+				ring = append(ring, rec)
+			} else {
+				ring[next] = rec
+				next = (next + 1) % limit
+			}
+		}
+		if meta.Sequence.Stream >= st.LastSeq || meta.NumPending == 0 {
+			break
+		}
+	}
+	// Newest first.
+	for i := len(ring) - 1; i >= 0; i-- {
+		items = append(items, ring[(next+i)%len(ring)])
+	}
+	total := matched
+	if !filtered {
+		total = int(st.Msgs)
+	}
+	return items, total, nil
+}
+
+// keyFilter reads an optional key filter: absent, null or "" is no filter;
+// anything else must be a user public key.
+func keyFilter(q map[string]any, name string) (string, error) {
+	switch v := q[name].(type) {
+	case nil:
+		return "", nil
+	case string:
+		if v == "" || keys.IsUserPublicKey(v) {
+			return v, nil
+		}
+	}
+	return "", errs.Newf(errs.InvalidQuery, "%s must be a public key", name)
+}
+
+// ---------------------------------------------------------------------------
+// mesh.usage.list
+
+// listUsage answers {agent?} with {agents:[counters]}, sorted by agent.
+func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
+	agent, err := keyFilter(r.Object(), "agent")
+	if err != nil {
+		return nil, err
+	}
+	out := []Usage{}
+	if agent != "" {
+		u, found, err := bus.GetJSON[Usage](ctx, w.usage, agent)
+		if err != nil {
+			return nil, err
+		}
+		if found {
+			out = append(out, u)
+		}
+		return map[string]any{"agents": out}, nil
+	}
+	err = eachValue(ctx, w.usage, func(key string, v []byte) {
+		var u Usage
+		if json.Unmarshal(v, &u) == nil {
+			out = append(out, u)
+		}
+	})
+	if err != nil {
+		return nil, err
+	}
+	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Agent, b.Agent) })
+	return map[string]any{"agents": out}, nil
+}
+
+// eachValue calls f with every live key and value of kv.
+func eachValue(ctx context.Context, kv jetstream.KeyValue, f func(key string, v []byte)) error {
+	watch, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("kv %s: watch: %w", kv.Bucket(), err)
+	}
+	defer func() { _ = watch.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return fmt.Errorf("kv %s: watch closed", kv.Bucket())
+			}
+			if e == nil {
+				return nil
+			}
+			f(e.Key(), e.Value())
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// mesh.catalog.list
+
+// listCatalog answers {official?, categories?} with {entries, total}: every
+// public, non-sandbox registration in mesh_registry (none while the bucket
+// does not exist), sorted by name then id. official filters on the flag;
+// categories keeps entries carrying any of the given tags (case-insensitive).
+func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
+	q := r.Object()
+	var wantOfficial *bool
+	switch v := q["official"].(type) {
+	case nil:
+	case bool:
+		wantOfficial = &v
+	default:
+		return nil, errs.New(errs.InvalidQuery, "official must be a boolean")
+	}
+	var cats []string
+	switch v := q["categories"].(type) {
+	case nil:
+	case []any:
+		for _, c := range v {
+			s, ok := c.(string)
+			if !ok {
+				return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
+			}
+			cats = append(cats, strings.ToLower(s))
+		}
+	default:
+		return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
+	}
+	entries := []Entry{}
+	kv, err := w.registry.get(ctx)
+	if err != nil {
+		return nil, err
+	}
+	if kv != nil {
+		err = eachValue(ctx, kv, func(key string, v []byte) {
+			e, ok := w.entryOf(key, v)
+			if !ok {
+				return
+			}
+			if wantOfficial != nil && e.Official != *wantOfficial {
+				return
+			}
+			if len(cats) > 0 && !slices.ContainsFunc(e.Categories, func(c string) bool { return slices.Contains(cats, strings.ToLower(c)) }) {
+				return
+			}
+			entries = append(entries, e)
+		})
+		if err != nil {
+			return nil, err
+		}
+	}
+	slices.SortFunc(entries, func(a, b Entry) int {
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(a.AgentID, b.AgentID)
+	})
+	return map[string]any{"entries": entries, "total": len(entries)}, nil
+}
+
+// entryOf makes a catalog entry of a registry record, or reports that the
+// record is not listed: not public, sandbox, or not an agent record.
+func (w *Worker) entryOf(key string, v []byte) (Entry, bool) {
+	var m map[string]any
+	if json.Unmarshal(v, &m) != nil {
+		return Entry{}, false
+	}
+	id := stringOf(m["id"])
+	if id != key || !keys.IsUserPublicKey(id) {
+		return Entry{}, false
+	}
+	if stringOf(m["visibility"]) != "public" || m["sandbox"] == true || stringOf(m["trust_tier"]) == "sandbox" {
+		return Entry{}, false
+	}
+	e := Entry{AgentID: id, Name: stringOf(m["name"]), Offerings: []Offering{}, Official: w.official[id], Categories: []string{}}
+	if list, ok := m["offerings"].([]any); ok {
+		for _, o := range list {
+			om, ok := o.(map[string]any)
+			if !ok {
+				continue
+			}
+			e.Offerings = append(e.Offerings, Offering{ID: stringOf(om["id"]), Name: stringOf(om["name"]), Description: stringOf(om["description"])})
+		}
+	}
+	if tags, ok := m["tags"].([]any); ok {
+		for _, t := range tags {
+			if s, ok := t.(string); ok && s != "" {
+				e.Categories = append(e.Categories, s)
+			}
+		}
+	}
+	e.Provider = providerOf(m)
+	return e, true
+}
+
+// providerOf reads the manifest's provider: a string, or an object's name,
+// at the top level or under meta.
+func providerOf(m map[string]any) string {
+	for _, v := range []any{m["provider"], mapOf(m["meta"])["provider"]} {
+		switch p := v.(type) {
+		case string:
+			if p != "" {
+				return p
+			}
+		case map[string]any:
+			if s := stringOf(p["name"]); s != "" {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+func mapOf(v any) map[string]any {
+	m, _ := v.(map[string]any)
+	return m
+}
+
+// lazyKV binds a bucket another worker creates, retrying at most every
+// two seconds while it does not exist.
+type lazyKV struct {
+	js     jetstream.JetStream
+	bucket string
+	mu     sync.Mutex
+	kv     jetstream.KeyValue
+	tried  time.Time
+}
+
+func (l *lazyKV) get(ctx context.Context) (jetstream.KeyValue, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kv != nil {
+		return l.kv, nil
+	}
+	if !l.tried.IsZero() && time.Since(l.tried) < 2*time.Second {
+		return nil, nil
+	}
+	l.tried = time.Now()
+	kv, err := l.js.KeyValue(ctx, l.bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.kv = kv
+	return kv, nil
+}

@@ -1,0 +1,409 @@
+package activity_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/activity"
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+const secret = "s3cr3t-payload-text-never-stored"
+
+type harness struct {
+	t       *testing.T
+	m       *devenv.Mesh
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	reg     jetstream.KeyValue
+	caller  *keys.Agent
+	workers []*activity.Worker
+}
+
+func start(t *testing.T, official ...string) *harness {
+	t.Helper()
+	m := bustest.Mesh(t)
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: bustest.Agent(t)}
+	h.js, _ = jetstream.New(h.nc)
+	var err error
+	if h.reg, err = bus.Bucket(t.Context(), h.js, jetstream.KeyValueConfig{Bucket: activity.RegistryBucket}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		w, err := activity.Start(t.Context(), bustest.Env(t, m, fmt.Sprintf("activity-%d", i), nil), activity.Config{Official: official})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop() })
+		h.workers = append(h.workers, w)
+	}
+	return h
+}
+
+func (h *harness) call(subject string, q map[string]any, out any) error {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
+	defer cancel()
+	rep, err := bus.Call(ctx, h.nc, h.caller, subject, protocol.TypeRequest, "", q)
+	if err != nil {
+		return err
+	}
+	return rep.DecodePayload(out)
+}
+
+type listing struct {
+	Items []activity.Item `json:"items"`
+	Total int             `json:"total"`
+}
+
+func (h *harness) activity(q map[string]any) listing {
+	h.t.Helper()
+	var l listing
+	if err := h.call(protocol.SubjActivityList, q, &l); err != nil {
+		h.t.Fatal(err)
+	}
+	return l
+}
+
+func (h *harness) usage(q map[string]any) []activity.Usage {
+	h.t.Helper()
+	var u struct {
+		Agents []activity.Usage `json:"agents"`
+	}
+	if err := h.call(protocol.SubjUsageList, q, &u); err != nil {
+		h.t.Fatal(err)
+	}
+	return u.Agents
+}
+
+func (h *harness) stats() activity.Stats {
+	var s activity.Stats
+	for _, w := range h.workers {
+		x := w.Stats()
+		s.Recorded += x.Recorded
+		s.Duplicates += x.Duplicates
+		s.Dropped += x.Dropped
+	}
+	return s
+}
+
+// publish sends one signed envelope on subject and waits until some copy
+// has handled it (recorded, found a duplicate or dropped it), so the
+// timeline order is the publish order.
+func (h *harness) publish(subject string, data []byte) {
+	h.t.Helper()
+	before := h.stats()
+	if err := h.nc.Publish(subject, data); err != nil {
+		h.t.Fatal(err)
+	}
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		s := h.stats()
+		if s.Recorded+s.Duplicates+s.Dropped > before.Recorded+before.Duplicates+before.Dropped {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("nothing handled the message on %s", subject)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+func sign(t *testing.T, k *keys.Agent, e *protocol.Envelope) []byte {
+	t.Helper()
+	if err := e.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func request(t *testing.T, from *keys.Agent, to string) (*protocol.Envelope, []byte) {
+	t.Helper()
+	e, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": secret}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.To = to
+	return e, sign(t, from, e)
+}
+
+func response(t *testing.T, from *keys.Agent, req *protocol.Envelope, payload map[string]any) (*protocol.Envelope, []byte) {
+	t.Helper()
+	e, err := protocol.NewReply(req, from.Public(), payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e, sign(t, from, e)
+}
+
+// Requests, responses and span events through the taps of three copies
+// appear in the timeline exactly once, newest first, with the filters and
+// limit applied; the counters are exact; no content is stored anywhere.
+func TestTimelineAndUsage(t *testing.T) {
+	h := start(t)
+	alice, bob := bustest.Agent(t), bustest.Agent(t)
+	a, b := alice.Public(), bob.Public()
+
+	const N = 5
+	var want []string // ids in publish order
+	for i := range N {
+		req, reqData := request(t, alice, b)
+		h.publish(protocol.InboxSubject(b), reqData)
+		want = append(want, "request:"+req.ID)
+		_, acc := response(t, bob, req, map[string]any{"status": protocol.StatusAccepted})
+		h.publish(protocol.OutboxSubject(b), acc)
+		payload := map[string]any{"status": "completed", "output": map[string]any{"text": "answer " + secret}}
+		if i == N-1 {
+			payload = errs.New(errs.OfferingNotFound, "no such offering: "+secret).BusPayload()
+		}
+		_, data := response(t, bob, req, payload)
+		h.publish(protocol.OutboxSubject(b), data)
+		if i == 0 {
+			// The same request again (a retry, same id): recorded and
+			// counted once. Then one more request.
+			h.publish(protocol.InboxSubject(b), reqData)
+			_, extra := request(t, alice, b)
+			h.publish(protocol.InboxSubject(b), extra)
+		}
+	}
+	// A span event from alice on her own trace subject, and one from bob
+	// on alice's (misattributed: dropped).
+	span, err := protocol.New(protocol.TypeEmit, a, map[string]any{"name": secret})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.publish(protocol.TraceSubject(a), sign(t, alice, span))
+	bad, _ := protocol.New(protocol.TypeEmit, b, map[string]any{})
+	h.publish(protocol.TraceSubject(a), sign(t, bob, bad))
+	// Unsigned: dropped.
+	_, data := request(t, alice, b)
+	h.publish(protocol.InboxSubject(b), []byte(strings.Replace(string(data), `"sig":"`, `"sig":"AA`, 1)))
+	// Replays of a recorded request: duplicate.
+	_, dup := request(t, alice, b)
+	h.publish(protocol.InboxSubject(b), dup)
+	h.publish(protocol.InboxSubject(b), dup)
+
+	s := h.stats()
+	// 5+1+1 requests, 5 accepts + 5 answers, 1 span; two duplicates and
+	// two dropped.
+	const total = 7 + 10 + 1
+	if s.Recorded != total || s.Duplicates != 2 || s.Dropped != 2 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	all := h.activity(map[string]any{})
+	if all.Total != total || len(all.Items) != total {
+		t.Fatalf("activity total %d items %d", all.Total, len(all.Items))
+	}
+	seen := map[string]int{}
+	for _, it := range all.Items {
+		seen[it.Kind+":"+it.ID]++
+		if it.ObservedAt == "" || it.TS == "" {
+			t.Fatalf("item without times: %+v", it)
+		}
+	}
+	for k, n := range seen {
+		if n != 1 {
+			t.Fatalf("%s recorded %d times", k, n)
+		}
+	}
+	// Newest first: the last publishes were the replayed request, then
+	// the span, then bob's failed answer.
+	if it := all.Items[0]; it.Kind != activity.KindRequest || it.From != a || it.To != b || it.Offering != "chat" {
+		t.Fatalf("newest item %+v", it)
+	}
+	if it := all.Items[1]; it.Kind != activity.KindTrace || it.From != a || it.SpanID != span.Trace.SpanID {
+		t.Fatalf("second item %+v", it)
+	}
+	if it := all.Items[2]; it.Kind != activity.KindResponse || it.From != b || it.To != a || it.Status != "failed" || it.Error != "OFFERING_NOT_FOUND" || it.InReplyTo == "" {
+		t.Fatalf("third item %+v", it)
+	}
+	// The oldest is the first request.
+	if it := all.Items[total-1]; it.Kind+":"+it.ID != want[0] {
+		t.Fatalf("oldest item %+v, want %s", it, want[0])
+	}
+
+	// Filters and limit.
+	fromA := h.activity(map[string]any{"from": a})
+	if fromA.Total != 8 || len(fromA.Items) != 8 {
+		t.Fatalf("from alice: %d/%d", fromA.Total, len(fromA.Items))
+	}
+	for _, it := range fromA.Items {
+		if it.From != a {
+			t.Fatalf("from filter let through %+v", it)
+		}
+	}
+	toA := h.activity(map[string]any{"to": a, "limit": 3})
+	if toA.Total != 10 || len(toA.Items) != 3 || toA.Items[0].Error != "OFFERING_NOT_FOUND" {
+		t.Fatalf("to alice limit 3: total %d items %d", toA.Total, len(toA.Items))
+	}
+	both := h.activity(map[string]any{"from": b, "to": a})
+	if both.Total != 10 {
+		t.Fatalf("from bob to alice: %d", both.Total)
+	}
+	if l := h.activity(map[string]any{"limit": 2}); l.Total != total || len(l.Items) != 2 || l.Items[0].ID != all.Items[0].ID || l.Items[1].ID != all.Items[1].ID {
+		t.Fatalf("limit 2: %+v", l)
+	}
+	if l := h.activity(map[string]any{"limit": 5000}); len(l.Items) != total {
+		t.Fatalf("limit over the max: %d", len(l.Items))
+	}
+	for _, q := range []map[string]any{{"limit": 0}, {"limit": 1.5}, {"limit": "10"}, {"from": "bob"}} {
+		if err := h.call(protocol.SubjActivityList, q, &listing{}); errs.CodeOf(err) != errs.InvalidQuery {
+			t.Fatalf("query %v: %v", q, err)
+		}
+	}
+
+	// Counters: bob received 7 requests and sent 5 answers, one failed
+	// (accepts are not messages); alice only sent.
+	u := h.usage(map[string]any{})
+	if len(u) != 1 {
+		t.Fatalf("usage rows %+v", u)
+	}
+	ub := u[0]
+	if ub.Agent != b || ub.MessagesIn != 7 || ub.MessagesOut != 5 || ub.Errors != 1 || ub.FirstSeen == "" || ub.LastActive < ub.FirstSeen {
+		t.Fatalf("bob's counters %+v", ub)
+	}
+	if one := h.usage(map[string]any{"agent": b}); len(one) != 1 || one[0] != ub {
+		t.Fatalf("usage of bob %+v", one)
+	}
+	if none := h.usage(map[string]any{"agent": a}); len(none) != 0 {
+		t.Fatalf("usage of alice %+v", none)
+	}
+
+	// No content anywhere: not in the stream, not in the counters.
+	ctx := t.Context()
+	cons, err := h.js.OrderedConsumer(ctx, activity.Stream, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	batch, err := cons.FetchNoWait(1000)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := 0
+	for m := range batch.Messages() {
+		n++
+		if strings.Contains(string(m.Data()), secret) || strings.Contains(string(m.Data()), "answer") {
+			t.Fatalf("content in the timeline: %s", m.Data())
+		}
+	}
+	if n != total {
+		t.Fatalf("stream holds %d records", n)
+	}
+	kv, err := h.js.KeyValue(ctx, activity.UsageBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e, err := kv.Get(ctx, b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(string(e.Value()), secret) {
+		t.Fatal("content in the counters")
+	}
+}
+
+// The catalog lists public, non-sandbox registrations only, with the
+// official flag from the configuration and categories from the tags.
+func TestCatalog(t *testing.T) {
+	pub, off, sandbox, unlisted := bustest.Agent(t).Public(), bustest.Agent(t).Public(), bustest.Agent(t).Public(), bustest.Agent(t).Public()
+	h := start(t, off)
+	put := func(id string, rec map[string]any) {
+		rec["id"] = id
+		b, _ := json.Marshal(rec)
+		if _, err := h.reg.Put(t.Context(), id, b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	offerings := []any{map[string]any{"id": "chat", "name": "Chat", "description": "talk", "tags": []any{"x"}}}
+	put(pub, map[string]any{"name": "Beta", "visibility": "public", "sandbox": false, "offerings": offerings, "tags": []any{"Finance", "search"}, "meta": map[string]any{"provider": "Acme"}})
+	put(off, map[string]any{"name": "Alpha", "visibility": "public", "offerings": offerings, "tags": []any{"search"}})
+	put(sandbox, map[string]any{"name": "Guest", "visibility": "public", "sandbox": true, "trust_tier": "sandbox", "offerings": offerings})
+	put(unlisted, map[string]any{"name": "Hidden", "visibility": "unlisted", "offerings": offerings})
+
+	type catalog struct {
+		Entries []activity.Entry `json:"entries"`
+		Total   int              `json:"total"`
+	}
+	list := func(q map[string]any) catalog {
+		t.Helper()
+		var c catalog
+		if err := h.call(protocol.SubjCatalogList, q, &c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	all := list(map[string]any{})
+	if all.Total != 2 || len(all.Entries) != 2 || all.Entries[0].AgentID != off || all.Entries[1].AgentID != pub {
+		t.Fatalf("catalog %+v", all)
+	}
+	alpha, beta := all.Entries[0], all.Entries[1]
+	if !alpha.Official || beta.Official || beta.Provider != "Acme" || alpha.Provider != "" {
+		t.Fatalf("flags: %+v %+v", alpha, beta)
+	}
+	if len(beta.Offerings) != 1 || beta.Offerings[0] != (activity.Offering{ID: "chat", Name: "Chat", Description: "talk"}) {
+		t.Fatalf("offerings %+v", beta.Offerings)
+	}
+	if len(beta.Categories) != 2 || beta.Categories[0] != "Finance" {
+		t.Fatalf("categories %+v", beta.Categories)
+	}
+	if c := list(map[string]any{"official": true}); c.Total != 1 || c.Entries[0].AgentID != off {
+		t.Fatalf("official: %+v", c)
+	}
+	if c := list(map[string]any{"official": false}); c.Total != 1 || c.Entries[0].AgentID != pub {
+		t.Fatalf("not official: %+v", c)
+	}
+	if c := list(map[string]any{"categories": []any{"finance"}}); c.Total != 1 || c.Entries[0].AgentID != pub {
+		t.Fatalf("finance: %+v", c)
+	}
+	if c := list(map[string]any{"categories": []any{"search", "nothing"}}); c.Total != 2 {
+		t.Fatalf("search: %+v", c)
+	}
+	if c := list(map[string]any{"official": true, "categories": []any{"finance"}}); c.Total != 0 || c.Entries == nil {
+		t.Fatalf("official finance: %+v", c)
+	}
+	for _, q := range []map[string]any{{"official": "yes"}, {"categories": "search"}, {"categories": []any{1}}} {
+		if err := h.call(protocol.SubjCatalogList, q, &catalog{}); errs.CodeOf(err) != errs.InvalidQuery {
+			t.Fatalf("query %v: %v", q, err)
+		}
+	}
+}
+
+// Without a registry bucket the catalog is empty, not an error.
+func TestCatalogWithoutRegistry(t *testing.T) {
+	m := bustest.Mesh(t)
+	w, err := activity.Start(t.Context(), bustest.Env(t, m, "activity", nil), activity.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = w.Stop() }()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	rep, err := bus.Call(ctx, bustest.Client(t, m), bustest.Agent(t), protocol.SubjCatalogList, protocol.TypeRequest, "", map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if string(rep.Payload) != `{"entries":[],"total":0}` {
+		t.Fatalf("catalog without registry: %s", rep.Payload)
+	}
+	rep, err = bus.Call(ctx, bustest.Client(t, m), bustest.Agent(t), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
+	if err != nil || string(rep.Payload) != `{"items":[],"total":0}` {
+		t.Fatalf("empty activity: %s %v", rep.Payload, err)
+	}
+}

@@ -1,0 +1,871 @@
+// Package admission is the admission service (spec §4.3, upstream-notes
+// §6.2, docs/bus.md "Admission"): an agent asks it to guard its inbox; the
+// agent's node then listens only on mesh.agent.<id>.inbox.guarded, and the
+// service takes the public inbox mesh.agent.<id>.inbox for it, applies the
+// owner-signed roster and relays the requests it allows. Blocked and held
+// senders, and requests the agent is not online for, all get the same
+// queued ack, so a sender cannot tell a block from an offline agent.
+//
+// State lives in JetStream: KV mesh_admission (the guard and the roster, per
+// agent) and KV mesh_admission_held (held requests, for the owner). Every
+// copy subscribes the public inboxes in one queue group, so each request is
+// judged and relayed by exactly one copy.
+package admission
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Name is the worker's name: micro service mesh-admission, queue group
+// bus.QueueGroup(Name) for the endpoints and the inbox relay alike.
+const Name = "admission"
+
+// Buckets.
+const (
+	// Bucket holds one Record per agent id.
+	Bucket = "mesh_admission"
+	// HeldBucket holds held requests under <agent>.<request id> (7 days).
+	HeldBucket = "mesh_admission_held"
+	// RegistryBucket is the registry's bucket; a sender with a non-sandbox
+	// record there is in the "registered" tier. Bound when it exists.
+	RegistryBucket = "mesh_registry"
+)
+
+// Reply statuses of guard and unguard, and of the queued ack.
+const (
+	StatusGuarded   = "guarded"
+	StatusUnguarded = "unguarded"
+	StatusQueued    = "queued"
+)
+
+// QueuedText is the text of every queued ack this service sends. It is the
+// same whether the request was held, blocked or not deliverable now.
+const QueuedText = "Your message has been queued for the recipient."
+
+// Stances a roster assigns, and the sender tiers.
+const (
+	StanceAllow = "allow"
+	StanceHold  = "hold"
+	StanceBlock = "block"
+
+	TierContact    = "contact"
+	TierRegistered = "registered"
+	TierAnonymous  = "anonymous"
+)
+
+// Defaults.
+const (
+	DefaultRelayTimeout  = 35 * time.Second
+	DefaultAnswerTimeout = 10 * time.Minute
+	DefaultMaxRelays     = 1024
+	// HeldTTL is how long a held request is kept for the owner: the
+	// mailbox window.
+	HeldTTL = 7 * 24 * time.Hour
+	// guardTTL bounds how long a copy trusts its cached view of an agent's
+	// guard. A KV watch drops cache entries as soon as a copy writes; the
+	// TTL is the backstop should the watch lag or break.
+	guardTTL = time.Second
+	// maxCache bounds the guard cache (it is reset when full).
+	maxCache = 100_000
+)
+
+// Config tunes the worker; zero values take the defaults.
+type Config struct {
+	// RelayTimeout is how long a relay waits for the guarded node's first
+	// answer before the sender gets the queued ack (35 s, upstream §6.2).
+	RelayTimeout time.Duration
+	// AnswerTimeout is how long a relay keeps forwarding after the node
+	// answered "accepted" and before its substantive answer (10 min).
+	AnswerTimeout time.Duration
+	// MaxRelays bounds the relays one copy runs at once (1024); the inbox
+	// subscription waits for a slot when all are busy.
+	MaxRelays int
+}
+
+// Record is the value stored under an agent id in mesh_admission.
+type Record struct {
+	Guarded bool `json:"guarded"`
+	// Roster is the signed roster exactly as verified at guard time
+	// (canonical JSON), or null.
+	Roster json.RawMessage `json:"roster"`
+	// OwnerKey is the roster's owner_key (recorded, not checked against an
+	// account: any valid owner signature is accepted).
+	OwnerKey  string `json:"owner_key,omitempty"`
+	UpdatedAt string `json:"updated_at"`
+}
+
+// HasRoster reports whether r carries a roster.
+func (r *Record) HasRoster() bool {
+	return r != nil && len(r.Roster) > 0 && string(r.Roster) != "null"
+}
+
+// Held is the value stored under <agent>.<request id> in mesh_admission_held.
+type Held struct {
+	Agent      string          `json:"agent"`
+	From       string          `json:"from"`
+	RequestID  string          `json:"request_id"`
+	ReceivedAt string          `json:"received_at"`
+	Envelope   json.RawMessage `json:"envelope"`
+}
+
+// Stats counts what one copy did with the public-inbox traffic of guarded
+// agents.
+type Stats struct {
+	Relayed uint64 // allowed and passed to the guarded inbox
+	Answers uint64 // answers of the guarded node forwarded to senders
+	Queued  uint64 // queued acks sent (held, blocked or offline)
+	Held    uint64 // held requests recorded
+	Blocked uint64 // blocked requests dropped
+	Dropped uint64 // undecodable, unsigned or stale: dropped silently
+}
+
+// Worker is one running copy of the admission service.
+type Worker struct {
+	svc      *bus.Service
+	cfg      Config
+	kv       jetstream.KeyValue
+	held     jetstream.KeyValue
+	registry lazyKV
+	sub      *nats.Subscription
+	watch    jetstream.KeyWatcher
+
+	mu    sync.Mutex
+	cache map[string]cached
+
+	sem      chan struct{}
+	relayMu  sync.Mutex // orders relay starts against Stop
+	stopping bool
+	ctx      context.Context
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
+	once     sync.Once
+
+	relayed, answers, queued, heldN, blocked, dropped atomic.Uint64
+}
+
+type cached struct {
+	rec    *Record // nil: not guarded (no record)
+	policy policy
+	at     time.Time
+}
+
+// Start runs one copy of the worker in env: binds the buckets, serves
+// mesh.admission.guard and mesh.admission.unguard, and subscribes the
+// public inboxes in the worker's queue group.
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
+	if cfg.RelayTimeout <= 0 {
+		cfg.RelayTimeout = DefaultRelayTimeout
+	}
+	if cfg.AnswerTimeout <= 0 {
+		cfg.AnswerTimeout = DefaultAnswerTimeout
+	}
+	if cfg.MaxRelays <= 0 {
+		cfg.MaxRelays = DefaultMaxRelays
+	}
+	svc, err := bus.NewServiceIn(env, Name, "inbox guard, roster admission and relay")
+	if err != nil {
+		return nil, err
+	}
+	fail := func(err error) (*Worker, error) {
+		_ = svc.Stop()
+		return nil, err
+	}
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "admission guard and roster, keyed by agent id"})
+	if err != nil {
+		return fail(err)
+	}
+	held, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: HeldBucket, TTL: HeldTTL,
+		Description: "requests held for the owner, keyed by <agent>.<request id>"})
+	if err != nil {
+		return fail(err)
+	}
+	wctx, cancel := context.WithCancel(context.Background())
+	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: lazyKV{js: svc.JS, bucket: RegistryBucket},
+		cache: map[string]cached{}, sem: make(chan struct{}, cfg.MaxRelays), ctx: wctx, cancel: cancel}
+	if err := svc.Endpoint("guard", protocol.SubjAdmissionGuard, w.guard); err != nil {
+		cancel()
+		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
+	}
+	if err := svc.Endpoint("unguard", protocol.SubjAdmissionUnguard, w.unguard); err != nil {
+		cancel()
+		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
+	}
+	// Drop cached guard state the moment any copy writes it.
+	if w.watch, err = kv.WatchAll(ctx, jetstream.UpdatesOnly()); err != nil {
+		cancel()
+		return fail(fmt.Errorf("%s: watch %s: %w", Name, Bucket, err))
+	}
+	w.done.Add(1)
+	go w.invalidateLoop()
+	w.sub, err = env.NC.QueueSubscribe(protocol.InboxSubject("*"), bus.QueueGroup(Name), w.onInbox)
+	if err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("%s: subscribe inboxes: %w", Name, err)
+	}
+	if err := env.NC.Flush(); err != nil {
+		w.Stop()
+		return nil, fmt.Errorf("%s: flush: %w", Name, err)
+	}
+	return w, nil
+}
+
+// Stop ends the copy: no more requests are taken, relays in flight are
+// abandoned, and the answers stop.
+func (w *Worker) Stop() error {
+	var err error
+	w.once.Do(func() {
+		if w.sub != nil {
+			_ = w.sub.Unsubscribe()
+		}
+		err = w.svc.Stop()
+		w.relayMu.Lock()
+		w.stopping = true
+		w.relayMu.Unlock()
+		w.cancel()
+		if w.watch != nil {
+			_ = w.watch.Stop()
+		}
+		w.done.Wait()
+	})
+	return err
+}
+
+// Stats reports this copy's counters.
+func (w *Worker) Stats() Stats {
+	return Stats{Relayed: w.relayed.Load(), Answers: w.answers.Load(), Queued: w.queued.Load(),
+		Held: w.heldN.Load(), Blocked: w.blocked.Load(), Dropped: w.dropped.Load()}
+}
+
+func (w *Worker) invalidateLoop() {
+	defer w.done.Done()
+	for {
+		select {
+		case <-w.ctx.Done():
+			return
+		case e, ok := <-w.watch.Updates():
+			if !ok {
+				return
+			}
+			if e != nil {
+				w.forget(e.Key())
+			}
+		}
+	}
+}
+
+// ---------------------------------------------------------------------------
+// guard and unguard
+
+// guard answers mesh.admission.guard: the agent is the verified sender;
+// a roster, when given, must verify. Payload {} keeps a stored roster,
+// {roster: null} removes it.
+func (w *Worker) guard(ctx context.Context, r *bus.Request) (any, error) {
+	agent, err := caller(r)
+	if err != nil {
+		return nil, err
+	}
+	q := r.Object()
+	rosterVal, setRoster := q["roster"]
+	var roster json.RawMessage
+	var owner string
+	if setRoster && rosterVal != nil {
+		if roster, owner, err = CheckRoster(rosterVal); err != nil {
+			return nil, err
+		}
+	}
+	if sandbox, err := w.isSandbox(ctx, agent); err != nil {
+		return nil, err
+	} else if sandbox {
+		return nil, errs.New(errs.Unauthorized, "a sandbox agent has no mailbox and cannot be guarded")
+	}
+	now := protocol.FormatTime(w.svc.Now())
+	if _, _, err := bus.CAS(ctx, w.kv, agent, func(cur *Record, exists bool) (*Record, error) {
+		next := Record{Guarded: true, Roster: json.RawMessage("null"), UpdatedAt: now}
+		if exists && cur.HasRoster() {
+			next.Roster, next.OwnerKey = cur.Roster, cur.OwnerKey
+		}
+		if setRoster {
+			next.Roster, next.OwnerKey = json.RawMessage("null"), ""
+			if roster != nil {
+				next.Roster, next.OwnerKey = roster, owner
+			}
+		}
+		if exists && cur.Guarded && sameRoster(cur, &next) {
+			return nil, bus.ErrNoChange
+		}
+		return &next, nil
+	}); err != nil {
+		return nil, err
+	}
+	w.forget(agent)
+	if err := w.applyFilter(ctx, agent); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": StatusGuarded, "output": map[string]any{"ok": true, "guarded": true}}, nil
+}
+
+// unguard answers mesh.admission.unguard: guarded becomes false (the roster
+// is kept for a later guard) and the mailbox consumer goes back to .inbox.
+func (w *Worker) unguard(ctx context.Context, r *bus.Request) (any, error) {
+	agent, err := caller(r)
+	if err != nil {
+		return nil, err
+	}
+	now := protocol.FormatTime(w.svc.Now())
+	if _, _, err := bus.CAS(ctx, w.kv, agent, func(cur *Record, exists bool) (*Record, error) {
+		if !exists || !cur.Guarded {
+			return nil, bus.ErrNoChange
+		}
+		next := *cur
+		next.Guarded = false
+		next.UpdatedAt = now
+		return &next, nil
+	}); err != nil {
+		return nil, err
+	}
+	w.forget(agent)
+	if err := w.applyFilter(ctx, agent); err != nil {
+		return nil, err
+	}
+	return map[string]any{"status": StatusUnguarded, "output": map[string]any{"ok": true, "guarded": false}}, nil
+}
+
+func caller(r *bus.Request) (string, error) {
+	if r.Env.Type != protocol.TypeRequest {
+		return "", errs.New(errs.InvalidEnvelope, "admission takes a request envelope")
+	}
+	if !keys.IsUserPublicKey(r.Env.From) {
+		return "", errs.New(errs.InvalidEnvelope, "from is not an agent key")
+	}
+	return r.Env.From, nil
+}
+
+func sameRoster(a, b *Record) bool {
+	return a.HasRoster() == b.HasRoster() && (!a.HasRoster() || string(a.Roster) == string(b.Roster))
+}
+
+// CheckRoster verifies a roster (protocol.VerifyRoster: the signature by its
+// own owner_key under agentmesh-admission-roster-v1) and its shape: admission
+// "v1", defaults and entry stances among allow|hold|block, entries a list. It
+// returns the roster's canonical JSON and owner_key.
+func CheckRoster(v any) (json.RawMessage, string, error) {
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, "", errs.New(errs.InvalidEnvelope, "roster must be an object")
+	}
+	if err := protocol.VerifyRoster(m); err != nil {
+		return nil, "", err
+	}
+	owner, _ := m["owner_key"].(string)
+	if !keys.IsUserPublicKey(owner) {
+		return nil, "", errs.New(errs.InvalidEnvelope, "roster owner_key is not a public key")
+	}
+	if a, _ := m["admission"].(string); a != "v1" {
+		return nil, "", errs.New(errs.InvalidEnvelope, `roster admission must be "v1"`)
+	}
+	if d, present := m["defaults"]; present {
+		dm, ok := d.(map[string]any)
+		if !ok {
+			return nil, "", errs.New(errs.InvalidEnvelope, "roster defaults must be an object")
+		}
+		for _, tier := range []string{TierContact, TierRegistered, TierAnonymous} {
+			if s, present := dm[tier]; present && !validStance(s) {
+				return nil, "", errs.Newf(errs.InvalidEnvelope, "roster default for %s must be allow, hold or block", tier)
+			}
+		}
+	}
+	if e, present := m["entries"]; present {
+		list, ok := e.([]any)
+		if !ok {
+			return nil, "", errs.New(errs.InvalidEnvelope, "roster entries must be a list")
+		}
+		for _, it := range list {
+			em, ok := it.(map[string]any)
+			if !ok {
+				return nil, "", errs.New(errs.InvalidEnvelope, "roster entry must be an object")
+			}
+			if s, _ := em["subject"].(string); s == "" {
+				return nil, "", errs.New(errs.InvalidEnvelope, "roster entry needs a subject")
+			}
+			if !validStance(em["stance"]) {
+				return nil, "", errs.New(errs.InvalidEnvelope, "roster entry stance must be allow, hold or block")
+			}
+		}
+	}
+	b, err := protocol.Canonical(m)
+	if err != nil {
+		return nil, "", errs.Wrap(errs.InvalidEnvelope, "roster cannot be canonicalised", err)
+	}
+	return b, owner, nil
+}
+
+func validStance(v any) bool {
+	s, _ := v.(string)
+	return s == StanceAllow || s == StanceHold || s == StanceBlock
+}
+
+// applyFilter points the agent's mailbox consumer (inbox_<agent> on
+// MESH_MAILBOX) at .inbox.guarded or .inbox as the stored guard says. A
+// missing stream or consumer is skipped: the registry creates the consumer
+// at registration and reads mesh_admission then. The stored state is read
+// again after the update so that two copies racing a guard and an unguard
+// leave the filter matching the last write.
+func (w *Worker) applyFilter(ctx context.Context, agent string) error {
+	for range 4 {
+		rec, rev, err := w.read(ctx, agent)
+		if err != nil {
+			return err
+		}
+		want := protocol.InboxSubject(agent)
+		if rec != nil && rec.Guarded {
+			want = protocol.GuardedInboxSubject(agent)
+		}
+		cons, err := w.svc.JS.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(agent))
+		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return nil
+		}
+		if err != nil {
+			return fmt.Errorf("mailbox consumer of %s: %w", agent, err)
+		}
+		cfg := cons.CachedInfo().Config
+		if cfg.FilterSubject != want || len(cfg.FilterSubjects) > 0 {
+			cfg.FilterSubject, cfg.FilterSubjects = want, nil
+			_, err := w.svc.JS.UpdateConsumer(ctx, protocol.MailboxStream, cfg)
+			if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+				return nil
+			}
+			if err != nil {
+				return fmt.Errorf("update mailbox consumer of %s: %w", agent, err)
+			}
+		}
+		_, again, err := w.read(ctx, agent)
+		if err != nil {
+			return err
+		}
+		if again == rev {
+			return nil
+		}
+	}
+	return fmt.Errorf("mailbox consumer of %s: guard state keeps changing", agent)
+}
+
+// read returns the stored record (nil when none) and its revision.
+func (w *Worker) read(ctx context.Context, agent string) (*Record, uint64, error) {
+	e, err := w.kv.Get(ctx, agent)
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil, 0, nil
+	}
+	if err != nil {
+		return nil, 0, fmt.Errorf("kv %s: get %s: %w", Bucket, agent, err)
+	}
+	var r Record
+	if err := json.Unmarshal(e.Value(), &r); err != nil {
+		return nil, 0, fmt.Errorf("kv %s: decode %s: %w", Bucket, agent, err)
+	}
+	return &r, e.Revision(), nil
+}
+
+// ---------------------------------------------------------------------------
+// The guard cache
+
+// lookup returns the guard state of agent, from the cache when fresh.
+func (w *Worker) lookup(ctx context.Context, agent string) (cached, error) {
+	now := time.Now()
+	w.mu.Lock()
+	c, ok := w.cache[agent]
+	w.mu.Unlock()
+	if ok && now.Sub(c.at) < guardTTL {
+		return c, nil
+	}
+	rec, _, err := w.read(ctx, agent)
+	if err != nil {
+		return cached{}, err
+	}
+	c = cached{rec: rec, at: now}
+	if rec != nil && rec.Guarded {
+		c.policy = policyOf(rec)
+	}
+	w.mu.Lock()
+	if len(w.cache) >= maxCache {
+		clear(w.cache)
+	}
+	w.cache[agent] = c
+	w.mu.Unlock()
+	return c, nil
+}
+
+func (w *Worker) forget(agent string) {
+	w.mu.Lock()
+	delete(w.cache, agent)
+	w.mu.Unlock()
+}
+
+// ---------------------------------------------------------------------------
+// The registry, bound when it exists
+
+// lazyKV binds a bucket another worker creates, retrying at most every
+// two seconds while it does not exist.
+type lazyKV struct {
+	js     jetstream.JetStream
+	bucket string
+	mu     sync.Mutex
+	kv     jetstream.KeyValue
+	tried  time.Time
+}
+
+func (l *lazyKV) get(ctx context.Context) (jetstream.KeyValue, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kv != nil {
+		return l.kv, nil
+	}
+	if !l.tried.IsZero() && time.Since(l.tried) < 2*time.Second {
+		return nil, nil
+	}
+	l.tried = time.Now()
+	kv, err := l.js.KeyValue(ctx, l.bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.kv = kv
+	return kv, nil
+}
+
+// registration is the part of a registry record admission reads.
+type registration struct {
+	Sandbox   bool   `json:"sandbox"`
+	TrustTier string `json:"trust_tier"`
+}
+
+// registered reports whether agent has a registry record, and whether it is
+// a sandbox one.
+func (w *Worker) registered(ctx context.Context, agent string) (found, sandbox bool, err error) {
+	kv, err := w.registry.get(ctx)
+	if err != nil || kv == nil {
+		return false, false, err
+	}
+	reg, found, err := bus.GetJSON[registration](ctx, kv, agent)
+	if err != nil || !found {
+		return false, false, err
+	}
+	return true, reg.Sandbox || reg.TrustTier == "sandbox", nil
+}
+
+func (w *Worker) isSandbox(ctx context.Context, agent string) (bool, error) {
+	_, sandbox, err := w.registered(ctx, agent)
+	return sandbox, err
+}
+
+// ---------------------------------------------------------------------------
+// Roster policy
+
+// policy is a roster reduced to what admission needs.
+type policy struct {
+	entries  map[string]string // sender key → stance
+	defaults map[string]string // tier → stance
+}
+
+// Without a roster: registered senders are relayed (upstream c07 describes
+// registered→relay) and anonymous ones blocked.
+var noRoster = map[string]string{TierContact: StanceAllow, TierRegistered: StanceAllow, TierAnonymous: StanceBlock}
+
+// A roster's missing defaults take the fixture's (contact→allow,
+// registered→hold, anonymous→block).
+var rosterDefaults = map[string]string{TierContact: StanceAllow, TierRegistered: StanceHold, TierAnonymous: StanceBlock}
+
+// A stored roster that no longer verifies is replaced by the safe defaults:
+// hold and block, no entries (upstream §6.2).
+var safeDefaults = map[string]string{TierContact: StanceHold, TierRegistered: StanceHold, TierAnonymous: StanceBlock}
+
+func policyOf(rec *Record) policy {
+	if !rec.HasRoster() {
+		return policy{defaults: noRoster}
+	}
+	v, err := protocol.ParseJSON(rec.Roster)
+	if err != nil {
+		return policy{defaults: safeDefaults}
+	}
+	if _, _, err := CheckRoster(v); err != nil {
+		return policy{defaults: safeDefaults}
+	}
+	m := v.(map[string]any)
+	p := policy{entries: map[string]string{}, defaults: map[string]string{}}
+	dm, _ := m["defaults"].(map[string]any)
+	for tier, def := range rosterDefaults {
+		p.defaults[tier] = def
+		if s, _ := dm[tier].(string); s != "" {
+			p.defaults[tier] = s
+		}
+	}
+	list, _ := m["entries"].([]any)
+	for _, it := range list {
+		em, _ := it.(map[string]any)
+		subject, _ := em["subject"].(string)
+		stance, _ := em["stance"].(string)
+		// Keys only: a handle entry would need resolving, which this
+		// service does not do yet. The first entry for a key wins.
+		if !keys.IsUserPublicKey(subject) {
+			continue
+		}
+		if _, dup := p.entries[subject]; !dup {
+			p.entries[subject] = stance
+		}
+	}
+	return p
+}
+
+// classify decides the stance for sender: its roster entry, else the
+// default of its tier.
+func (w *Worker) classify(ctx context.Context, p policy, sender string) (stance, tier string, err error) {
+	if s, ok := p.entries[sender]; ok {
+		return s, TierContact, nil
+	}
+	found, sandbox, err := w.registered(ctx, sender)
+	if err != nil {
+		return "", "", err
+	}
+	// A sandbox registration is a borrowed guest identity: anonymous.
+	tier = TierAnonymous
+	if found && !sandbox {
+		tier = TierRegistered
+	}
+	return p.defaults[tier], tier, nil
+}
+
+// ---------------------------------------------------------------------------
+// The public-inbox relay
+
+// onInbox sees every message on every public inbox (one copy per message).
+// Messages to agents that are not guarded are left alone: their own node
+// answers. For a guarded agent the message is judged and relayed on a
+// goroutine of its own (relays are concurrent; there is no per-agent order).
+func (w *Worker) onInbox(msg *nats.Msg) {
+	agent, ok := inboxAgent(msg.Subject)
+	if !ok {
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
+	c, err := w.lookup(ctx, agent)
+	cancel()
+	if err != nil {
+		w.svc.Log.Warn("admission lookup", "agent", agent, "err", err)
+		return
+	}
+	if c.rec == nil || !c.rec.Guarded {
+		return
+	}
+	select {
+	case w.sem <- struct{}{}:
+	case <-w.ctx.Done():
+		return
+	}
+	w.relayMu.Lock()
+	if w.stopping {
+		w.relayMu.Unlock()
+		<-w.sem
+		return
+	}
+	w.done.Add(1)
+	w.relayMu.Unlock()
+	go func() {
+		defer w.done.Done()
+		defer func() { <-w.sem }()
+		w.admit(agent, c.policy, msg)
+	}()
+}
+
+func inboxAgent(subject string) (string, bool) {
+	rest, ok := strings.CutPrefix(subject, "mesh.agent.")
+	if !ok {
+		return "", false
+	}
+	agent, ok := strings.CutSuffix(rest, ".inbox")
+	if !ok || !keys.IsUserPublicKey(agent) {
+		return "", false
+	}
+	return agent, true
+}
+
+func (w *Worker) admit(agent string, p policy, msg *nats.Msg) {
+	env, err := protocol.Decode(msg.Data)
+	if err != nil || protocol.CheckFreshness(env.TS, w.svc.Now(), protocol.SourceLive) != nil {
+		w.dropped.Add(1) // undecodable, unsigned or stale: silent
+		return
+	}
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	stance, tier, err := w.classify(ctx, p, env.From)
+	cancel()
+	if err != nil {
+		// The sender cannot be classified (the store failed): fail
+		// closed, as a block.
+		w.svc.Log.Warn("admission classify", "agent", agent, "err", err)
+		w.ack(msg, env)
+		return
+	}
+	switch stance {
+	case StanceAllow:
+		w.relay(agent, env, msg)
+	case StanceHold:
+		ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+		err := w.hold(ctx, agent, env)
+		cancel()
+		if err != nil {
+			w.svc.Log.Warn("admission hold", "agent", agent, "err", err)
+		}
+		w.ack(msg, env)
+	default:
+		w.blocked.Add(1)
+		w.svc.Log.Debug("admission block", "agent", agent, "tier", tier)
+		w.ack(msg, env)
+	}
+}
+
+// relay passes the exact request bytes to the guarded inbox and forwards
+// every answer, unchanged, to the sender's reply subject: an accept and
+// then the substantive answer. No first answer within RelayTimeout (or
+// nobody subscribed) means the agent is not online: the message is in its
+// mailbox (the stream captures .inbox.guarded), and the sender gets the
+// queued ack.
+func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
+	nc := w.svc.NC
+	out := nats.NewMsg(protocol.GuardedInboxSubject(agent))
+	out.Data = msg.Data
+	for k, v := range msg.Header {
+		out.Header[k] = v
+	}
+	// The mailbox stream dedupes on Nats-Msg-Id; the public-inbox copy may
+	// already have used the sender's id, so the relayed copy has its own.
+	out.Header.Set(jetstream.MsgIDHeader, "admission:"+env.From+":"+env.ID)
+	if msg.Reply == "" {
+		w.relayed.Add(1)
+		_ = nc.PublishMsg(out)
+		return
+	}
+	out.Reply = nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(out.Reply)
+	if err != nil {
+		w.svc.Log.Warn("admission relay", "agent", agent, "err", err)
+		w.ack(msg, env)
+		return
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	w.relayed.Add(1) // counted first: the answers may reach the sender before this line would
+	if err := nc.PublishMsg(out); err != nil {
+		w.relayed.Add(^uint64(0))
+		w.svc.Log.Warn("admission relay", "agent", agent, "err", err)
+		w.ack(msg, env)
+		return
+	}
+	wait, answered := w.cfg.RelayTimeout, false
+	for {
+		ctx, cancel := context.WithTimeout(w.ctx, wait)
+		m, err := sub.NextMsgWithContext(ctx)
+		cancel()
+		if err != nil {
+			if !answered && w.ctx.Err() == nil {
+				w.ack(msg, env) // offline (no responders or silence)
+			}
+			return
+		}
+		w.answers.Add(1)
+		if err := nc.Publish(msg.Reply, m.Data); err != nil {
+			return
+		}
+		answered = true
+		if !isAccept(m.Data) {
+			return
+		}
+		wait = w.cfg.AnswerTimeout
+	}
+}
+
+// isAccept reports whether data is a respond whose payload.status is
+// "accepted": more answers follow it.
+func isAccept(data []byte) bool {
+	v, err := protocol.ParseJSON(data)
+	if err != nil {
+		return false
+	}
+	m, _ := v.(map[string]any)
+	p, _ := m["payload"].(map[string]any)
+	return m["type"] == string(protocol.TypeRespond) && p["status"] == protocol.StatusAccepted
+}
+
+// hold records a held request for the owner under <agent>.<request id>.
+func (w *Worker) hold(ctx context.Context, agent string, env *protocol.Envelope) error {
+	key := agent + "." + keyToken(env.From, env.ID)
+	rec := Held{Agent: agent, From: env.From, RequestID: env.ID, ReceivedAt: protocol.FormatTime(w.svc.Now()),
+		Envelope: json.RawMessage(env.Raw())}
+	_, changed, err := bus.CAS(ctx, w.held, key, func(cur *Held, exists bool) (*Held, error) {
+		if exists {
+			return nil, bus.ErrNoChange // a retry of a request already held
+		}
+		return &rec, nil
+	})
+	if changed {
+		w.heldN.Add(1)
+	}
+	return err
+}
+
+// keyToken is the request id when it is a safe single KV key token, else a
+// digest of (from, id).
+func keyToken(from, id string) string {
+	if protocol.ValidToken(id) {
+		return id
+	}
+	return "h" + digest(from+"\n"+id)
+}
+
+func digest(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:16])
+}
+
+// ack answers msg with the queued ack: a respond signed by the services
+// key, in reply to the request, payload {status:"queued", output:{queued:
+// true, inbox_id, text}}. Identical for held, blocked and offline.
+func (w *Worker) ack(msg *nats.Msg, env *protocol.Envelope) {
+	if msg.Reply == "" {
+		return
+	}
+	rep, err := QueuedAck(w.svc.Key, env)
+	if err != nil {
+		w.svc.Log.Error("queued ack", "err", err)
+		return
+	}
+	w.queued.Add(1)
+	_ = w.svc.NC.Publish(msg.Reply, rep)
+}
+
+// QueuedAck builds the signed queued ack to req.
+func QueuedAck(key keys.Signer, req *protocol.Envelope) ([]byte, error) {
+	e, err := protocol.NewReply(req, key.Public(), map[string]any{"status": StatusQueued, "output": protocol.NewQueuedAck(QueuedText)})
+	if err != nil {
+		return nil, err
+	}
+	if err := e.Sign(key); err != nil {
+		return nil, err
+	}
+	return e.Marshal()
+}

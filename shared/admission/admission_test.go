@@ -1,0 +1,596 @@
+package admission_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// The signature-tags fixture's roster: signed by an owner key that is not
+// the guarded agent.
+const fixtureRoster = `{"admission":"v1","owner_key":"UBMBH4BK6EIHQFVMHLSABFSQXB3JXUFZOXVZQTIERO33AD4HHAI3D7QP",
+ "defaults":{"contact":"allow","registered":"hold","anonymous":"block"},
+ "limits":{"per_sender_per_hour":12,"inbound_model_budget_per_day":500000},
+ "entries":[{"subject":"UAKQRYZBYFOC65OQZVJ3QPCIERDTRNNZPMOJUYXC3DGPRCDWSKD4HV5A","stance":"allow","note":"conformance vector","updated_at":"2026-07-27T15:00:00.000Z"}],
+ "updated_at":"2026-07-27T15:00:00.000Z",
+ "sig":"kWdzzQ1lm6Zy1seMst6BwDoxx7L6SBEIcjkZdPimOPUQgjSLnZiKSAuAHZrJCsg8KTGlbpFl1E4sBp4bBsc8DQ=="}`
+
+type harness struct {
+	t       *testing.T
+	m       *devenv.Mesh
+	nc      *nats.Conn
+	js      jetstream.JetStream
+	kv      jetstream.KeyValue
+	held    jetstream.KeyValue
+	reg     jetstream.KeyValue
+	workers []*admission.Worker
+}
+
+// start runs a mesh with a registry bucket and three copies of the worker,
+// each on its own connection.
+func start(t *testing.T, cfg admission.Config) *harness {
+	t.Helper()
+	m := bustest.Mesh(t)
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m)}
+	h.js, _ = jetstream.New(h.nc)
+	ctx := t.Context()
+	var err error
+	if h.reg, err = bus.Bucket(ctx, h.js, jetstream.KeyValueConfig{Bucket: admission.RegistryBucket}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 3 {
+		w, err := admission.Start(ctx, bustest.Env(t, m, fmt.Sprintf("admission-%d", i), nil), cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { _ = w.Stop() })
+		h.workers = append(h.workers, w)
+	}
+	if h.kv, err = h.js.KeyValue(ctx, admission.Bucket); err != nil {
+		t.Fatal(err)
+	}
+	if h.held, err = h.js.KeyValue(ctx, admission.HeldBucket); err != nil {
+		t.Fatal(err)
+	}
+	return h
+}
+
+func (h *harness) stats() admission.Stats {
+	var s admission.Stats
+	for _, w := range h.workers {
+		x := w.Stats()
+		s.Relayed += x.Relayed
+		s.Answers += x.Answers
+		s.Queued += x.Queued
+		s.Held += x.Held
+		s.Blocked += x.Blocked
+		s.Dropped += x.Dropped
+	}
+	return s
+}
+
+func (h *harness) register(agent string, sandbox bool) {
+	h.t.Helper()
+	b, _ := json.Marshal(map[string]any{"id": agent, "name": "x", "visibility": "public", "sandbox": sandbox})
+	if _, err := h.reg.Put(h.t.Context(), agent, b); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+func (h *harness) call(k keys.Signer, subject string, payload any) (*protocol.Envelope, error) {
+	ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
+	defer cancel()
+	return bus.Call(ctx, h.nc, k, subject, protocol.TypeRequest, "", payload)
+}
+
+func (h *harness) guard(k keys.Signer, payload any) {
+	h.t.Helper()
+	rep, err := h.call(k, protocol.SubjAdmissionGuard, payload)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	var p struct {
+		Status string         `json:"status"`
+		Output map[string]any `json:"output"`
+	}
+	if err := rep.DecodePayload(&p); err != nil || p.Status != admission.StatusGuarded || p.Output["ok"] != true || p.Output["guarded"] != true {
+		h.t.Fatalf("guard answered %s", rep.Payload)
+	}
+	if rep.From != h.m.ServicesKey().Public() {
+		h.t.Fatalf("guard answer signed by %s", rep.From)
+	}
+}
+
+func (h *harness) record(agent string) (admission.Record, bool) {
+	h.t.Helper()
+	r, found, err := bus.GetJSON[admission.Record](h.t.Context(), h.kv, agent)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return r, found
+}
+
+// mailbox creates the stream and an agent's consumer as the registry would.
+func (h *harness) mailbox(agents ...string) {
+	h.t.Helper()
+	ctx := h.t.Context()
+	if _, err := h.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: protocol.MailboxStream,
+		Subjects: []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")},
+		NoAck:    true, MaxAge: 7 * 24 * time.Hour, Discard: jetstream.DiscardOld}); err != nil {
+		h.t.Fatal(err)
+	}
+	for _, a := range agents {
+		if _, err := h.js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
+			Durable: protocol.MailboxConsumer(a), FilterSubject: protocol.InboxSubject(a),
+			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 5}); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+}
+
+func (h *harness) filter(agent string) string {
+	h.t.Helper()
+	c, err := h.js.Consumer(h.t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	info, err := c.Info(h.t.Context())
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return info.Config.FilterSubject
+}
+
+func signedRoster(t *testing.T, owner *keys.Agent, entries map[string]string) map[string]any {
+	t.Helper()
+	list := []any{}
+	for subj, stance := range entries {
+		list = append(list, map[string]any{"subject": subj, "stance": stance, "note": "", "updated_at": "2026-07-27T15:00:00.000Z"})
+	}
+	r := map[string]any{"admission": "v1", "owner_key": owner.Public(),
+		"defaults": map[string]any{"contact": "allow", "registered": "hold", "anonymous": "block"},
+		"limits":   map[string]any{"per_sender_per_hour": 12, "inbound_model_budget_per_day": 500000},
+		"entries":  list, "updated_at": "2026-07-27T15:00:00.000Z"}
+	sig, err := protocol.SignRoster(r, owner)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r["sig"] = sig
+	return r
+}
+
+// Guard and unguard answer as pinned, write KV mesh_admission, keep the
+// roster across a bare re-guard, refuse a roster that does not verify, and
+// switch the agent's mailbox consumer between .inbox and .inbox.guarded.
+func TestGuardUnguard(t *testing.T) {
+	h := start(t, admission.Config{})
+	agent, owner := bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+
+	// No stream yet: the guard is stored and the consumer is skipped.
+	h.guard(agent, map[string]any{})
+	if r, ok := h.record(a); !ok || !r.Guarded || r.HasRoster() || r.UpdatedAt == "" {
+		t.Fatalf("record after guard: %+v", r)
+	}
+
+	h.mailbox(a)
+	if f := h.filter(a); f != protocol.InboxSubject(a) {
+		t.Fatalf("initial filter %s", f)
+	}
+	roster := signedRoster(t, owner, map[string]string{bustest.Agent(t).Public(): "allow"})
+	h.guard(agent, map[string]any{"roster": roster})
+	if f := h.filter(a); f != protocol.GuardedInboxSubject(a) {
+		t.Fatalf("guarded filter %s", f)
+	}
+	r, _ := h.record(a)
+	if !r.Guarded || r.OwnerKey != owner.Public() || !r.HasRoster() {
+		t.Fatalf("record with roster: %+v", r)
+	}
+	if v, _ := protocol.ParseJSON(r.Roster); protocol.VerifyRoster(v) != nil {
+		t.Fatal("the stored roster no longer verifies")
+	}
+
+	// A bare guard keeps the roster.
+	h.guard(agent, map[string]any{})
+	if r2, _ := h.record(a); string(r2.Roster) != string(r.Roster) {
+		t.Fatal("a bare guard dropped the roster")
+	}
+
+	// A tampered roster is refused and changes nothing.
+	bad := signedRoster(t, owner, nil)
+	bad["defaults"] = map[string]any{"contact": "allow", "registered": "allow", "anonymous": "allow"}
+	if _, err := h.call(agent, protocol.SubjAdmissionGuard, map[string]any{"roster": bad}); errs.CodeOf(err) != errs.IdentityMismatch {
+		t.Fatalf("tampered roster: %v", err)
+	}
+	if r2, _ := h.record(a); string(r2.Roster) != string(r.Roster) {
+		t.Fatal("a refused roster was stored")
+	}
+
+	// Unguard: the filter goes back, the roster is kept.
+	rep, err := h.call(agent, protocol.SubjAdmissionUnguard, map[string]any{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var p struct {
+		Status string         `json:"status"`
+		Output map[string]any `json:"output"`
+	}
+	if rep.DecodePayload(&p); p.Status != admission.StatusUnguarded || p.Output["ok"] != true || p.Output["guarded"] != false {
+		t.Fatalf("unguard answered %s", rep.Payload)
+	}
+	if f := h.filter(a); f != protocol.InboxSubject(a) {
+		t.Fatalf("unguarded filter %s", f)
+	}
+	if r2, _ := h.record(a); r2.Guarded || !r2.HasRoster() {
+		t.Fatalf("record after unguard: %+v", r2)
+	}
+
+	// The signature-tags fixture roster (owner ≠ agent) is accepted and its
+	// owner recorded; {roster:null} removes it.
+	var fx any
+	if err := json.Unmarshal([]byte(fixtureRoster), &fx); err != nil {
+		t.Fatal(err)
+	}
+	h.guard(agent, map[string]any{"roster": fx})
+	if r2, _ := h.record(a); r2.OwnerKey != "UBMBH4BK6EIHQFVMHLSABFSQXB3JXUFZOXVZQTIERO33AD4HHAI3D7QP" {
+		t.Fatalf("fixture roster owner %q", r2.OwnerKey)
+	}
+	h.guard(agent, map[string]any{"roster": nil})
+	if r2, _ := h.record(a); !r2.Guarded || r2.HasRoster() || r2.OwnerKey != "" {
+		t.Fatalf("roster:null left %+v", r2)
+	}
+
+	// A sandbox registration cannot be guarded.
+	guest := bustest.Agent(t)
+	h.register(guest.Public(), true)
+	if _, err := h.call(guest, protocol.SubjAdmissionGuard, map[string]any{}); errs.CodeOf(err) != errs.Unauthorized {
+		t.Fatalf("sandbox guard: %v", err)
+	}
+}
+
+// node is a test node serving a guarded inbox: it answers an accept and
+// then a completed respond, and records what it received.
+type node struct {
+	mu   sync.Mutex
+	seen [][]byte
+	sub  *nats.Subscription
+}
+
+func serve(t *testing.T, nc *nats.Conn, agent *keys.Agent) *node {
+	t.Helper()
+	n := &node{}
+	sub, err := nc.Subscribe(protocol.GuardedInboxSubject(agent.Public()), func(m *nats.Msg) {
+		n.mu.Lock()
+		n.seen = append(n.seen, m.Data)
+		n.mu.Unlock()
+		req, err := protocol.Decode(m.Data)
+		if err != nil {
+			return
+		}
+		acc, _ := protocol.NewAccept(req, agent.Public())
+		_ = acc.Sign(agent)
+		b, _ := acc.Marshal()
+		_ = m.Respond(b)
+		rep, _ := protocol.NewReply(req, agent.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "hello back"}})
+		_ = rep.Sign(agent)
+		b, _ = rep.Marshal()
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	n.sub = sub
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return n
+}
+
+func (n *node) received() [][]byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([][]byte(nil), n.seen...)
+}
+
+func signedRequest(t *testing.T, from *keys.Agent, to string) ([]byte, *protocol.Envelope) {
+	t.Helper()
+	e, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "hi"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.To = to
+	if err := e.Sign(from); err != nil {
+		t.Fatal(err)
+	}
+	b, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, e
+}
+
+// send publishes data on the agent's public inbox and collects the answers
+// until one is not an accept, or wait passes with nothing new.
+func send(t *testing.T, nc *nats.Conn, agent string, data []byte, wait time.Duration) []*protocol.Envelope {
+	t.Helper()
+	inbox := nc.NewRespInbox()
+	sub, err := nc.SubscribeSync(inbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := nc.PublishRequest(protocol.InboxSubject(agent), inbox, data); err != nil {
+		t.Fatal(err)
+	}
+	var out []*protocol.Envelope
+	for {
+		m, err := sub.NextMsg(wait)
+		if err != nil {
+			return out
+		}
+		e, err := protocol.Decode(m.Data)
+		if err != nil {
+			t.Fatalf("undecodable answer: %v", err)
+		}
+		out = append(out, e)
+		if !protocol.IsAccepted(e) {
+			return out
+		}
+	}
+}
+
+func queuedAck(t *testing.T, h *harness, req *protocol.Envelope, got []*protocol.Envelope) protocol.QueuedAck {
+	t.Helper()
+	if len(got) != 1 {
+		t.Fatalf("want one queued ack, got %d answers", len(got))
+	}
+	e := got[0]
+	if e.From != h.m.ServicesKey().Public() || e.InReplyTo != req.ID || e.To != req.From || e.Type != protocol.TypeRespond {
+		t.Fatalf("queued ack envelope from=%s in_reply_to=%s to=%s", e.From, e.InReplyTo, e.To)
+	}
+	if protocol.ResponseStatus(e) != admission.StatusQueued {
+		t.Fatalf("queued ack status %s", e.Payload)
+	}
+	ack, ok := protocol.QueuedAckOf(e)
+	if !ok || !ack.Queued || ack.InboxID == "" || ack.Text != admission.QueuedText {
+		t.Fatalf("queued ack payload %s", e.Payload)
+	}
+	var shape map[string]any
+	_ = json.Unmarshal(e.Payload, &shape)
+	if len(shape) != 2 || len(shape["output"].(map[string]any)) != 3 {
+		t.Fatalf("queued ack shape %s", e.Payload)
+	}
+	return ack
+}
+
+// A guarded agent with a roster: a contact is relayed exactly once and gets
+// the node's answers unchanged; a held and a blocked sender get identical
+// queued acks and never reach the node; the held one is recorded for the
+// owner; an unsigned request is dropped without an answer; with the node
+// offline an allowed sender gets the queued ack and the request waits in
+// the mailbox.
+func TestRelayWithRoster(t *testing.T) {
+	h := start(t, admission.Config{RelayTimeout: 700 * time.Millisecond})
+	agent, owner := bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	contact, blockedContact, registered, anonymous, guest := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	h.register(registered.Public(), false)
+	h.register(blockedContact.Public(), false)
+	h.register(guest.Public(), true)
+	h.mailbox(a)
+	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, map[string]string{
+		contact.Public(): "allow", blockedContact.Public(): "block"})})
+	n := serve(t, bustest.Client(t, h.m), agent)
+
+	// Allowed: relayed once, both answers forwarded byte for byte.
+	data, req := signedRequest(t, contact, a)
+	got := send(t, h.nc, a, data, 3*time.Second)
+	if len(got) != 2 || !protocol.IsAccepted(got[0]) || protocol.ResponseStatus(got[1]) != "completed" || got[1].From != a || got[1].InReplyTo != req.ID {
+		t.Fatalf("contact got %d answers", len(got))
+	}
+	time.Sleep(200 * time.Millisecond)
+	if seen := n.received(); len(seen) != 1 || string(seen[0]) != string(data) {
+		t.Fatalf("node saw %d requests (want exactly the sender's bytes once)", len(seen))
+	}
+
+	// Blocked (roster entry), held (registered tier), blocked (anonymous
+	// tier, and a sandbox registration counts as anonymous): identical acks.
+	var acks []protocol.QueuedAck
+	var heldReq *protocol.Envelope
+	var heldData []byte
+	for _, s := range []*keys.Agent{blockedContact, registered, anonymous, guest} {
+		d, r := signedRequest(t, s, a)
+		if s == registered {
+			heldReq, heldData = r, d
+		}
+		acks = append(acks, queuedAck(t, h, r, send(t, h.nc, a, d, 3*time.Second)))
+	}
+	for i := 1; i < len(acks); i++ {
+		if acks[i].Text != acks[0].Text || acks[i].InboxID == acks[0].InboxID {
+			t.Fatal("queued acks differ in shape or reuse an inbox id")
+		}
+	}
+	if len(n.received()) != 1 {
+		t.Fatal("a held or blocked request reached the node")
+	}
+	keysHeld, err := h.held.ListKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var heldKeys []string
+	for k := range keysHeld.Keys() {
+		heldKeys = append(heldKeys, k)
+	}
+	if len(heldKeys) != 1 || heldKeys[0] != a+"."+heldReq.ID {
+		t.Fatalf("held keys %v", heldKeys)
+	}
+	hr, _, _ := bus.GetJSON[admission.Held](t.Context(), h.held, heldKeys[0])
+	if hr.From != registered.Public() || hr.ReceivedAt == "" || string(hr.Envelope) != string(heldData) {
+		t.Fatalf("held record %+v", hr)
+	}
+	if s := h.stats(); s.Held != 1 || s.Blocked != 3 || s.Queued != 4 || s.Relayed != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	// Unsigned: dropped, no answer, the node never sees it.
+	unsigned := []byte(strings.Replace(string(data), `"sig":"`, `"sig":"AA`, 1))
+	if got := send(t, h.nc, a, unsigned, 500*time.Millisecond); len(got) != 0 {
+		t.Fatalf("unsigned request answered %d times", len(got))
+	}
+	if len(n.received()) != 1 || h.stats().Dropped != 1 {
+		t.Fatalf("unsigned request: node saw %d, stats %+v", len(n.received()), h.stats())
+	}
+
+	// The node goes offline: the allowed sender gets the queued ack after
+	// the relay timeout and the relayed copy waits in the mailbox on the
+	// guarded subject, where the agent's consumer reads.
+	_ = n.sub.Unsubscribe()
+	data2, req2 := signedRequest(t, contact, a)
+	queuedAck(t, h, req2, send(t, h.nc, a, data2, 3*time.Second))
+	cons, err := h.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mailed []string
+	batch, err := cons.FetchNoWait(10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for m := range batch.Messages() {
+		if m.Subject() != protocol.GuardedInboxSubject(a) {
+			t.Fatalf("consumer delivered %s", m.Subject())
+		}
+		mailed = append(mailed, string(m.Data()))
+	}
+	// The first relay (answered live) and the offline one are both there;
+	// the node's journal skips the one it already answered.
+	if len(mailed) != 2 || mailed[0] != string(data) || mailed[1] != string(data2) {
+		t.Fatalf("mailbox holds %d guarded messages", len(mailed))
+	}
+}
+
+// Without a roster: registered senders are relayed, anonymous ones get the
+// queued ack; a node that is offline with no mailbox (nobody listens on the
+// guarded inbox) yields the queued ack at once. An agent that is not
+// guarded is left alone.
+func TestRelayWithoutRoster(t *testing.T) {
+	h := start(t, admission.Config{RelayTimeout: 5 * time.Second})
+	agent := bustest.Agent(t)
+	a := agent.Public()
+	registered, anonymous := bustest.Agent(t), bustest.Agent(t)
+	h.register(registered.Public(), false)
+	h.guard(agent, map[string]any{})
+	n := serve(t, bustest.Client(t, h.m), agent)
+
+	data, _ := signedRequest(t, registered, a)
+	if got := send(t, h.nc, a, data, 3*time.Second); len(got) != 2 || protocol.ResponseStatus(got[1]) != "completed" {
+		t.Fatalf("registered sender got %d answers", len(got))
+	}
+	d2, r2 := signedRequest(t, anonymous, a)
+	queuedAck(t, h, r2, send(t, h.nc, a, d2, 3*time.Second))
+	if len(n.received()) != 1 {
+		t.Fatalf("node saw %d", len(n.received()))
+	}
+
+	// Offline without a mailbox: no responders, the ack comes at once.
+	_ = n.sub.Unsubscribe()
+	begin := time.Now()
+	d3, r3 := signedRequest(t, registered, a)
+	queuedAck(t, h, r3, send(t, h.nc, a, d3, 3*time.Second))
+	if time.Since(begin) > 2*time.Second {
+		t.Fatal("no responders did not short-cut the relay timeout")
+	}
+
+	// Not guarded: the agent's own node answers; admission stays silent.
+	other := bustest.Agent(t)
+	var live atomic.Int64
+	c := bustest.Client(t, h.m)
+	sub, err := c.Subscribe(protocol.InboxSubject(other.Public()), func(m *nats.Msg) {
+		live.Add(1)
+		req, _ := protocol.Decode(m.Data)
+		rep, _ := protocol.NewReply(req, other.Public(), map[string]any{"status": "completed"})
+		_ = rep.Sign(other)
+		b, _ := rep.Marshal()
+		_ = m.Respond(b)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	_ = c.Flush()
+	before := h.stats()
+	d4, _ := signedRequest(t, anonymous, other.Public())
+	if got := send(t, h.nc, other.Public(), d4, 300*time.Millisecond); len(got) != 1 || got[0].From != other.Public() {
+		t.Fatalf("unguarded agent: %d answers", len(got))
+	}
+	time.Sleep(200 * time.Millisecond)
+	if after := h.stats(); after != before || live.Load() != 1 {
+		t.Fatalf("admission touched an unguarded agent's traffic: %+v → %+v", before, after)
+	}
+
+	// Unguarded again: the next request goes to the agent's public inbox
+	// untouched (within the cache bound).
+	if _, err := h.call(agent, protocol.SubjAdmissionUnguard, map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(200 * time.Millisecond)
+	before = h.stats()
+	d5, _ := signedRequest(t, anonymous, a)
+	if got := send(t, h.nc, a, d5, 300*time.Millisecond); len(got) != 0 {
+		t.Fatalf("unguarded agent with no node: admission answered %d", len(got))
+	}
+	if after := h.stats(); after != before {
+		t.Fatalf("admission judged an unguarded agent: %+v → %+v", before, after)
+	}
+
+	// Guarded again: every copy drops its cached "unguarded" at once.
+	h.guard(agent, map[string]any{})
+	time.Sleep(200 * time.Millisecond)
+	d6, r6 := signedRequest(t, anonymous, a)
+	queuedAck(t, h, r6, send(t, h.nc, a, d6, 3*time.Second))
+}
+
+// Many allowed requests through three copies: each relayed exactly once.
+func TestRelayExactlyOnce(t *testing.T) {
+	h := start(t, admission.Config{})
+	agent := bustest.Agent(t)
+	a := agent.Public()
+	sender := bustest.Agent(t)
+	h.register(sender.Public(), false)
+	h.guard(agent, map[string]any{})
+	n := serve(t, bustest.Client(t, h.m), agent)
+	const N = 30
+	var wg sync.WaitGroup
+	for range N {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			data, _ := signedRequest(t, sender, a)
+			if got := send(t, h.nc, a, data, 3*time.Second); len(got) != 2 {
+				t.Errorf("got %d answers", len(got))
+			}
+		}()
+	}
+	wg.Wait()
+	time.Sleep(200 * time.Millisecond)
+	if len(n.received()) != N || h.stats().Relayed != N {
+		t.Fatalf("node saw %d of %d, stats %+v", len(n.received()), N, h.stats())
+	}
+}
