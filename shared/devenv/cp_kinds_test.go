@@ -108,7 +108,9 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		if _, err := js.Publish(ctx, protocol.InboxSubject(a1.Public()), []byte("offline mail")); err != nil {
+		// A sender publishes plainly: the stream takes no-ack copies so its
+		// acks never race an agent's live reply.
+		if err := svc.Publish(protocol.InboxSubject(a1.Public()), []byte("offline mail")); err != nil || svc.Flush() != nil {
 			t.Fatal(err)
 		}
 		njs, _ := jetstream.New(nc)
