@@ -124,6 +124,10 @@ type Mesh struct {
 	// closers release what the control plane opened, after HTTP stops.
 	closers []func() error
 
+	// connMu guards newConns: HTTP connections that sent no request yet.
+	connMu   sync.Mutex
+	newConns map[net.Conn]struct{}
+
 	// accountMu serialises read-modify-write of the mesh account JWT, so two
 	// concurrent revocations cannot overwrite each other.
 	accountMu sync.Mutex
@@ -418,6 +422,7 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 		return err
 	}
 	m.httpSrv = &http.Server{
+		ConnState:         m.trackConn,
 		Handler:           m.mux,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
@@ -429,6 +434,28 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 		}
 	}()
 	return nil
+}
+
+// trackConn remembers connections that have not sent a request yet.
+func (m *Mesh) trackConn(c net.Conn, state http.ConnState) {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	if m.newConns == nil {
+		m.newConns = map[net.Conn]struct{}{}
+	}
+	if state == http.StateNew {
+		m.newConns[c] = struct{}{}
+	} else {
+		delete(m.newConns, c)
+	}
+}
+
+func (m *Mesh) closeNewConns() {
+	m.connMu.Lock()
+	defer m.connMu.Unlock()
+	for c := range m.newConns {
+		_ = c.Close()
+	}
 }
 
 // URLs returns the addresses of this mesh, with the ports actually bound.
@@ -523,6 +550,10 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 	m.shutdownOnce.Do(func() {
 		var errs []error
 		if m.httpSrv != nil {
+			// Shutdown waits up to five seconds for connections that never
+			// sent a request (clients dialling ahead); they carry nothing in
+			// flight, so they are closed at once.
+			m.closeNewConns()
 			if err := m.httpSrv.Shutdown(ctx); err != nil {
 				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
 			}
