@@ -7,6 +7,7 @@ package accounts
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"time"
 
 	"agentmesh.dev/mesh/functions/api"
@@ -37,6 +38,10 @@ var Routes = []httpx.Route{
 	{EntryPoint: "AppRefresh", Method: "POST", Path: "/v1/accounts/{id}/apps/{app}/refresh"},
 	{EntryPoint: "AppRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/apps/{app}"},
 	{EntryPoint: "AccountAgents", Method: "GET", Path: "/v1/accounts/{id}/agents"},
+	{EntryPoint: "AccountActivity", Method: "GET", Path: "/v1/accounts/{id}/activity"},
+	{EntryPoint: "SubscriptionList", Method: "GET", Path: "/v1/accounts/{id}/subscriptions"},
+	{EntryPoint: "SubscriptionAdd", Method: "POST", Path: "/v1/accounts/{id}/subscriptions"},
+	{EntryPoint: "SubscriptionRemove", Method: "DELETE", Path: "/v1/accounts/{id}/subscriptions/{agent}"},
 	{EntryPoint: "Capabilities", Method: "GET", Path: "/v1/capabilities"},
 	{EntryPoint: "Connect", Method: "POST", Path: "/v1/connect"},
 	{EntryPoint: "ConnectStatus", Method: "POST", Path: "/v1/connect/status"},
@@ -80,11 +85,17 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 		return h.authed("read", h.listAgentTokens)
 	case "AgentTokenRevoke":
 		return h.authed("", h.revokeAgentToken)
-	case "AppCreate", "AppList", "AppRefresh", "AppRevoke", "AccountAgents":
+	case "AccountAgents", "AccountActivity", "SubscriptionList", "SubscriptionAdd", "SubscriptionRemove":
+		if d.Views == nil {
+			return api.NotConfigured("the account views (no bus connection)")
+		}
+		scope := map[string]string{"AccountAgents": "read", "AccountActivity": "read", "SubscriptionList": "read"}[rt.EntryPoint]
+		return h.authed(scope, h.viewRoute(rt.EntryPoint))
+	case "AppCreate", "AppList", "AppRefresh", "AppRevoke":
 		if d.Credentials == nil {
 			return api.NotConfigured("the credential service")
 		}
-		return h.authed(map[string]string{"AppList": "read", "AccountAgents": "read"}[rt.EntryPoint], h.appRoute(rt.EntryPoint))
+		return h.authed(map[string]string{"AppList": "read"}[rt.EntryPoint], h.appRoute(rt.EntryPoint))
 	case "Capabilities":
 		return h.capabilities
 	case "Connect", "ConnectStatus":
@@ -339,23 +350,58 @@ func (h *handlers) appRoute(entry string) func(w http.ResponseWriter, r *http.Re
 					"created_at": protocol.FormatTime(msTime(a.CreatedAt)), "revoked": a.RevokedAt != 0})
 			}
 			return ok(w, http.StatusOK, map[string]any{"apps": out})
-		default: // AccountAgents
-			ags, err := cs.Agents(ctx, p.AccountID)
+		}
+		panic("accounts: no app route " + entry)
+	}
+}
+
+// viewRoute serves the account views that ask the bus.
+func (h *handlers) viewRoute(entry string) func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+	v := h.d.Views
+	return func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+		ctx := r.Context()
+		switch entry {
+		case "AccountAgents":
+			ags, err := v.Agents(ctx, p.AccountID)
 			if err != nil {
 				return err
 			}
-			out := make([]map[string]any, 0, len(ags))
-			for _, a := range ags {
-				if !a.Enabled {
-					continue
-				}
-				item := map[string]any{"agent_id": a.ID, "label": a.Label, "created_at": protocol.FormatTime(msTime(a.CreatedAt))}
-				if a.Handle != "" {
-					item["handle"] = a.Handle
-				}
-				out = append(out, item)
+			return ok(w, http.StatusOK, map[string]any{"agents": ags})
+		case "AccountActivity":
+			limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+			items, err := v.Activity(ctx, p.AccountID, limit)
+			if err != nil {
+				return err
 			}
-			return ok(w, http.StatusOK, map[string]any{"agents": out})
+			return ok(w, http.StatusOK, map[string]any{"items": items})
+		case "SubscriptionList":
+			subs, err := v.Subscriptions(ctx, p.AccountID)
+			if err != nil {
+				return err
+			}
+			return ok(w, http.StatusOK, map[string]any{"subscriptions": subs})
+		case "SubscriptionAdd":
+			if p.Via != "session" {
+				return errs.New(errs.Forbidden, "subscriptions are changed from a signed-in session")
+			}
+			var b struct {
+				AgentID string `json:"agent_id"`
+			}
+			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+				return err
+			}
+			if err := v.Subscribe(ctx, p.AccountID, b.AgentID); err != nil {
+				return err
+			}
+			return ok(w, http.StatusCreated, map[string]any{"agent_id": b.AgentID})
+		default: // SubscriptionRemove
+			if p.Via != "session" {
+				return errs.New(errs.Forbidden, "subscriptions are changed from a signed-in session")
+			}
+			if err := v.Unsubscribe(ctx, p.AccountID, r.PathValue("agent")); err != nil {
+				return err
+			}
+			return ok(w, http.StatusOK, map[string]any{})
 		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/guest"
@@ -25,6 +26,9 @@ type Deps struct {
 	Accounts    *account.Service
 	Credentials *credential.Service
 	Guests      *guest.Service
+	// Views answers the account routes that ask the bus (live status,
+	// activity, subscriptions); nil without a bus connection.
+	Views *accountview.Service
 	// RateLimit is the per-IP limit every route sits behind.
 	RateLimit *httpx.Limiter
 	// TrustedProxyHops is how many proxies append to X-Forwarded-For in

@@ -19,10 +19,13 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -39,7 +42,10 @@ type Config struct {
 	WSURLs     []string // MESH_WS_URLS, comma-separated wss:// URLs
 	// TrustDir holds the operator and account seed files, mounted from
 	// Secret Manager as files (MESH_TRUST_DIR).
-	TrustDir         string
+	TrustDir string
+	// ServicesKeyFile is the seed the account views sign their bus calls
+	// with (MESH_SERVICES_KEY_FILE); without it the views answer 501.
+	ServicesKeyFile  string
 	SMTP             mail.SMTPConfig // SMTP_ADDR, SMTP_FROM, SMTP_USERNAME, SMTP_PASSWORD, SMTP_TLS
 	NoExpiry         bool            // MESH_NODE_CREDENTIAL_NO_EXPIRY=true
 	MarkupPct        int             // CREDITS_PLATFORM_MARKUP_PCT (10)
@@ -73,6 +79,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		ProjectID: getenv("GOOGLE_CLOUD_PROJECT"), MeshName: getenv("MESH_NAME"),
 		ControlURL: getenv("MESH_CONTROL_URL"), ConsoleURL: getenv("MESH_CONSOLE_URL"),
 		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"), TrustDir: getenv("MESH_TRUST_DIR"),
+		ServicesKeyFile: getenv("MESH_SERVICES_KEY_FILE"),
 		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
 			Password: getenv("SMTP_PASSWORD"), TLS: mail.TLSPolicy(getenv("SMTP_TLS"))},
 		NoExpiry: getenv("MESH_NODE_CREDENTIAL_NO_EXPIRY") == "true",
@@ -128,6 +135,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	}
 	var trust *creds.Trust
 	var revoker credential.Revoker
+	var caller *bus.Caller
 	if c.TrustDir != "" {
 		if trust, err = creds.Load(c.TrustDir); err != nil {
 			return nil, fmt.Errorf("trust: %w", err)
@@ -142,13 +150,33 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 			return nil, fmt.Errorf("nats: %w", err)
 		}
 		revoker = &creds.Revoker{Trust: trust, Sys: sys}
+		if c.ServicesKeyFile != "" {
+			key, err := keys.ReadSeedFile[keys.AgentRole](c.ServicesKeyFile)
+			if err != nil {
+				return nil, fmt.Errorf("services key: %w", err)
+			}
+			svc, err := trust.MintServiceUser("control-plane-views")
+			if err != nil {
+				return nil, err
+			}
+			nc, err := nats.Connect(strings.Join(c.NATSURLs, ","), svc.NATSOption(), nats.Name("control-plane-views"),
+				nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+			if err != nil {
+				return nil, fmt.Errorf("nats: %w", err)
+			}
+			caller = &bus.Caller{NC: nc, Key: key}
+		}
 	}
 	meshInfo := credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs}
 	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL})
 	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
 		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log})
 	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo, Log: log})
-	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests,
+	var views *accountview.Service
+	if caller != nil {
+		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}
+	}
+	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests, Views: views,
 		RateLimit: httpx.NewLimiter(c.RateLimit, time.Minute, nil), TrustedProxyHops: c.TrustedProxyHops,
 		Capabilities: map[string]any{"protocol": protocol.Version, "mesh": c.MeshName, "markup_pct": c.MarkupPct,
 			"clearing_service": false, "credentials": []string{"guest", "bootstrap", "node", "app", "job"},

@@ -268,3 +268,25 @@ type Env struct {
 func NewServiceIn(env Env, name, description string) (*Service, error) {
 	return NewService(Config{Name: name, Description: description, NC: env.NC, Key: env.Key, Log: env.Log, Now: env.Now})
 }
+
+// Caller makes signed calls to the bus workers with one key: the control
+// plane's way onto the bus.
+type Caller struct {
+	NC  *nats.Conn
+	Key keys.Signer
+}
+
+// Call signs a discover (or request) envelope to subject and returns the
+// answer's payload as a generic object.
+func (c *Caller) Call(ctx context.Context, subject string, typ protocol.Type, payload any) (map[string]any, error) {
+	rep, err := Call(ctx, c.NC, c.Key, subject, typ, "", payload)
+	if err != nil {
+		return nil, err
+	}
+	v, err := rep.PayloadValue()
+	if err != nil {
+		return nil, err
+	}
+	m, _ := v.(map[string]any)
+	return m, nil
+}

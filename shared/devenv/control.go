@@ -15,6 +15,8 @@ import (
 	guestfn "agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/guest"
@@ -96,6 +98,13 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 			"passkeys":        true,
 			"nats_endpoints":  []string{m.urls.MeshTCP, m.urls.MeshWS},
 		}}
+	// The control plane's own way onto the bus, for the account views.
+	viewsNC, err := m.ConnectService("control-plane")
+	if err != nil {
+		return fmt.Errorf("devenv: control plane bus connection: %w", err)
+	}
+	m.closers = append(m.closers, func() error { viewsNC.Close(); return nil })
+	c.Deps.Views = &accountview.Service{Store: st, Credentials: c.Credentials, Bus: &bus.Caller{NC: viewsNC, Key: m.servicesKey}, Now: cfg.Now}
 	m.control = c
 	for _, g := range Groups {
 		g.Mount(m.mux, c.Deps)

@@ -1,0 +1,116 @@
+package devenv_test
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// The account views ask the bus: an agent whose node heartbeats is live, a
+// request to it shows in the account's activity, and subscriptions need an
+// agent in the catalog.
+func TestAccountViews(t *testing.T) {
+	c := startCP(t)
+	acct, tok := c.signIn("ana@example.org")
+	agent, node := newAgent(t), newNode(t)
+	st, boot := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "coder"), "agent_id": agent.Public()}, "")
+	if st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, boot)
+	}
+	st, out := c.do(http.MethodGet, "/v1/accounts/"+acct+"/agents", nil, tok)
+	if st != 200 {
+		t.Fatalf("agents: %d %v", st, out)
+	}
+	ags := out["agents"].([]any)
+	if len(ags) != 1 || ags[0].(map[string]any)["live"] != false {
+		t.Fatalf("before any heartbeat: %v", out)
+	}
+
+	nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(boot["creds"].(string))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	hb, _ := protocol.New(protocol.TypeEmit, node.Public(), map[string]any{"availability": "online", "agents": []string{agent.Public()}})
+	_ = hb.Sign(node)
+	b, _ := hb.Marshal()
+	if err := nc.Publish(protocol.HeartbeatSubject(node.Public()), b); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		_, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/agents", nil, tok)
+		a := out["agents"].([]any)[0].(map[string]any)
+		if a["live"] == true && a["node"] == node.Public() {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("never live: %v", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A request to the agent (signed by someone else) is in its activity.
+	caller := newAgent(t)
+	req, _ := protocol.New(protocol.TypeRequest, caller.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "secret words"}})
+	req.To = agent.Public()
+	_ = req.Sign(caller)
+	b, _ = req.Marshal()
+	if err := nc.Publish(protocol.InboxSubject(agent.Public()), b); err != nil {
+		t.Fatal(err)
+	}
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		_, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/activity", nil, tok)
+		if items, _ := out["items"].([]any); len(items) > 0 {
+			it := items[0].(map[string]any)
+			if it["from"] != caller.Public() || it["id"] != req.ID || mustJSON(out) == "" || strings.Contains(mustJSON(out), "secret words") {
+				t.Errorf("activity item %v", it)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no activity: %v", out)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+
+	// Subscriptions: an agent not in the catalog is refused; none listed yet.
+	if st, out := c.post("/v1/accounts/"+acct+"/subscriptions", map[string]any{"agent_id": newAgent(t).Public()}, tok); st != 404 {
+		t.Errorf("subscribe to an unlisted agent: %d %v", st, out)
+	}
+	if st, out := c.do(http.MethodGet, "/v1/accounts/"+acct+"/subscriptions", nil, tok); st != 200 || len(out["subscriptions"].([]any)) != 0 {
+		t.Errorf("subscriptions: %d %v", st, out)
+	}
+	// Registered publicly, the agent is in the catalog and can be followed.
+	vouch, err := protocol.NewVouch(node, agent.Public(), time.Now(), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest := map[string]any{"id": agent.Public(), "name": "coder", "endpoint": protocol.InboxSubject(agent.Public()),
+		"node": map[string]any{"id": node.Public(), "attestation": vouch}, "capabilities": []string{"code"},
+		"offerings": []any{map[string]any{"id": "chat", "name": "Chat"}}, "visibility": "public", "availability_class": "always_on"}
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", manifest); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	if st, out := c.post("/v1/accounts/"+acct+"/subscriptions", map[string]any{"agent_id": agent.Public()}, tok); st != 201 {
+		t.Fatalf("subscribe: %d %v", st, out)
+	}
+	st, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/subscriptions", nil, tok)
+	subs := out["subscriptions"].([]any)
+	if st != 200 || len(subs) != 1 || subs[0].(map[string]any)["entry"].(map[string]any)["name"] != "coder" {
+		t.Errorf("subscriptions: %d %v", st, out)
+	}
+	if st, _ := c.do(http.MethodDelete, "/v1/accounts/"+acct+"/subscriptions/"+agent.Public(), nil, tok); st != 200 {
+		t.Error("unsubscribe")
+	}
+}
