@@ -9,7 +9,9 @@ import (
 // Ordering cases are behaviour of a live responder: which reply comes first
 // on the requester's reply channel. They are judged by the agent runtime's
 // end-to-end suite against a running mesh, not here.
-const orderingCoveredBy = "the agent-runtime end-to-end accept-ordering tests (issue 4; not built yet)"
+const orderingCoveredBy = "the agent-runtime end-to-end tests in adapter/node: TestRequestAcceptThenBareReply (accept first, then the reply), " +
+	"TestBudgetRefusalReplacesAccept, TestOversizeRefusedLocallyAndByReceiver, TestUnverifiedInboundNeverReachesTheHandler " +
+	"(stale and misaddressed: silent), TestUnknownOfferingFailsAfterAccept; the queued ack (never an accept) in shared/admission's relay tests"
 
 func checkAcceptSignal(t *T, doc map[string]any) {
 	k, err := senderKey(doc)

@@ -1,0 +1,553 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Offering is one thing the agent does (manifest offerings[]).
+type Offering struct {
+	ID, Name, Description   string
+	InputModes, OutputModes []string
+	Tags                    []string
+}
+
+// Limits are the agent's declared inbound limits.
+type Limits struct {
+	// MaxInboundChars is limits.max_inbound_chars: nil is the protocol
+	// default (65,536 UTF-16 code units), 0 declares no cap.
+	MaxInboundChars *int
+}
+
+// Handler serves one admitted request. It answers through c (Reply, Fail,
+// StartTask). Returning an error without having answered fails the request
+// with it; returning nil without answering fails it with INTERNAL_ERROR
+// ("handler returned without answering"). After StartTask the task is the
+// handler's: returning nil leaves it running (deferred work), returning an
+// error fails it.
+type Handler func(ctx context.Context, c *Call) error
+
+// AdmitFunc is budget admission, run before the accept. It returns nil to
+// admit, or the refusal that replaces the accept: build it with
+// protocol.BudgetInsufficient or protocol.DeadlineUnmeetable.
+type AdmitFunc func(ctx context.Context, c *Call, budget *protocol.Budget) error
+
+// AgentConfig describes a hosted agent.
+type AgentConfig struct {
+	Key                *keys.Agent
+	Name, Description  string
+	Version            string
+	Capabilities, Tags []string
+	Offerings          []Offering
+	Limits             Limits
+	Visibility         string // public | unlisted | private
+	AvailabilityClass  string // always_on | intermittent | on_demand
+	Meta               map[string]any
+	Sandbox            bool // a guest: no mailbox
+	Guarded            bool // serve the guarded inbox (the admission service relays)
+	Handler            Handler
+	Admit              AdmitFunc
+	// OnReply receives answers addressed to this agent that no Request is
+	// waiting for any more: late replies, answers drained from a mailbox,
+	// answers to requests sent before a restart.
+	OnReply func(*Result)
+	// MaxConcurrent bounds the live requests handled at once (256); beyond
+	// it a request is refused with AGENT_OVERLOADED instead of accepted.
+	MaxConcurrent int
+}
+
+// Vouch lifetimes (upstream-notes §2.1).
+const (
+	VouchLifetime           = 30 * 24 * time.Hour
+	VouchLifetimeUndeclared = 72 * time.Hour
+)
+
+// Agent is a hosted agent.
+type Agent struct {
+	n        *Node
+	key      *keys.Agent
+	id       string
+	cfg      AgentConfig
+	sandbox  bool
+	inbox    *protocol.Inbox // requests: the full receive order
+	replies  *protocol.Inbox // responds: the same order without the sender-text cap
+	sem      chan struct{}
+	manifest map[string]any
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	loops  sync.WaitGroup
+	kick   chan struct{}
+
+	drainMu sync.Mutex   // one drain at a time
+	drains  atomic.Int64 // drains run by the loop
+
+	mu       sync.Mutex
+	sub      *nats.Subscription
+	guarded  bool
+	vouch    protocol.Vouch
+	vs       vouchState
+	tasks    map[string]*Task     // performer side, live and recently finished
+	known    map[string]string    // caller side: task id -> performer
+	finished map[string]time.Time // performer side: when a task ended
+}
+
+type vouchState struct {
+	issued, expires, renewAt time.Time
+	lastAttempt              time.Time
+	lastErr                  string
+}
+
+// Host registers an agent and starts serving it: a fresh vouch, the
+// register call, the inbox subscription and (unless sandboxed) the mailbox
+// drain. If the credential does not cover the agent and a Renewer is set,
+// the credential is renewed first with the agent on its roster.
+func (n *Node) Host(ctx context.Context, cfg AgentConfig) (*Agent, error) {
+	if err := checkAgentConfig(cfg); err != nil {
+		return nil, err
+	}
+	id := cfg.Key.Public()
+	n.mu.Lock()
+	if n.closed {
+		n.mu.Unlock()
+		return nil, errors.New("node: closed")
+	}
+	if _, dup := n.agents[id]; dup {
+		n.mu.Unlock()
+		return nil, fmt.Errorf("node: agent %s is already hosted", id)
+	}
+	n.mu.Unlock()
+	if !n.covers(id) {
+		if n.cfg.Renewer == nil {
+			return nil, fmt.Errorf("node: the credential does not cover agent %s; mint one that does", id)
+		}
+		ks := []*keys.Agent{cfg.Key}
+		for _, a := range n.hosted() {
+			ks = append(ks, a.key)
+		}
+		if err := n.renew(ctx, ks); err != nil {
+			return nil, fmt.Errorf("node: credential for agent %s: %w", id, err)
+		}
+	}
+	if cfg.MaxConcurrent <= 0 {
+		cfg.MaxConcurrent = 256
+	}
+	a := &Agent{
+		n: n, key: cfg.Key, id: id, cfg: cfg, sandbox: cfg.Sandbox, guarded: cfg.Guarded,
+		sem:   make(chan struct{}, cfg.MaxConcurrent),
+		kick:  make(chan struct{}, 1),
+		tasks: map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
+	}
+	a.ctx, a.cancel = context.WithCancel(n.ctx)
+	dedup := protocol.NewDedupMemory(0)
+	limit := 0
+	if cfg.Limits.MaxInboundChars != nil {
+		limit = *cfg.Limits.MaxInboundChars
+		if limit == 0 {
+			limit = protocol.NoCap
+		}
+	}
+	a.inbox = &protocol.Inbox{Self: id, Dedup: dedup, MaxInboundChars: limit, Now: n.cfg.Now, Warn: a.inboundWarning}
+	a.replies = &protocol.Inbox{Self: id, Dedup: dedup, MaxInboundChars: protocol.NoCap, Now: n.cfg.Now, Warn: a.inboundWarning}
+
+	// Subscribe before registering, so a request sent the moment the
+	// registration lands is served live.
+	if err := a.subscribe(); err != nil {
+		a.cancel()
+		return nil, err
+	}
+	n.mu.Lock()
+	n.agents[id] = a
+	n.mu.Unlock()
+	if err := a.register(ctx); err != nil {
+		a.unhost()
+		return nil, err
+	}
+	if !a.sandbox {
+		a.loops.Add(1)
+		go a.drainLoop()
+	}
+	n.heartbeat("online")
+	n.reportHealth()
+	return a, nil
+}
+
+func checkAgentConfig(cfg AgentConfig) error {
+	switch {
+	case cfg.Key == nil:
+		return errors.New("node: AgentConfig.Key is required")
+	case cfg.Name == "":
+		return errors.New("node: AgentConfig.Name is required")
+	case cfg.Handler == nil:
+		return errors.New("node: AgentConfig.Handler is required")
+	}
+	seen := map[string]bool{}
+	for _, o := range cfg.Offerings {
+		switch {
+		case o.ID == "":
+			return errors.New("node: every offering needs an id")
+		case o.ID == protocol.OfferingTaskCancel || o.ID == protocol.OfferingDescribe:
+			return fmt.Errorf("node: offering %q is reserved; the runtime answers it", o.ID)
+		case seen[o.ID]:
+			return fmt.Errorf("node: offering %q declared twice", o.ID)
+		}
+		seen[o.ID] = true
+	}
+	switch cfg.Visibility {
+	case "", "public", "unlisted", "private":
+	default:
+		return fmt.Errorf("node: visibility %q is not public, unlisted or private", cfg.Visibility)
+	}
+	switch cfg.AvailabilityClass {
+	case "", "always_on", "intermittent", "on_demand":
+	default:
+		return fmt.Errorf("node: availability class %q is not always_on, intermittent or on_demand", cfg.AvailabilityClass)
+	}
+	return nil
+}
+
+// ID is the agent's public key.
+func (a *Agent) ID() string { return a.id }
+
+// Node is the hosting node.
+func (a *Agent) Node() *Node { return a.n }
+
+// Sandbox reports whether the agent runs without a mailbox (a guest, or
+// the registry said so).
+func (a *Agent) Sandbox() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.sandbox
+}
+
+func (a *Agent) inboxSubject() string {
+	if a.guarded {
+		return protocol.GuardedInboxSubject(a.id)
+	}
+	return protocol.InboxSubject(a.id)
+}
+
+func (a *Agent) subscribe() error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.sub != nil {
+		_ = a.sub.Unsubscribe()
+		a.sub = nil
+	}
+	sub, err := a.n.nc.Subscribe(a.inboxSubject(), a.onInboxMsg)
+	if err != nil {
+		return fmt.Errorf("node: subscribe %s: %w", a.inboxSubject(), err)
+	}
+	if err := sub.SetPendingLimits(-1, 256<<20); err != nil {
+		_ = sub.Unsubscribe()
+		return err
+	}
+	a.sub = sub
+	return a.n.nc.Flush()
+}
+
+// newVouch makes a fresh vouch for the agent: 30 days, 72 h without a
+// declared availability class.
+func (a *Agent) newVouch() (protocol.Vouch, error) {
+	life := VouchLifetime
+	if a.cfg.AvailabilityClass == "" {
+		life = VouchLifetimeUndeclared
+	}
+	now := a.n.now()
+	return protocol.NewVouch(a.n.cfg.NodeKey, a.id, now, now.Add(life))
+}
+
+// buildManifest is the register payload (docs/bus.md "Manifest").
+func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
+	offerings := make([]any, 0, len(a.cfg.Offerings))
+	for _, o := range a.cfg.Offerings {
+		m := map[string]any{"id": o.ID, "name": o.Name}
+		if m["name"] == "" {
+			m["name"] = o.ID
+		}
+		if o.Description != "" {
+			m["description"] = o.Description
+		}
+		if len(o.InputModes) > 0 {
+			m["input_modes"] = o.InputModes
+		}
+		if len(o.OutputModes) > 0 {
+			m["output_modes"] = o.OutputModes
+		}
+		if len(o.Tags) > 0 {
+			m["tags"] = o.Tags
+		}
+		offerings = append(offerings, m)
+	}
+	caps := a.cfg.Capabilities
+	if caps == nil {
+		caps = []string{}
+	}
+	m := map[string]any{
+		"id":               a.id,
+		"name":             a.cfg.Name,
+		"protocol_version": protocol.Version,
+		"endpoint":         protocol.InboxSubject(a.id),
+		"node":             map[string]any{"id": a.n.id, "attestation": v},
+		"capabilities":     caps,
+		"offerings":        offerings,
+	}
+	if a.cfg.Description != "" {
+		m["description"] = a.cfg.Description
+	}
+	if a.cfg.Version != "" {
+		m["version"] = a.cfg.Version
+	}
+	if a.cfg.Limits.MaxInboundChars != nil {
+		m["limits"] = map[string]any{"max_inbound_chars": *a.cfg.Limits.MaxInboundChars}
+	}
+	if a.cfg.Visibility != "" {
+		m["visibility"] = a.cfg.Visibility
+	}
+	if a.cfg.AvailabilityClass != "" {
+		m["availability_class"] = a.cfg.AvailabilityClass
+	}
+	if len(a.cfg.Tags) > 0 {
+		m["tags"] = a.cfg.Tags
+	}
+	if len(a.cfg.Meta) > 0 {
+		m["meta"] = a.cfg.Meta
+	}
+	return m
+}
+
+// Manifest is the manifest last registered.
+func (a *Agent) Manifest() map[string]any {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.manifest
+}
+
+// register makes a fresh vouch and registers the manifest with it.
+func (a *Agent) register(ctx context.Context) error {
+	v, err := a.newVouch()
+	if err != nil {
+		return err
+	}
+	manifest := a.buildManifest(v)
+	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	rep, err := bus.Call(ctx, a.n.nc, a.key, protocol.SubjRegister, protocol.TypeRegister, "", manifest)
+	if err != nil {
+		return fmt.Errorf("node: register %s: %w", a.id, err)
+	}
+	if pin := a.n.cfg.ServicesKey; pin != "" && rep.From != pin {
+		return errs.Newf(errs.IdentityMismatch, "node: the registry answer is signed by %s, not the services key", rep.From)
+	}
+	var out struct {
+		Status  string `json:"status"`
+		Sandbox bool   `json:"sandbox"`
+	}
+	if err := rep.DecodePayload(&out); err != nil {
+		return err
+	}
+	if out.Status != "registered" {
+		return fmt.Errorf("node: register %s: answered %q", a.id, out.Status)
+	}
+	issued, _ := protocol.ParseTime(v.IssuedAt)
+	expires, _ := protocol.ParseTime(v.ExpiresAt)
+	a.mu.Lock()
+	a.vouch, a.manifest = v, manifest
+	a.vs = vouchState{issued: issued, expires: expires, renewAt: twoThirds(issued, expires)}
+	if out.Sandbox {
+		a.sandbox = true
+	}
+	a.mu.Unlock()
+	return nil
+}
+
+// RevouchNow re-registers with a fresh vouch. A failure keeps the old
+// registration, is reported in Health and to Warn as
+// "vouch_renewal_failed", and is retried by the schedule.
+func (a *Agent) RevouchNow(ctx context.Context) error {
+	err := a.register(ctx)
+	if err != nil {
+		a.mu.Lock()
+		a.vs.lastAttempt, a.vs.lastErr = a.n.now(), err.Error()
+		a.mu.Unlock()
+		a.n.warn(Warning{Code: "vouch_renewal_failed", Agent: a.id, Message: err.Error(), Err: err})
+	}
+	a.n.reportHealth()
+	return err
+}
+
+// vouchRetry is how often a due vouch renewal is retried: a quarter of the
+// last third of the lifetime, at most an hour (upstream-notes §2.1).
+func (vs vouchState) retry() time.Duration {
+	d := vs.expires.Sub(vs.renewAt) / 4
+	if d > time.Hour || d <= 0 {
+		d = time.Hour
+	}
+	return d
+}
+
+func (a *Agent) maybeRevouch(now time.Time) {
+	a.mu.Lock()
+	vs := a.vs
+	a.mu.Unlock()
+	if vs.renewAt.IsZero() || now.Before(vs.renewAt) {
+		return
+	}
+	if !vs.lastAttempt.IsZero() && now.Sub(vs.lastAttempt) < vs.retry() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(a.ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	_ = a.RevouchNow(ctx)
+}
+
+func (a *Agent) vouchHealth() VouchHealth {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return VouchHealth{ExpiresAt: a.vs.expires, RenewAt: a.vs.renewAt, LastError: a.vs.lastErr}
+}
+
+// Vouch is the vouch of the current registration.
+func (a *Agent) Vouch() protocol.Vouch {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.vouch
+}
+
+// Deregister removes the registration (mesh.registry.deregister, payload
+// {agent_id}) and stops hosting the agent. The registry deletes its mailbox.
+func (a *Agent) Deregister(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	rep, err := bus.Call(ctx, a.n.nc, a.key, protocol.SubjDeregister, protocol.TypeRegister, "", map[string]any{"agent_id": a.id})
+	if err != nil {
+		return fmt.Errorf("node: deregister %s: %w", a.id, err)
+	}
+	if s := protocol.ResponseStatus(rep); s != "deregistered" {
+		return fmt.Errorf("node: deregister %s: answered %q", a.id, s)
+	}
+	a.unhost()
+	return nil
+}
+
+// unhost stops serving the agent without touching its registration.
+func (a *Agent) unhost() {
+	a.n.mu.Lock()
+	if a.n.agents[a.id] == a {
+		delete(a.n.agents, a.id)
+	}
+	a.n.mu.Unlock()
+	a.stop()
+	a.n.heartbeat("online")
+}
+
+func (a *Agent) stop() {
+	a.cancel()
+	a.mu.Lock()
+	if a.sub != nil {
+		_ = a.sub.Unsubscribe()
+		a.sub = nil
+	}
+	a.mu.Unlock()
+	a.loops.Wait()
+}
+
+// Guard asks the admission service to guard the agent's inbox (with an
+// owner-signed roster, or nil to keep the current one) and, when it answers
+// guarded, moves the subscription to the guarded inbox.
+func (a *Agent) Guard(ctx context.Context, roster any) (bool, error) {
+	payload := map[string]any{}
+	if roster != nil {
+		payload["roster"] = roster
+	}
+	return a.setGuard(ctx, protocol.SubjAdmissionGuard, payload, true)
+}
+
+// Unguard withdraws the guard and moves back to the public inbox.
+func (a *Agent) Unguard(ctx context.Context) error {
+	_, err := a.setGuard(ctx, protocol.SubjAdmissionUnguard, map[string]any{}, false)
+	return err
+}
+
+func (a *Agent) setGuard(ctx context.Context, subject string, payload map[string]any, want bool) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	rep, err := bus.Call(ctx, a.n.nc, a.key, subject, protocol.TypeRequest, "", payload)
+	if err != nil {
+		return false, err
+	}
+	var out struct {
+		Output struct {
+			OK      bool  `json:"ok"`
+			Guarded *bool `json:"guarded"`
+		} `json:"output"`
+	}
+	if err := rep.DecodePayload(&out); err != nil || !out.Output.OK {
+		return false, errs.New(errs.Unavailable, "the admission service did not confirm")
+	}
+	guarded := want
+	if out.Output.Guarded != nil {
+		guarded = *out.Output.Guarded
+	}
+	a.mu.Lock()
+	changed := a.guarded != guarded
+	a.guarded = guarded
+	a.mu.Unlock()
+	if changed {
+		return guarded, a.subscribe()
+	}
+	return guarded, nil
+}
+
+// activeTasks counts running performer tasks. The task list is copied
+// first: a task takes its own lock, then the agent's, when it ends.
+func (a *Agent) activeTasks() int {
+	a.mu.Lock()
+	tasks := make([]*Task, 0, len(a.tasks))
+	for _, t := range a.tasks {
+		tasks = append(tasks, t)
+	}
+	a.mu.Unlock()
+	n := 0
+	for _, t := range tasks {
+		if !protocol.Terminal(t.State()) {
+			n++
+		}
+	}
+	return n
+}
+
+// inboundWarning forwards the receive order's local warnings. Duplicates
+// are not warnings here: every request answered live comes back once more
+// from the mailbox, by design.
+func (a *Agent) inboundWarning(code string, r *protocol.Refusal) {
+	if r.Stage == "duplicate" {
+		return
+	}
+	a.n.warn(Warning{Code: code, Agent: a.id, Message: r.Err.Message, Err: r, Envelope: r.Env})
+}
+
+// offering looks up a declared offering; with none declared, every offering
+// is the handler's.
+func (a *Agent) offering(id string) (Offering, bool) {
+	if len(a.cfg.Offerings) == 0 {
+		return Offering{ID: id}, id != ""
+	}
+	i := slices.IndexFunc(a.cfg.Offerings, func(o Offering) bool { return o.ID == id })
+	if i < 0 {
+		return Offering{}, false
+	}
+	return a.cfg.Offerings[i], true
+}

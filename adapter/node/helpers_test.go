@@ -1,0 +1,401 @@
+package node
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// asyncWait bounds every wait for something asynchronous; silence until
+// then is a failure.
+const asyncWait = 5 * time.Second
+
+// testMesh is a real mesh (devenv: broker, JetStream, control plane) with
+// the mailbox stream in place, and the registry stand-in when no real
+// registry answers.
+type testMesh struct {
+	m   *devenv.Mesh
+	svc *nats.Conn // a service connection, for the test's own traffic
+	js  jetstream.JetStream
+	reg *registryStandIn // nil when a real registry worker answers
+}
+
+func newMesh(t *testing.T) *testMesh {
+	t.Helper()
+	m := bustest.Mesh(t)
+	svc := bustest.Client(t, m)
+	js, err := jetstream.New(svc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tm := &testMesh{m: m, svc: svc, js: js}
+	tm.ensureMailboxStream(t)
+	tm.reg = startRegistryStandIn(t, m)
+	return tm
+}
+
+// ensureMailboxStream makes MESH_MAILBOX as the registry worker does
+// (bus.md "Mailboxes"), unless it exists already.
+func (tm *testMesh) ensureMailboxStream(t *testing.T) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := tm.js.Stream(ctx, protocol.MailboxStream); err == nil {
+		return
+	}
+	_, err := tm.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name:      protocol.MailboxStream,
+		Subjects:  []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")},
+		Retention: jetstream.LimitsPolicy,
+		MaxAge:    7 * 24 * time.Hour,
+		Discard:   jetstream.DiscardOld,
+		NoAck:     true,
+		Storage:   jetstream.FileStorage,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ensureMailbox makes the durable consumer inbox_<agent> as the registry
+// does at registration of a non-sandbox agent, unless it exists already.
+func (tm *testMesh) ensureMailbox(t *testing.T, agent string) {
+	t.Helper()
+	ctx := t.Context()
+	if _, err := tm.js.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(agent)); err == nil {
+		return
+	}
+	_, err := tm.js.CreateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
+		Durable:       protocol.MailboxConsumer(agent),
+		DeliverPolicy: jetstream.DeliverAllPolicy,
+		AckPolicy:     jetstream.AckExplicitPolicy,
+		AckWait:       30 * time.Second,
+		MaxDeliver:    5,
+		FilterSubject: protocol.InboxSubject(agent),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// mailboxPending is what the agent's consumer still holds.
+func (tm *testMesh) mailboxPending(t *testing.T, agent string) (pending uint64, ackPending int) {
+	t.Helper()
+	c, err := tm.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
+	if err != nil {
+		t.Fatal(err)
+	}
+	info, err := c.Info(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return info.NumPending, info.NumAckPending
+}
+
+// registryStandIn answers mesh.registry.register while the real registry
+// worker (shared/registry, being written) does not exist. STAND-IN: replace
+// with the real worker once it lands; it checks only what the runtime must
+// get right (from == id, the vouch) and answers {status:"registered"}
+// signed by the services key, through shared/bus like the real one.
+type registryStandIn struct {
+	mu     sync.Mutex
+	seen   []map[string]any
+	refuse atomic.Bool
+}
+
+func startRegistryStandIn(t *testing.T, m *devenv.Mesh) *registryStandIn {
+	t.Helper()
+	probe := bustest.Client(t, m)
+	if _, err := probe.Request(protocol.SubjRegister, []byte("{}"), time.Second); !errors.Is(err, nats.ErrNoResponders) {
+		return nil // a real registry answers
+	}
+	r := &registryStandIn{}
+	env := bustest.Env(t, m, "registry-standin", nil)
+	svc, err := bus.NewServiceIn(env, "registry", "STAND-IN for the registry worker (register only)")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = svc.Stop() })
+	err = svc.Endpoint("register", protocol.SubjRegister, func(ctx context.Context, req *bus.Request) (any, error) {
+		if r.refuse.Load() {
+			return nil, errs.New(errs.Unavailable, "stand-in told to refuse")
+		}
+		man := req.Object()
+		id, _ := man["id"].(string)
+		if id != req.Env.From {
+			return nil, errs.New(errs.IdentityMismatch, "from must be the manifest id")
+		}
+		node, _ := man["node"].(map[string]any)
+		v, err := protocol.VouchFromValue(node["attestation"])
+		if err != nil {
+			return nil, err
+		}
+		if err := v.Verify(time.Now()); err != nil {
+			return nil, err
+		}
+		if v.Agent != id || v.Node != node["id"] {
+			return nil, errs.New(errs.InvalidManifest, "the vouch names another agent or node")
+		}
+		r.mu.Lock()
+		r.seen = append(r.seen, man)
+		r.mu.Unlock()
+		return map[string]any{"status": "registered", "agent_id": id, "visibility": "public", "sandbox": false}, nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The endpoint's subscription is on its own connection: make sure the
+	// broker has it before any node registers.
+	if err := env.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func (r *registryStandIn) manifests() []map[string]any {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return append([]map[string]any(nil), r.seen...)
+}
+
+func agentKey(t *testing.T) *keys.Agent { return bustest.Agent(t) }
+func nodeKey(t *testing.T) *keys.Node   { return bustest.Node(t) }
+
+// nodeCredential mints a node credential for the roster, signed in by the
+// node key, as POST /v1/node-credential would.
+func (tm *testMesh) nodeCredential(t *testing.T, nk *keys.Node, expires time.Time, agents ...*keys.Agent) Credential {
+	t.Helper()
+	ids := make([]string, len(agents))
+	for i, a := range agents {
+		ids[i] = a.Public()
+	}
+	tok, err := tm.m.Trust().MintUser(creds.UserSpec{
+		PublicKey: nk.Public(), Name: "node", Kind: creds.KindNode, Hosted: ids,
+		Permissions: creds.NodePermissions(ids), Expires: expires,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Credential{JWT: tok, Sign: nk.SignNonce}
+}
+
+// startNode starts a node for the roster with a 1-hour credential.
+func (tm *testMesh) startNode(t *testing.T, nk *keys.Node, agents []*keys.Agent, edit func(*Config)) *Node {
+	t.Helper()
+	cfg := Config{
+		NATSURL:    tm.m.URLs().MeshTCP,
+		NodeKey:    nk,
+		Credential: tm.nodeCredential(t, nk, time.Now().Add(time.Hour), agents...),
+	}
+	if edit != nil {
+		edit(&cfg)
+	}
+	n, err := Start(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = n.Close() })
+	return n
+}
+
+// host hosts an agent with a mailbox.
+func (tm *testMesh) host(t *testing.T, n *Node, cfg AgentConfig) *Agent {
+	t.Helper()
+	if !cfg.Sandbox {
+		tm.ensureMailbox(t, cfg.Key.Public())
+	}
+	if cfg.Name == "" {
+		cfg.Name = "agent"
+	}
+	a, err := n.Host(t.Context(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
+// pair is the usual setup: agent a on node A asks agent b on node B.
+type pair struct {
+	tm         *testMesh
+	nA, nB     *Node
+	a, b       *Agent
+	kA, kB     *keys.Agent
+	nkA, nkB   *keys.Node
+	warnB      *warnings
+	repliesToA chan *Result
+}
+
+func newPair(t *testing.T, tm *testMesh, b AgentConfig, editB func(*Config)) *pair {
+	t.Helper()
+	p := &pair{tm: tm, kA: agentKey(t), kB: agentKey(t), nkA: nodeKey(t), nkB: nodeKey(t), warnB: &warnings{}, repliesToA: make(chan *Result, 64)}
+	p.nA = tm.startNode(t, p.nkA, []*keys.Agent{p.kA}, nil)
+	p.nB = tm.startNode(t, p.nkB, []*keys.Agent{p.kB}, func(c *Config) {
+		c.Warn = p.warnB.add
+		if editB != nil {
+			editB(c)
+		}
+	})
+	p.a = tm.host(t, p.nA, AgentConfig{Key: p.kA, Name: "caller", Handler: refuseAll, OnReply: func(r *Result) { p.repliesToA <- r }})
+	b.Key = p.kB
+	p.b = tm.host(t, p.nB, b)
+	return p
+}
+
+func refuseAll(ctx context.Context, c *Call) error {
+	return errs.New(errs.OfferingNotFound, "this agent serves nothing")
+}
+
+// warnings collects warnings.
+type warnings struct {
+	mu   sync.Mutex
+	list []Warning
+}
+
+func (w *warnings) add(x Warning) {
+	w.mu.Lock()
+	w.list = append(w.list, x)
+	w.mu.Unlock()
+}
+
+func (w *warnings) codes() []string {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make([]string, len(w.list))
+	for i, x := range w.list {
+		out[i] = x.Code
+	}
+	return out
+}
+
+func (w *warnings) has(code string) bool {
+	for _, c := range w.codes() {
+		if c == code {
+			return true
+		}
+	}
+	return false
+}
+
+// eventually polls cond until it holds or asyncWait passes.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(asyncWait)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// collector subscribes subject on the service connection and keeps the
+// messages.
+type collector struct {
+	mu   sync.Mutex
+	msgs []*nats.Msg
+}
+
+func (tm *testMesh) collect(t *testing.T, subject string) *collector {
+	t.Helper()
+	c := &collector{}
+	sub, err := tm.svc.Subscribe(subject, func(m *nats.Msg) {
+		c.mu.Lock()
+		c.msgs = append(c.msgs, m)
+		c.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	if err := tm.svc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func (c *collector) len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.msgs)
+}
+
+// envelopes decodes (and so verifies) every collected message.
+func (c *collector) envelopes(t *testing.T) []*protocol.Envelope {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*protocol.Envelope, 0, len(c.msgs))
+	for _, m := range c.msgs {
+		e, err := protocol.Decode(m.Data)
+		if err != nil {
+			t.Fatalf("collected an envelope that does not verify: %v", err)
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+func statuses(envs []*protocol.Envelope) []string {
+	out := make([]string, len(envs))
+	for i, e := range envs {
+		out[i] = protocol.ResponseStatus(e)
+	}
+	return out
+}
+
+// rawRequest signs a request from signer (with from possibly forged by
+// edit after signing) and publishes it on subject with a fresh reply inbox;
+// it returns the collector of that inbox.
+func (tm *testMesh) rawRequest(t *testing.T, subject string, env *protocol.Envelope) *collector {
+	t.Helper()
+	data, err := env.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tm.rawPublish(t, subject, data)
+}
+
+func (tm *testMesh) rawPublish(t *testing.T, subject string, data []byte) *collector {
+	t.Helper()
+	inbox := nats.NewInbox()
+	c := tm.collect(t, inbox)
+	if err := tm.svc.PublishRequest(subject, inbox, data); err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+func requestEnv(t *testing.T, from *keys.Agent, to, offering string, input any) *protocol.Envelope {
+	t.Helper()
+	e, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": offering, "input": input})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.To = to
+	if err := e.Sign(from); err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+func codeOf(err error) errs.Code { return errs.CodeOf(err) }
+
+func mustCode(t *testing.T, err error, want errs.Code) {
+	t.Helper()
+	if got := codeOf(err); got != want {
+		t.Fatalf("error %v: code %q, want %q", err, got, want)
+	}
+}

@@ -1,0 +1,423 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// RequestOptions tune one request.
+type RequestOptions struct {
+	// Budget is the envelope budget (revision 0 on a first request).
+	Budget *protocol.Budget
+	// Config is payload.config.
+	Config map[string]any
+	// Limits are the recipient's declared limits for pre-flight; nil is the
+	// protocol default (65,536 UTF-16 code units of sender text).
+	Limits *protocol.RecipientLimits
+	// Timeout is how long to wait for an answer (Config.RequestTimeout);
+	// an accept restarts it.
+	Timeout time.Duration
+	// Follow subscribes to task updates and stream chunks before the
+	// request is published, so that a Task-mode answer's first updates and
+	// chunks cannot be missed. It listens to mesh.task.*.update|stream until
+	// the answer arrives (keeping only frames in reply to this request), so
+	// use it for requests that may stream, not for every call.
+	Follow bool
+	// ContextID is the envelope context_id.
+	ContextID string
+}
+
+// Result is the answer to a request: the first respond whose status is not
+// "accepted", or a queued ack.
+type Result struct {
+	RequestID string
+	// From is the verified signer of the answer.
+	From string
+	// Env is the answer envelope; Delivery is what the receive order made
+	// of it (Delivery.Input frames the sender text of the payload).
+	Env      *protocol.Envelope
+	Delivery *protocol.Delivery
+	Status   string
+	// Output is payload.output, verified and unframed.
+	Output  any
+	Message string
+	Error   *errs.Error
+	// Accepted reports that an accept came first.
+	Accepted bool
+	// TaskID is set when the responder chose Task mode; Task follows it.
+	TaskID string
+	Task   *TaskHandle
+	// Queued is the node-level queued ack: a mailbox holds the request
+	// (or the admission service held or refused it; the two look alike on
+	// purpose). The real answer, if any, arrives later at this agent's
+	// inbox, through OnReply.
+	Queued  bool
+	InboxID string
+}
+
+// waiter is a request waiting for its answers.
+type waiter struct {
+	a  *Agent
+	id string
+	to string
+	ch chan inbound
+}
+
+type inbound struct {
+	dl           *protocol.Delivery
+	noResponders bool
+}
+
+func (w *waiter) deliver(in inbound) {
+	select {
+	case w.ch <- in:
+	default: // a flood of answers to one request: keep the first ones
+	}
+}
+
+func (n *Node) addWaiter(w *waiter) {
+	n.pendMu.Lock()
+	n.pending[w.id] = w
+	n.pendMu.Unlock()
+}
+
+func (n *Node) removeWaiter(id string) {
+	n.pendMu.Lock()
+	delete(n.pending, id)
+	n.pendMu.Unlock()
+}
+
+func (n *Node) waiterFor(id string) *waiter {
+	n.pendMu.Lock()
+	defer n.pendMu.Unlock()
+	return n.pending[id]
+}
+
+// onReplyMsg receives everything on this node's reply subjects.
+func (n *Node) onReplyMsg(m *nats.Msg) {
+	token := strings.TrimPrefix(m.Subject, n.respPrefix)
+	if len(m.Data) == 0 && m.Header.Get("Status") == "503" {
+		if w := n.waiterFor(token); w != nil {
+			w.deliver(inbound{noResponders: true})
+		}
+		return
+	}
+	env, err := protocol.DefaultDecoder.Decode(m.Data)
+	if err != nil || env.Type != protocol.TypeRespond {
+		n.log.Debug("reply: dropped an undecodable answer", "err", err)
+		return
+	}
+	a := n.Agent(env.To)
+	if a == nil {
+		if w := n.waiterFor(token); w != nil && env.To == "" {
+			a = w.a
+		}
+	}
+	if a == nil {
+		return
+	}
+	if n.journal.Answered(env.From, env.ID) {
+		return
+	}
+	dl, err := a.replies.Check(env, protocol.SourceLive)
+	if err != nil {
+		return
+	}
+	a.routeReply(dl)
+}
+
+// routeReply hands a verified respond addressed to this agent to the
+// request waiting for it, or, when none waits, to OnReply. Accepts only
+// ever go to a waiting request.
+func (a *Agent) routeReply(dl *protocol.Delivery) {
+	env := dl.Env
+	if w := a.n.waiterFor(env.InReplyTo); w != nil && w.a == a {
+		_, queued := protocol.QueuedAckOf(env)
+		if env.From == w.to || queued {
+			w.deliver(inbound{dl: dl})
+			return
+		}
+		a.n.log.Debug("reply: dropped an answer from someone else", "agent", a.id, "from", env.From)
+		return
+	}
+	if protocol.IsAccepted(env) {
+		return
+	}
+	if err := a.n.journal.Record(env.From, env.ID); err != nil {
+		a.n.log.Error("journal", "err", err)
+	}
+	if a.cfg.OnReply != nil {
+		a.cfg.OnReply(a.resultOf(dl))
+	}
+}
+
+// resultOf reads an answer.
+func (a *Agent) resultOf(dl *protocol.Delivery) *Result {
+	env := dl.Env
+	r := &Result{RequestID: env.InReplyTo, From: env.From, Env: env, Delivery: dl, TaskID: env.TaskID}
+	if v, err := env.PayloadValue(); err == nil {
+		if p, ok := v.(map[string]any); ok {
+			r.Status, _ = p["status"].(string)
+			r.Output = p["output"]
+			r.Message, _ = p["message"].(string)
+			if r.TaskID == "" {
+				r.TaskID, _ = p["task_id"].(string)
+			}
+		}
+	}
+	r.Error = bus.ErrorOf(env)
+	if ack, ok := protocol.QueuedAckOf(env); ok {
+		r.Queued, r.InboxID = true, ack.InboxID
+	}
+	return r
+}
+
+// Request sends a request to another agent's inbox and waits for its answer
+// (spec §4.3 call steps): build, pre-flight (a refusal publishes nothing),
+// sign, publish with a reply subject, treat an accept as "keep waiting"
+// (the timeout restarts), and resolve on the first respond whose status is
+// not "accepted". An answer carrying an error returns both the Result and
+// that *errs.Error. A Task-mode answer returns Result.Task. No answer in
+// time is TRANSPORT_TIMEOUT (details.request_id names the request, whose
+// late answer then reaches OnReply); nobody listening and no mailbox is
+// AGENT_UNAVAILABLE.
+func (a *Agent) Request(ctx context.Context, to, offering string, input any, opts RequestOptions) (*Result, error) {
+	if !keys.IsUserPublicKey(to) {
+		return nil, errs.Newf(errs.InvalidRequest, "recipient %q is not an agent id", to)
+	}
+	payload := map[string]any{"offering": offering, "input": input}
+	if opts.Config != nil {
+		payload["config"] = opts.Config
+	}
+	env, err := protocol.New(protocol.TypeRequest, a.id, payload)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidRequest, "the request cannot be encoded", err)
+	}
+	env.To, env.ContextID = to, opts.ContextID
+	if opts.Budget != nil {
+		if err := opts.Budget.Validate(); err != nil {
+			return nil, err
+		}
+		b := *opts.Budget
+		env.Budget = &b
+	}
+	var lim protocol.RecipientLimits
+	if opts.Limits != nil {
+		lim = *opts.Limits
+	}
+	if err := protocol.Preflight(env, lim, int(a.n.nc.MaxPayload())); err != nil {
+		return nil, err
+	}
+	if err := env.Sign(a.key); err != nil {
+		return nil, err
+	}
+	data, err := env.Marshal()
+	if err != nil {
+		return nil, err
+	}
+	w := &waiter{a: a, id: env.ID, to: to, ch: make(chan inbound, 16)}
+	a.n.addWaiter(w)
+	defer a.n.removeWaiter(env.ID)
+	var f *follower
+	if opts.Follow {
+		if f, err = a.follow(env.ID); err != nil {
+			return nil, err
+		}
+		defer f.close()
+	}
+	msg := &nats.Msg{Subject: protocol.InboxSubject(to), Reply: a.n.respPrefix + env.ID, Data: data, Header: nats.Header{}}
+	msg.Header.Set(nats.MsgIdHdr, env.ID) // the mailbox's dedupe of a retried publish
+	if err := a.n.publishMsg(msg); err != nil {
+		return nil, err
+	}
+	timeout := opts.Timeout
+	if timeout <= 0 {
+		timeout = a.n.cfg.RequestTimeout
+	}
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	accepted := false
+	for {
+		select {
+		case in := <-w.ch:
+			if in.noResponders {
+				return nil, errs.Newf(errs.AgentUnavailable, "nothing serves agent %s and it has no mailbox", to).
+					WithDetail("request_id", env.ID)
+			}
+			if protocol.IsAccepted(in.dl.Env) {
+				accepted = true
+				timer.Reset(timeout)
+				continue
+			}
+			if err := a.n.journal.Record(in.dl.Env.From, in.dl.Env.ID); err != nil {
+				a.n.log.Error("journal", "err", err)
+			}
+			res := a.resultOf(in.dl)
+			res.RequestID, res.Accepted = env.ID, accepted
+			if res.TaskID != "" && !protocol.Terminal(res.Status) && res.Error == nil {
+				h, err := a.newTaskHandle(res.TaskID, to, env.ID, f)
+				if err != nil {
+					return res, err
+				}
+				res.Task = h
+			}
+			if res.Error != nil {
+				return res, res.Error
+			}
+			return res, nil
+		case <-timer.C:
+			return nil, errs.Newf(errs.TransportTimeout, "no answer from %s within %s; the recipient's node may not be running (a mailbox keeps the request, and a late answer arrives through OnReply)", to, timeout).
+				WithDetail("request_id", env.ID)
+		case <-ctx.Done():
+			if errors.Is(ctx.Err(), context.DeadlineExceeded) {
+				return nil, errs.Newf(errs.TransportTimeout, "no answer from %s before the deadline", to).WithDetail("request_id", env.ID)
+			}
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// framePump delivers frames in the order the broker sent them: every
+// subscription involved in following one task (the follower's wildcards,
+// then the handle's own) feeds one channel, read by one goroutine. Separate
+// async subscriptions would each have their own goroutine, and a handoff
+// between them could reorder a task's updates.
+type framePump struct {
+	nc   *nats.Conn
+	ch   chan *nats.Msg
+	stop chan struct{}
+	once sync.Once
+	mu   sync.Mutex
+	subs map[string]*nats.Subscription
+}
+
+func newPump(nc *nats.Conn, sink func(*nats.Msg)) *framePump {
+	p := &framePump{nc: nc, ch: make(chan *nats.Msg, 4096), stop: make(chan struct{}), subs: map[string]*nats.Subscription{}}
+	go func() {
+		for {
+			select {
+			case m := <-p.ch:
+				sink(m)
+			case <-p.stop:
+				return
+			}
+		}
+	}()
+	return p
+}
+
+// subscribe adds subjects and waits until the broker has them.
+func (p *framePump) subscribe(subjects ...string) error {
+	p.mu.Lock()
+	for _, s := range subjects {
+		sub, err := p.nc.ChanSubscribe(s, p.ch)
+		if err != nil {
+			p.mu.Unlock()
+			return err
+		}
+		p.subs[s] = sub
+	}
+	p.mu.Unlock()
+	return p.nc.Flush()
+}
+
+func (p *framePump) unsubscribe(subjects ...string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, s := range subjects {
+		if sub := p.subs[s]; sub != nil {
+			_ = sub.Unsubscribe()
+			delete(p.subs, s)
+		}
+	}
+}
+
+func (p *framePump) close() {
+	p.mu.Lock()
+	for s, sub := range p.subs {
+		_ = sub.Unsubscribe()
+		delete(p.subs, s)
+	}
+	p.mu.Unlock()
+	p.once.Do(func() { close(p.stop) })
+}
+
+var wildcardTaskSubjects = []string{protocol.TaskUpdateSubject("*"), protocol.TaskStreamSubject("*")}
+
+// follower listens to every task update and chunk while a request is
+// outstanding, keeping those in reply to it until the answer names the
+// task; then it hands them, in order, to the task's handle.
+type follower struct {
+	reqID string
+	pump  *framePump
+	mu    sync.Mutex
+	msgs  []*nats.Msg
+	h     *TaskHandle
+}
+
+func (a *Agent) follow(reqID string) (*follower, error) {
+	f := &follower{reqID: reqID}
+	f.pump = newPump(a.n.nc, f.on)
+	if err := f.pump.subscribe(wildcardTaskSubjects...); err != nil {
+		f.pump.close()
+		return nil, err
+	}
+	return f, nil
+}
+
+func (f *follower) on(m *nats.Msg) {
+	f.mu.Lock()
+	h := f.h
+	if h == nil {
+		var lite struct {
+			InReplyTo string `json:"in_reply_to"`
+		}
+		if json.Unmarshal(m.Data, &lite) == nil && lite.InReplyTo == f.reqID {
+			f.msgs = append(f.msgs, m)
+		}
+	}
+	f.mu.Unlock()
+	if h != nil && h.owns(m.Subject) {
+		h.ingest(m)
+	}
+}
+
+// attach hands the frames kept for h's task to h, then moves the pump from
+// the wildcards to the task's own subjects.
+func (f *follower) attach(h *TaskHandle) error {
+	f.mu.Lock()
+	for _, m := range f.msgs {
+		if h.owns(m.Subject) {
+			h.ingest(m)
+		}
+	}
+	f.msgs, f.h = nil, h
+	f.mu.Unlock()
+	h.pump = f.pump
+	if err := f.pump.subscribe(protocol.TaskUpdateSubject(h.ID), protocol.TaskStreamSubject(h.ID)); err != nil {
+		return err
+	}
+	f.pump.unsubscribe(wildcardTaskSubjects...)
+	return nil
+}
+
+// close stops following, unless a handle took the pump over.
+func (f *follower) close() {
+	f.mu.Lock()
+	attached := f.h != nil
+	f.mu.Unlock()
+	if !attached {
+		f.pump.close()
+	}
+}

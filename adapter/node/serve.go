@@ -1,0 +1,615 @@
+package node
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// origin is where an inbound message came from.
+type origin struct {
+	src protocol.Source
+	// reply is the NATS reply subject of a live request; answers to a
+	// request without one (a drained request) go to the sender's inbox.
+	reply string
+	// progress tells the mailbox that a drained request is still being
+	// worked on (JetStream InProgress), so it is not redelivered meanwhile.
+	progress func()
+}
+
+func (a *Agent) onInboxMsg(m *nats.Msg) {
+	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: m.Reply})
+}
+
+// receive runs the receive order on one inbound message and dispatches it:
+// requests to the handler (live ones in their own goroutine, drained ones
+// here), responds to the request waiting on them or to OnReply. It returns
+// an error only when a drained message must stay in the mailbox (its answer
+// could not be published).
+func (a *Agent) receive(data []byte, o origin) error {
+	env, err := protocol.DefaultDecoder.Decode(data)
+	if err != nil {
+		e := errs.As(err)
+		a.n.warn(Warning{Code: "inbound_decode", Agent: a.id, Message: e.Message, Err: err})
+		if o.reply != "" {
+			// Never to the unverified from: only on the reply subject, with
+			// no addressing taken from the envelope.
+			if env, err := protocol.New(protocol.TypeRespond, a.id, e.BusPayload()); err == nil {
+				_ = a.sendRespond(o.reply, env)
+			}
+		}
+		return nil
+	}
+	// A journaled envelope was handled before (by an earlier process): it
+	// is a duplicate, refused silently, and remembered as one.
+	if a.n.journal.Answered(env.From, env.ID) {
+		a.inbox.Dedup.Seen(env.From, env.ID)
+		return nil
+	}
+	switch env.Type {
+	case protocol.TypeRespond:
+		dl, err := a.replies.Check(env, o.src)
+		if err != nil {
+			return nil
+		}
+		a.routeReply(dl)
+		return nil
+	case protocol.TypeRequest:
+	default:
+		a.n.log.Debug("inbox: ignoring a non-request", "agent", a.id, "type", env.Type)
+		return nil
+	}
+	dl, err := a.inbox.Check(env, o.src)
+	if err != nil {
+		var r *protocol.Refusal
+		if !errors.As(err, &r) || r.Silent || r.Env == nil {
+			return nil
+		}
+		// Oversize (CONTEXT_TOO_LARGE) or an unreadable request payload:
+		// answered in reply to the verified request; admission refusals
+		// never carry an accept.
+		c := a.newCall(&protocol.Delivery{Env: r.Env, Source: o.src}, o)
+		defer c.cancel()
+		return c.fail(r.Err)
+	}
+	c := a.newCall(dl, o)
+	if o.src == protocol.SourceLive {
+		select {
+		case a.sem <- struct{}{}:
+		default:
+			defer c.cancel()
+			return c.fail(errs.Newf(errs.AgentOverloaded, "agent is handling %d requests; retry later", cap(a.sem)).WithRetryAfter(1000))
+		}
+		go func() {
+			defer func() { <-a.sem }()
+			_ = a.serve(c)
+		}()
+		return nil
+	}
+	return a.serve(c)
+}
+
+// Call is one admitted request as a handler sees it.
+type Call struct {
+	// Env is the verified request envelope.
+	Env *protocol.Envelope
+	// Delivery is what the receive order produced.
+	Delivery *protocol.Delivery
+	// Input is payload.input, with its sender text framed (Delivery.Input).
+	Input any
+	// SenderText is the sender's text before framing ("" when none).
+	SenderText string
+	// Offering is the requested offering.
+	Offering string
+	// Config is payload.config, when present.
+	Config map[string]any
+	// Budget is the envelope budget, when present, and BudgetLine its
+	// provenance line (shown outside the sender-content fence).
+	Budget     *protocol.Budget
+	BudgetLine string
+	// Source says whether the request arrived live or from the mailbox.
+	Source protocol.Source
+
+	a      *Agent
+	o      origin
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu       sync.Mutex
+	answered bool // a substantive answer was sent (or a task started)
+	recorded bool // the request is in the journal
+	task     *Task
+}
+
+func (a *Agent) newCall(dl *protocol.Delivery, o origin) *Call {
+	c := &Call{Env: dl.Env, Delivery: dl, Input: dl.Input, SenderText: dl.SenderText, Source: o.src, Budget: dl.Env.Budget, a: a, o: o}
+	if v, err := dl.Env.PayloadValue(); err == nil {
+		if p, ok := v.(map[string]any); ok {
+			c.Offering = protocol.OfferingOf(p)
+			c.Config, _ = p["config"].(map[string]any)
+		}
+	}
+	if c.Budget != nil {
+		c.BudgetLine = c.Budget.Line(a.n.now())
+	}
+	c.ctx, c.cancel = context.WithCancel(a.ctx)
+	return c
+}
+
+// Agent is the agent serving the call.
+func (c *Call) Agent() *Agent { return c.a }
+
+// Sender is the verified sender's public key.
+func (c *Call) Sender() string { return c.Env.From }
+
+// Context is the call's context: canceled when the handler returns (bare
+// mode), when the task ends or is canceled (Task mode), or when the node
+// closes.
+func (c *Call) Context() context.Context { return c.ctx }
+
+// RawInput is payload.input exactly as signed, unframed.
+func (c *Call) RawInput() any {
+	in, _ := protocol.HandlerInput(c.Env)
+	return in
+}
+
+// DecodeInput unmarshals payload.input (unframed) into dst.
+func (c *Call) DecodeInput(dst any) error {
+	var p struct {
+		Input json.RawMessage `json:"input"`
+	}
+	if err := c.Env.DecodePayload(&p); err != nil {
+		return err
+	}
+	if len(p.Input) == 0 {
+		p.Input = json.RawMessage("null")
+	}
+	if err := json.Unmarshal(p.Input, dst); err != nil {
+		return errs.Wrap(errs.InputInvalid, "input does not have the expected shape", err)
+	}
+	return nil
+}
+
+// target is where answers go: the reply subject of a live request, else the
+// sender's inbox (with in_reply_to).
+func (c *Call) target() string {
+	if c.o.reply != "" {
+		return c.o.reply
+	}
+	return protocol.InboxSubject(c.Env.From)
+}
+
+// send publishes one respond in reply to the request and journals the
+// request on its first answer.
+func (c *Call) send(payload any, taskID string) error {
+	env, err := protocol.NewReply(c.Env, c.a.id, payload)
+	if err != nil {
+		return err
+	}
+	env.TaskID = taskID
+	if err := c.a.sendRespond(c.target(), env); err != nil {
+		return err
+	}
+	c.record()
+	return nil
+}
+
+func (c *Call) record() {
+	c.mu.Lock()
+	done := c.recorded
+	c.recorded = true
+	c.mu.Unlock()
+	if !done {
+		if err := c.a.n.journal.Record(c.Env.From, c.Env.ID); err != nil {
+			c.a.n.log.Error("journal", "err", err)
+		}
+	}
+}
+
+// ErrAnswered is returned by a second substantive answer to one call.
+var ErrAnswered = errors.New("node: the request was already answered")
+
+func (c *Call) claim() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.answered {
+		return ErrAnswered
+	}
+	c.answered = true
+	return nil
+}
+
+func (c *Call) isAnswered() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.answered
+}
+
+// Reply answers in bare mode: a terminal {status:"completed", output}.
+func (c *Call) Reply(output any) error {
+	if err := c.claim(); err != nil {
+		return err
+	}
+	p := map[string]any{"status": protocol.StateCompleted}
+	if output != nil {
+		p["output"] = output
+	}
+	return c.send(p, "")
+}
+
+// Fail answers in bare mode with a terminal {status:"failed", error}. A
+// non-protocol error is sent as INTERNAL_ERROR with a generic message.
+func (c *Call) Fail(err error) error {
+	if e := c.claim(); e != nil {
+		return e
+	}
+	return c.send(errs.As(err).BusPayload(), "")
+}
+
+// fail is Fail for the runtime's own refusals.
+func (c *Call) fail(e *errs.Error) error { return c.Fail(e) }
+
+// StartTask switches the call to Task mode: the task is created (updates
+// submitted, then working, on mesh.task.<id>.update) and the request is
+// answered {status:"working", task_id}. The task's context is the call's.
+func (c *Call) StartTask() (*Task, error) {
+	if err := c.claim(); err != nil {
+		return nil, err
+	}
+	t := &Task{ID: protocol.NewID(), a: c.a, call: c, ctx: c.ctx, cancel: c.cancel}
+	c.mu.Lock()
+	c.task = t
+	c.mu.Unlock()
+	c.a.addTask(t)
+	if err := t.publish(map[string]any{"status": protocol.StateSubmitted}, protocol.StateSubmitted); err != nil {
+		return nil, err
+	}
+	if err := t.publish(map[string]any{"status": protocol.StateWorking}, protocol.StateWorking); err != nil {
+		return nil, err
+	}
+	if err := c.send(map[string]any{"status": protocol.StateWorking, "task_id": t.ID}, t.ID); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// sendRespond signs env, publishes it on subject and a copy on the agent's
+// outbox.
+func (a *Agent) sendRespond(subject string, env *protocol.Envelope) error {
+	if err := env.Sign(a.key); err != nil {
+		return err
+	}
+	b, err := env.Marshal()
+	if err != nil {
+		return err
+	}
+	if err := a.n.publish(subject, b, env.ID); err != nil {
+		return err
+	}
+	if err := a.n.publish(protocol.OutboxSubject(a.id), b, ""); err != nil {
+		a.n.log.Warn("outbox copy", "agent", a.id, "err", err)
+	}
+	return nil
+}
+
+// serve runs admission, the accept, and the handler for one request.
+func (a *Agent) serve(c *Call) (err error) {
+	switch c.Offering {
+	case protocol.OfferingTaskCancel:
+		defer c.cancel()
+		return a.serveCancel(c)
+	case protocol.OfferingDescribe:
+		defer c.cancel()
+		return c.Reply(a.Manifest())
+	}
+	if e := a.admit(c); e != nil {
+		defer c.cancel()
+		return c.fail(e)
+	}
+	live := c.o.src == protocol.SourceLive && c.o.reply != ""
+	if live {
+		acc, err := protocol.NewAccept(c.Env, a.id)
+		if err == nil {
+			err = a.sendRespond(c.o.reply, acc)
+		}
+		if err != nil {
+			c.cancel()
+			return err
+		}
+		c.record()
+	}
+	if _, ok := a.offering(c.Offering); !ok {
+		defer c.cancel()
+		return c.fail(errs.Newf(errs.OfferingNotFound, "agent %s has no offering %q", a.id, c.Offering))
+	}
+	if c.o.progress != nil {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(10 * time.Second)
+			defer t.Stop()
+			for {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+					c.o.progress()
+				}
+			}
+		}()
+	}
+	herr := a.runHandler(c)
+	c.mu.Lock()
+	task, answered := c.task, c.answered
+	c.mu.Unlock()
+	switch {
+	case !answered && herr != nil:
+		err = c.Fail(herr)
+	case !answered:
+		a.n.log.Error("handler returned without answering", "agent", a.id, "offering", c.Offering)
+		err = c.Fail(errs.New(errs.InternalError, "the handler returned without answering"))
+	case task != nil && herr != nil && !protocol.Terminal(task.State()):
+		err = task.Fail(herr)
+	}
+	if task == nil {
+		c.cancel()
+	}
+	return err
+}
+
+// runHandler calls the handler, turning a panic into an error.
+func (a *Agent) runHandler(c *Call) (err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			a.n.log.Error("handler panicked", "agent", a.id, "offering", c.Offering, "panic", r)
+			err = errs.Wrap(errs.InternalError, "internal error", fmt.Errorf("panic: %v", r))
+		}
+	}()
+	return a.cfg.Handler(c.ctx, c)
+}
+
+// admit is admission before the accept: a deadline already past (under the
+// protocol's skew tolerance) cannot be met; then the agent's AdmitFunc.
+func (a *Agent) admit(c *Call) *errs.Error {
+	if c.Budget != nil {
+		if d, ok := c.Budget.DeadlineTime(); ok && protocol.DeadlinePast(d, a.n.now()) {
+			return protocol.DeadlineUnmeetable(a.n.now(), "the deadline has already passed")
+		}
+	}
+	if a.cfg.Admit == nil {
+		return nil
+	}
+	err := a.cfg.Admit(c.ctx, c, c.Budget)
+	if err == nil {
+		return nil
+	}
+	return errs.As(err)
+}
+
+// serveCancel answers a task.cancel request (spec §3.4, bus.md "Cancel").
+// Only the task's requester may cancel it; to anyone else the task does not
+// exist.
+func (a *Agent) serveCancel(c *Call) error {
+	in, err := protocol.ParseCancelInput(c.RawInput())
+	if err != nil {
+		return c.fail(errs.As(err))
+	}
+	t := a.taskByID(in.TaskID)
+	if t == nil || t.call.Env.From != c.Env.From {
+		return c.fail(errs.Newf(errs.TaskNotFound, "no task %s", in.TaskID))
+	}
+	if err := t.cancelFor(in); err != nil {
+		return c.fail(errs.As(err))
+	}
+	return c.replyPayload(map[string]any{"status": protocol.StateCanceled})
+}
+
+// replyPayload sends a bare terminal payload as is (the runtime's own
+// answers).
+func (c *Call) replyPayload(payload map[string]any) error {
+	if err := c.claim(); err != nil {
+		return err
+	}
+	return c.send(payload, "")
+}
+
+// Task is a Task-mode request on the performer's side.
+type Task struct {
+	ID string
+
+	a      *Agent
+	call   *Call
+	ctx    context.Context
+	cancel context.CancelFunc
+
+	mu           sync.Mutex
+	state        string
+	chunks       int
+	streamOpen   bool
+	streamClosed bool
+}
+
+// ErrTaskFinished is returned by updates to a task already terminal.
+var ErrTaskFinished = errs.New(errs.TaskInvalidTransition, "the task has already ended")
+
+// Context is canceled when the task ends or is canceled.
+func (t *Task) Context() context.Context { return t.ctx }
+
+// State is the task's current state.
+func (t *Task) State() string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.state
+}
+
+// Requester is the verified sender of the request.
+func (t *Task) Requester() string { return t.call.Env.From }
+
+// publish sends a respond on the task's update subject and moves the local
+// state; the caller holds no lock.
+func (t *Task) publish(payload map[string]any, state string) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.publishLocked(payload, state)
+}
+
+func (t *Task) publishLocked(payload map[string]any, state string) error {
+	if protocol.Terminal(t.state) {
+		return ErrTaskFinished
+	}
+	if state != t.state {
+		if err := protocol.CheckTransition(t.state, state); err != nil {
+			return err
+		}
+	}
+	env, err := protocol.NewReply(t.call.Env, t.a.id, payload)
+	if err != nil {
+		return err
+	}
+	env.TaskID = t.ID
+	if err := t.a.sendRespond(protocol.TaskUpdateSubject(t.ID), env); err != nil {
+		return err
+	}
+	t.state = state
+	if protocol.Terminal(state) {
+		t.a.taskEnded(t)
+		t.cancel()
+	}
+	return nil
+}
+
+// Update publishes a state change (or, with the current state, a progress
+// update) with an optional output.
+func (t *Task) Update(state string, output any) error {
+	p := map[string]any{"status": state}
+	if output != nil {
+		p["output"] = output
+	}
+	return t.publish(p, state)
+}
+
+// Progress publishes {status:"working", message}: progress in the working
+// state, not a transition.
+func (t *Task) Progress(message string) error {
+	return t.publish(map[string]any{"status": protocol.StateWorking, "message": message}, protocol.StateWorking)
+}
+
+// Chunk publishes the next stream chunk on mesh.task.<id>.stream:
+// {status:"working", chunk_index, final:false, data}.
+func (t *Task) Chunk(data any) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if protocol.Terminal(t.state) || t.streamClosed {
+		return ErrTaskFinished
+	}
+	p := map[string]any{"status": protocol.StateWorking, "chunk_index": t.chunks, "final": false, "data": data}
+	if err := t.sendChunkLocked(p); err != nil {
+		return err
+	}
+	t.chunks++
+	t.streamOpen = true
+	return nil
+}
+
+// CloseStream publishes the signed final chunk: {status:"completed",
+// chunk_index, final:true, chunk_count, data} where chunk_count counts every
+// frame including this one. Complete calls it (with null data) when a
+// stream is open.
+func (t *Task) CloseStream(data any) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.closeStreamLocked(data)
+}
+
+func (t *Task) closeStreamLocked(data any) error {
+	if protocol.Terminal(t.state) || t.streamClosed {
+		return ErrTaskFinished
+	}
+	p := map[string]any{"status": protocol.StateCompleted, "chunk_index": t.chunks, "final": true, "chunk_count": t.chunks + 1, "data": data}
+	if err := t.sendChunkLocked(p); err != nil {
+		return err
+	}
+	t.chunks++
+	t.streamOpen, t.streamClosed = true, true
+	return nil
+}
+
+func (t *Task) sendChunkLocked(p map[string]any) error {
+	env, err := protocol.NewReply(t.call.Env, t.a.id, p)
+	if err != nil {
+		return err
+	}
+	env.TaskID = t.ID
+	return t.a.sendRespond(protocol.TaskStreamSubject(t.ID), env)
+}
+
+// Complete ends the task: the final chunk if a stream is open, then the
+// update {status:"completed", output}.
+func (t *Task) Complete(output any) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.streamOpen && !t.streamClosed {
+		if err := t.closeStreamLocked(nil); err != nil {
+			return err
+		}
+	}
+	p := map[string]any{"status": protocol.StateCompleted}
+	if output != nil {
+		p["output"] = output
+	}
+	return t.publishLocked(p, protocol.StateCompleted)
+}
+
+// Fail ends the task with {status:"failed", error}.
+func (t *Task) Fail(err error) error {
+	return t.publish(errs.As(err).BusPayload(), protocol.StateFailed)
+}
+
+// cancelFor cancels the running task: its context first, then the canceled
+// update {status:"canceled", reason, note?}.
+func (t *Task) cancelFor(in protocol.CancelInput) error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if err := protocol.CancelTask(t.state); err != nil {
+		return err
+	}
+	t.cancel()
+	return t.publishLocked(protocol.CanceledUpdatePayload(in.Reason, in.Note), protocol.StateCanceled)
+}
+
+// taskRetention is how long an ended task is remembered, so a late cancel
+// is told TASK_NOT_CANCELABLE rather than TASK_NOT_FOUND.
+const taskRetention = time.Hour
+
+func (a *Agent) addTask(t *Task) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	now := a.n.now()
+	for id, at := range a.finished {
+		if now.Sub(at) > taskRetention {
+			delete(a.finished, id)
+			delete(a.tasks, id)
+		}
+	}
+	a.tasks[t.ID] = t
+}
+
+func (a *Agent) taskEnded(t *Task) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.finished[t.ID] = a.n.now()
+}
+
+func (a *Agent) taskByID(id string) *Task {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.tasks[id]
+}
