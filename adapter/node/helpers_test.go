@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,71 +23,35 @@ import (
 // then is a failure.
 const asyncWait = 5 * time.Second
 
-// testMesh is a real mesh (devenv: broker, JetStream, control plane) with
-// the mailbox stream in place, and the registry stand-in when no real
-// registry answers.
+// testMesh is a real mesh (devenv: broker, JetStream, control plane and
+// every bus worker: the registry makes the mailbox stream and each agent's
+// consumer, the tasks worker keeps task records, presence reads heartbeats).
 type testMesh struct {
 	m   *devenv.Mesh
 	svc *nats.Conn // a service connection, for the test's own traffic
 	js  jetstream.JetStream
-	reg *registryStandIn // nil when a real registry worker answers
 }
 
 func newMesh(t *testing.T) *testMesh {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
 	svc := bustest.Client(t, m)
 	js, err := jetstream.New(svc)
 	if err != nil {
 		t.Fatal(err)
 	}
 	tm := &testMesh{m: m, svc: svc, js: js}
-	tm.ensureMailboxStream(t)
-	tm.reg = startRegistryStandIn(t, m)
+	// The workers subscribe on their own connections: wait until the
+	// broker routes registrations to them.
+	eventually(t, "the registry worker", func() bool {
+		_, err := svc.Request(protocol.SubjRegister, []byte("{}"), time.Second)
+		return !errors.Is(err, nats.ErrNoResponders)
+	})
 	return tm
-}
-
-// ensureMailboxStream makes MESH_MAILBOX as the registry worker does
-// (bus.md "Mailboxes"), unless it exists already.
-func (tm *testMesh) ensureMailboxStream(t *testing.T) {
-	t.Helper()
-	ctx := t.Context()
-	if _, err := tm.js.Stream(ctx, protocol.MailboxStream); err == nil {
-		return
-	}
-	_, err := tm.js.CreateStream(ctx, jetstream.StreamConfig{
-		Name:      protocol.MailboxStream,
-		Subjects:  []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")},
-		Retention: jetstream.LimitsPolicy,
-		MaxAge:    7 * 24 * time.Hour,
-		Discard:   jetstream.DiscardOld,
-		NoAck:     true,
-		Storage:   jetstream.FileStorage,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-}
-
-// ensureMailbox makes the durable consumer inbox_<agent> as the registry
-// does at registration of a non-sandbox agent, unless it exists already.
-func (tm *testMesh) ensureMailbox(t *testing.T, agent string) {
-	t.Helper()
-	ctx := t.Context()
-	if _, err := tm.js.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(agent)); err == nil {
-		return
-	}
-	_, err := tm.js.CreateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
-		Durable:       protocol.MailboxConsumer(agent),
-		DeliverPolicy: jetstream.DeliverAllPolicy,
-		AckPolicy:     jetstream.AckExplicitPolicy,
-		AckWait:       30 * time.Second,
-		MaxDeliver:    5,
-		FilterSubject: protocol.InboxSubject(agent),
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
 }
 
 // mailboxPending is what the agent's consumer still holds.
@@ -105,70 +68,19 @@ func (tm *testMesh) mailboxPending(t *testing.T, agent string) (pending uint64, 
 	return info.NumPending, info.NumAckPending
 }
 
-// registryStandIn answers mesh.registry.register while the real registry
-// worker (shared/registry, being written) does not exist. STAND-IN: replace
-// with the real worker once it lands; it checks only what the runtime must
-// get right (from == id, the vouch) and answers {status:"registered"}
-// signed by the services key, through shared/bus like the real one.
-type registryStandIn struct {
-	mu     sync.Mutex
-	seen   []map[string]any
-	refuse atomic.Bool
-}
-
-func startRegistryStandIn(t *testing.T, m *devenv.Mesh) *registryStandIn {
+// registered reads an agent's registration (mesh.registry.get.<id>),
+// asked by signer.
+func (tm *testMesh) registered(t *testing.T, signer *keys.Agent, agent string) map[string]any {
 	t.Helper()
-	probe := bustest.Client(t, m)
-	if _, err := probe.Request(protocol.SubjRegister, []byte("{}"), time.Second); !errors.Is(err, nats.ErrNoResponders) {
-		return nil // a real registry answers
-	}
-	r := &registryStandIn{}
-	env := bustest.Env(t, m, "registry-standin", nil)
-	svc, err := bus.NewServiceIn(env, "registry", "STAND-IN for the registry worker (register only)")
+	rep, err := bus.Call(t.Context(), tm.svc, signer, protocol.RegistryGetSubject(agent), protocol.TypeDiscover, "", map[string]any{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = svc.Stop() })
-	err = svc.Endpoint("register", protocol.SubjRegister, func(ctx context.Context, req *bus.Request) (any, error) {
-		if r.refuse.Load() {
-			return nil, errs.New(errs.Unavailable, "stand-in told to refuse")
-		}
-		man := req.Object()
-		id, _ := man["id"].(string)
-		if id != req.Env.From {
-			return nil, errs.New(errs.IdentityMismatch, "from must be the manifest id")
-		}
-		node, _ := man["node"].(map[string]any)
-		v, err := protocol.VouchFromValue(node["attestation"])
-		if err != nil {
-			return nil, err
-		}
-		if err := v.Verify(time.Now()); err != nil {
-			return nil, err
-		}
-		if v.Agent != id || v.Node != node["id"] {
-			return nil, errs.New(errs.InvalidManifest, "the vouch names another agent or node")
-		}
-		r.mu.Lock()
-		r.seen = append(r.seen, man)
-		r.mu.Unlock()
-		return map[string]any{"status": "registered", "agent_id": id, "visibility": "public", "sandbox": false}, nil
-	})
-	if err != nil {
+	var man map[string]any
+	if err := rep.DecodePayload(&man); err != nil {
 		t.Fatal(err)
 	}
-	// The endpoint's subscription is on its own connection: make sure the
-	// broker has it before any node registers.
-	if err := env.NC.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	return r
-}
-
-func (r *registryStandIn) manifests() []map[string]any {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return append([]map[string]any(nil), r.seen...)
+	return man
 }
 
 func agentKey(t *testing.T) *keys.Agent { return bustest.Agent(t) }
@@ -211,12 +123,9 @@ func (tm *testMesh) startNode(t *testing.T, nk *keys.Node, agents []*keys.Agent,
 	return n
 }
 
-// host hosts an agent with a mailbox.
+// host hosts an agent (the registry gives it its mailbox).
 func (tm *testMesh) host(t *testing.T, n *Node, cfg AgentConfig) *Agent {
 	t.Helper()
-	if !cfg.Sandbox {
-		tm.ensureMailbox(t, cfg.Key.Public())
-	}
 	if cfg.Name == "" {
 		cfg.Name = "agent"
 	}

@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
+
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -361,9 +363,6 @@ func TestHostRenewsToCoverANewAgent(t *testing.T) {
 
 func TestRevouch(t *testing.T) {
 	tm := newMesh(t)
-	if tm.reg == nil {
-		t.Skip("a real registry answers; the failure path needs the stand-in")
-	}
 	kb, nk := agentKey(t), nodeKey(t)
 	warn := &warnings{}
 	n := tm.startNode(t, nk, []*keys.Agent{kb}, func(c *Config) { c.Warn = warn.add })
@@ -378,12 +377,22 @@ func TestRevouch(t *testing.T) {
 		t.Fatal(err)
 	}
 	v2 := b.Vouch()
-	if v2.Sig == v1.Sig || v2.IssuedAt == v1.IssuedAt || len(tm.reg.manifests()) != 2 {
-		t.Fatalf("vouch not renewed: %+v %+v", v1, v2)
+	att := tm.registered(t, kb, kb.Public())["node"].(map[string]any)["attestation"].(map[string]any)
+	if v2.Sig == v1.Sig || v2.IssuedAt == v1.IssuedAt || att["sig"] != v2.Sig {
+		t.Fatalf("vouch not renewed: %+v %+v, registered %v", v1, v2, att)
 	}
-	tm.reg.refuse.Store(true)
+	// With the registry gone the renewal fails, and says so.
+	for _, w := range tm.m.Workers().Registry {
+		if err := w.Stop(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the registry to be gone", func() bool {
+		_, err := tm.svc.Request(protocol.SubjRegister, []byte("{}"), time.Second)
+		return errors.Is(err, nats.ErrNoResponders)
+	})
 	if err := b.RevouchNow(t.Context()); err == nil {
-		t.Fatal("a refused re-registration succeeded")
+		t.Fatal("a re-registration without a registry succeeded")
 	}
 	if !warn.has("vouch_renewal_failed") || n.Health().Vouch[kb.Public()].LastError == "" || b.Vouch().Sig != v2.Sig {
 		t.Fatalf("warnings %v health %+v", warn.codes(), n.Health().Vouch)

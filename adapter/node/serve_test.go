@@ -139,20 +139,15 @@ func TestRequestAcceptThenBareReply(t *testing.T) {
 		t.Fatalf("outbox statuses %v", got)
 	}
 
-	// The registration carried the pinned manifest and a vouch by node B.
-	if p.tm.reg != nil {
-		var man map[string]any
-		for _, m := range p.tm.reg.manifests() {
-			if m["id"] == p.b.ID() {
-				man = m
-			}
-		}
-		if man == nil || man["endpoint"] != protocol.InboxSubject(p.b.ID()) || man["node"].(map[string]any)["id"] != p.nB.ID() {
-			t.Fatalf("manifest: %v", man)
-		}
-		if len(man["offerings"].([]any)) != len(workerOfferings) {
-			t.Fatalf("offerings: %v", man["offerings"])
-		}
+	// The registry stored the manifest with the vouch by node B.
+	man := p.tm.registered(t, p.kA, p.b.ID())
+	node, _ := man["node"].(map[string]any)
+	att, _ := node["attestation"].(map[string]any)
+	if man["endpoint"] != protocol.InboxSubject(p.b.ID()) || node["id"] != p.nB.ID() || att["sig"] != p.b.Vouch().Sig {
+		t.Fatalf("registration: %v", man)
+	}
+	if offs, _ := man["offerings"].([]any); len(offs) != len(workerOfferings) {
+		t.Fatalf("offerings: %v", man["offerings"])
 	}
 	v := p.b.Vouch()
 	exp, _ := protocol.ParseTime(v.ExpiresAt)
@@ -509,8 +504,10 @@ func TestNoAnswerAndNoResponders(t *testing.T) {
 	a := tm.host(t, n, AgentConfig{Key: ka, Name: "a", Handler: refuseAll})
 	nobody := agentKey(t).Public()
 
-	// The mailbox stream listens on every inbox, so a request to an agent
-	// nobody serves is not "no responders": it waits and times out.
+	// On a full mesh something always listens on every inbox — the mailbox
+	// stream, the admission worker's queue subscription, the activity tap —
+	// so a request to an agent nobody serves is not "no responders": it
+	// waits and times out.
 	start := time.Now()
 	_, err := a.Request(t.Context(), nobody, "echo", "x", RequestOptions{Timeout: 300 * time.Millisecond})
 	mustCode(t, err, errs.TransportTimeout)
@@ -520,7 +517,13 @@ func TestNoAnswerAndNoResponders(t *testing.T) {
 	if e := errs.As(err); e.Details["request_id"] == nil {
 		t.Fatalf("no request id: %v", e.Details)
 	}
-	// Without a mailbox stream nothing listens at all.
+	// With none of them, the broker says so at once: AGENT_UNAVAILABLE.
+	for _, w := range tm.m.Workers().Admission {
+		_ = w.Stop()
+	}
+	for _, w := range tm.m.Workers().Activity {
+		_ = w.Stop()
+	}
 	if err := tm.js.DeleteStream(t.Context(), protocol.MailboxStream); err != nil {
 		t.Fatal(err)
 	}
