@@ -548,9 +548,12 @@ func startMesh(t *testing.T) *devenv.Mesh {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
+	// No workers: these tests make the mailbox stream and consumers they
+	// need themselves, and are about what the broker lets each credential do.
 	m, err := devenv.Start(ctx, devenv.Config{
 		DataDir: t.TempDir(),
 		Logger:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError + 4})),
+		Workers: devenv.WorkerConfig{None: true},
 	})
 	if err != nil {
 		t.Fatalf("devenv.Start: %v", err)
