@@ -34,7 +34,9 @@ type testMesh struct {
 
 func newMesh(t *testing.T) *testMesh {
 	t.Helper()
-	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir()})
+	// Three copies of every worker, as the issue requires of these tests:
+	// one registration per agent, one reply per request, no duplicated events.
+	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir(), Workers: devenv.WorkerConfig{Copies: 3}})
 	if err != nil {
 		t.Fatal(err)
 	}
