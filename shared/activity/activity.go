@@ -145,7 +145,7 @@ type Worker struct {
 	official map[string]bool
 	stream   jetstream.Stream
 	usage    jetstream.KeyValue
-	registry lazyKV
+	registry bus.LazyBucket
 	subs     []*nats.Subscription
 	once     sync.Once
 
@@ -182,7 +182,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		return fail(err)
 	}
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
-		registry: lazyKV{js: svc.JS, bucket: RegistryBucket}}
+		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket}}
 	for _, id := range cfg.Official {
 		w.official[id] = true
 	}
@@ -631,7 +631,7 @@ func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
 	}
 	entries := []Entry{}
-	kv, err := w.registry.get(ctx)
+	kv, err := w.registry.Get(ctx)
 	if err != nil {
 		return nil, err
 	}
@@ -718,35 +718,4 @@ func providerOf(m map[string]any) string {
 func mapOf(v any) map[string]any {
 	m, _ := v.(map[string]any)
 	return m
-}
-
-// lazyKV binds a bucket another worker creates, retrying at most every
-// two seconds while it does not exist.
-type lazyKV struct {
-	js     jetstream.JetStream
-	bucket string
-	mu     sync.Mutex
-	kv     jetstream.KeyValue
-	tried  time.Time
-}
-
-func (l *lazyKV) get(ctx context.Context) (jetstream.KeyValue, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.kv != nil {
-		return l.kv, nil
-	}
-	if !l.tried.IsZero() && time.Since(l.tried) < 2*time.Second {
-		return nil, nil
-	}
-	l.tried = time.Now()
-	kv, err := l.js.KeyValue(ctx, l.bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	l.kv = kv
-	return kv, nil
 }

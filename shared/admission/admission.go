@@ -142,7 +142,7 @@ type Worker struct {
 	cfg      Config
 	kv       jetstream.KeyValue
 	held     jetstream.KeyValue
-	registry lazyKV
+	registry bus.LazyBucket
 	sub      *nats.Subscription
 	watch    jetstream.KeyWatcher
 
@@ -197,7 +197,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		return fail(err)
 	}
 	wctx, cancel := context.WithCancel(context.Background())
-	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: lazyKV{js: svc.JS, bucket: RegistryBucket},
+	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
 		cache: map[string]cached{}, sem: make(chan struct{}, cfg.MaxRelays), ctx: wctx, cancel: cancel}
 	if err := svc.Endpoint("guard", protocol.SubjAdmissionGuard, w.guard); err != nil {
 		cancel()
@@ -520,37 +520,6 @@ func (w *Worker) forget(agent string) {
 // ---------------------------------------------------------------------------
 // The registry, bound when it exists
 
-// lazyKV binds a bucket another worker creates, retrying at most every
-// two seconds while it does not exist.
-type lazyKV struct {
-	js     jetstream.JetStream
-	bucket string
-	mu     sync.Mutex
-	kv     jetstream.KeyValue
-	tried  time.Time
-}
-
-func (l *lazyKV) get(ctx context.Context) (jetstream.KeyValue, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.kv != nil {
-		return l.kv, nil
-	}
-	if !l.tried.IsZero() && time.Since(l.tried) < 2*time.Second {
-		return nil, nil
-	}
-	l.tried = time.Now()
-	kv, err := l.js.KeyValue(ctx, l.bucket)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	}
-	if err != nil {
-		return nil, err
-	}
-	l.kv = kv
-	return kv, nil
-}
-
 // registration is the part of a registry record admission reads.
 type registration struct {
 	Sandbox   bool   `json:"sandbox"`
@@ -560,7 +529,7 @@ type registration struct {
 // registered reports whether agent has a registry record, and whether it is
 // a sandbox one.
 func (w *Worker) registered(ctx context.Context, agent string) (found, sandbox bool, err error) {
-	kv, err := w.registry.get(ctx)
+	kv, err := w.registry.Get(ctx)
 	if err != nil || kv == nil {
 		return false, false, err
 	}

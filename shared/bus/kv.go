@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -119,4 +120,38 @@ func GetJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T
 		return v, false, err
 	}
 	return v, true, json.Unmarshal(e.Value(), &v)
+}
+
+// LazyBucket binds a KV bucket that another worker creates, when it exists:
+// until then Get answers (nil, nil), asking the server again at most every
+// two seconds.
+type LazyBucket struct {
+	JS     jetstream.JetStream
+	Bucket string
+
+	mu    sync.Mutex
+	kv    jetstream.KeyValue
+	tried time.Time
+}
+
+// Get returns the bucket, or nil while it does not exist.
+func (l *LazyBucket) Get(ctx context.Context) (jetstream.KeyValue, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.kv != nil {
+		return l.kv, nil
+	}
+	if !l.tried.IsZero() && time.Since(l.tried) < 2*time.Second {
+		return nil, nil
+	}
+	l.tried = time.Now()
+	kv, err := l.JS.KeyValue(ctx, l.Bucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	l.kv = kv
+	return kv, nil
 }
