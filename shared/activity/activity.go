@@ -80,6 +80,16 @@ const (
 type Config struct {
 	// Official lists the agent ids the catalog marks official.
 	Official []string
+	// FlushEvery is how often a copy writes the counter deltas it has
+	// accumulated (250 ms): counters are eventually consistent within it,
+	// and a crash loses at most that much counting.
+	FlushEvery time.Duration
+}
+
+// delta is what one copy has counted for one agent since its last flush.
+type delta struct {
+	in, out, errors int64
+	first, last     string
 }
 
 // Item is one timeline record: the stream message body and one entry of a
@@ -149,6 +159,14 @@ type Worker struct {
 	subs     []*nats.Subscription
 	once     sync.Once
 
+	// pending are counter deltas not yet written; a copy counts only the
+	// messages whose timeline record it wrote (not a duplicate), so deltas
+	// of different copies never overlap and add up exactly.
+	pendingMu sync.Mutex
+	pending   map[string]*delta
+	stop      chan struct{}
+	flushed   chan struct{}
+
 	recorded, duplicates, dropped atomic.Uint64
 }
 
@@ -181,8 +199,13 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
+	if cfg.FlushEvery <= 0 {
+		cfg.FlushEvery = 250 * time.Millisecond
+	}
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
-		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket}}
+		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
+		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{})}
+	go w.flushLoop()
 	for _, id := range cfg.Official {
 		w.official[id] = true
 	}
@@ -219,16 +242,85 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	return w, nil
 }
 
-// Stop ends the copy: no more taps or answers.
+// Stop ends the copy: no more taps or answers, and the counters it still
+// holds are written.
 func (w *Worker) Stop() error {
 	var err error
 	w.once.Do(func() {
 		for _, s := range w.subs {
 			_ = s.Unsubscribe()
 		}
+		close(w.stop)
+		<-w.flushed
 		err = w.svc.Stop()
 	})
 	return err
+}
+
+func (w *Worker) flushLoop() {
+	defer close(w.flushed)
+	t := time.NewTicker(w.cfg.FlushEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-w.stop:
+			w.flush()
+			return
+		case <-t.C:
+			w.flush()
+		}
+	}
+}
+
+// flush writes the accumulated deltas, one compare-and-set per agent. A
+// delta that cannot be written goes back to be retried next time.
+func (w *Worker) flush() {
+	w.pendingMu.Lock()
+	batch := w.pending
+	w.pending = map[string]*delta{}
+	w.pendingMu.Unlock()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for agent, d := range batch {
+		_, _, err := bus.CAS(ctx, w.usage, agent, func(cur *Usage, exists bool) (*Usage, error) {
+			u := Usage{Agent: agent, FirstSeen: d.first, LastActive: d.last}
+			if exists {
+				u = *cur
+				if later(u.FirstSeen, d.first) {
+					u.FirstSeen = d.first
+				}
+				if later(d.last, u.LastActive) {
+					u.LastActive = d.last
+				}
+			}
+			u.MessagesIn += d.in
+			u.MessagesOut += d.out
+			u.Errors += d.errors
+			return &u, nil
+		})
+		if err != nil {
+			w.svc.Log.Warn("usage counters", "agent", agent, "err", err)
+			w.add(agent, *d)
+		}
+	}
+}
+
+// add merges d into agent's pending delta.
+func (w *Worker) add(agent string, d delta) {
+	w.pendingMu.Lock()
+	defer w.pendingMu.Unlock()
+	p := w.pending[agent]
+	if p == nil {
+		w.pending[agent] = &d
+		return
+	}
+	p.in, p.out, p.errors = p.in+d.in, p.out+d.out, p.errors+d.errors
+	if later(p.first, d.first) {
+		p.first = d.first
+	}
+	if later(d.last, p.last) {
+		p.last = d.last
+	}
 }
 
 // Stats reports this copy's counters.
@@ -318,21 +410,23 @@ func (w *Worker) observe(ctx context.Context, kind, subject string, data []byte)
 		return nil
 	}
 	w.recorded.Add(1)
+	ts := protocol.FormatTime(now)
+	d := delta{first: ts, last: ts}
 	switch kind {
 	case KindRequest:
-		return w.count(ctx, agent, now, func(u *Usage) { u.MessagesIn++ })
+		d.in = 1
 	case KindResponse:
-		if it.Status == protocol.StatusAccepted {
-			return w.count(ctx, agent, now, func(*Usage) {})
-		}
-		failed := it.Status == errs.StatusFailed
-		return w.count(ctx, agent, now, func(u *Usage) {
-			u.MessagesOut++
-			if failed {
-				u.Errors++
+		// An accept is activity, not a message.
+		if it.Status != protocol.StatusAccepted {
+			d.out = 1
+			if it.Status == errs.StatusFailed {
+				d.errors = 1
 			}
-		})
+		}
+	default:
+		return nil
 	}
+	w.add(agent, d)
 	return nil
 }
 
@@ -358,23 +452,6 @@ func between(s, prefix, suffix string) (string, bool) {
 		return "", false
 	}
 	return strings.CutSuffix(rest, suffix)
-}
-
-// count updates agent's counters by compare-and-set.
-func (w *Worker) count(ctx context.Context, agent string, now time.Time, f func(*Usage)) error {
-	ts := protocol.FormatTime(now)
-	_, _, err := bus.CAS(ctx, w.usage, agent, func(cur *Usage, exists bool) (*Usage, error) {
-		u := Usage{Agent: agent, FirstSeen: ts, LastActive: ts}
-		if exists {
-			u = *cur
-			if later(ts, u.LastActive) {
-				u.LastActive = ts
-			}
-		}
-		f(&u)
-		return &u, nil
-	})
-	return err
 }
 
 // later reports whether a is after b (an unparseable b is earlier).

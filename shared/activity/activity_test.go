@@ -270,8 +270,17 @@ func TestTimelineAndUsage(t *testing.T) {
 	}
 
 	// Counters: bob received 7 requests and sent 5 answers, one failed
-	// (accepts are not messages); alice only sent.
-	u := h.usage(map[string]any{})
+	// (accepts are not messages); alice only sent. Each copy writes what it
+	// counted every FlushEvery, so the totals are exact once they settle.
+	var u []activity.Usage
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		u = h.usage(map[string]any{})
+		if len(u) == 1 && u[0].MessagesIn == 7 && u[0].MessagesOut == 5 || time.Now().After(deadline) {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 	if len(u) != 1 {
 		t.Fatalf("usage rows %+v", u)
 	}
