@@ -640,7 +640,7 @@ func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
 		}
 		return map[string]any{"agents": out}, nil
 	}
-	err = eachValue(ctx, w.usage, func(key string, v []byte) {
+	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
 		var u Usage
 		if json.Unmarshal(v, &u) == nil {
 			out = append(out, u)
@@ -651,29 +651,6 @@ func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Agent, b.Agent) })
 	return map[string]any{"agents": out}, nil
-}
-
-// eachValue calls f with every live key and value of kv.
-func eachValue(ctx context.Context, kv jetstream.KeyValue, f func(key string, v []byte)) error {
-	watch, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return fmt.Errorf("kv %s: watch: %w", kv.Bucket(), err)
-	}
-	defer func() { _ = watch.Stop() }()
-	for {
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return fmt.Errorf("kv %s: watch closed", kv.Bucket())
-			}
-			if e == nil {
-				return nil
-			}
-			f(e.Key(), e.Value())
-		}
-	}
 }
 
 // ---------------------------------------------------------------------------
@@ -713,7 +690,7 @@ func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	if kv != nil {
-		err = eachValue(ctx, kv, func(key string, v []byte) {
+		err = bus.EachValue(ctx, kv, func(key string, v []byte) {
 			e, ok := w.entryOf(key, v)
 			if !ok {
 				return

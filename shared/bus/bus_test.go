@@ -161,3 +161,44 @@ func TestCASOneWinner(t *testing.T) {
 		t.Errorf("counter %d", v.N)
 	}
 }
+
+// EachValue delivers every live key once (not deleted ones, not old
+// revisions) and returns, also on an empty bucket.
+func TestEachValue(t *testing.T) {
+	m := mesh(t)
+	nc, err := m.ConnectService("each")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := bus.Bucket(t.Context(), js, jetstream.KeyValueConfig{Bucket: "test_each", History: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	collect := func() map[string]string {
+		got := map[string]string{}
+		if err := bus.EachValue(t.Context(), kv, func(k string, v []byte) { got[k] = string(v) }); err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := collect(); len(got) != 0 {
+		t.Fatalf("empty bucket gave %v", got)
+	}
+	for k, v := range map[string]string{"a": "1", "b": "2", "c": "3"} {
+		if _, err := kv.PutString(t.Context(), k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := kv.PutString(t.Context(), "a", "1b"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Delete(t.Context(), "c"); err != nil {
+		t.Fatal(err)
+	}
+	got := collect()
+	if len(got) != 2 || got["a"] != "1b" || got["b"] != "2" {
+		t.Errorf("got %v, want a=1b b=2", got)
+	}
+}

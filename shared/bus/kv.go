@@ -155,3 +155,28 @@ func (l *LazyBucket) Get(ctx context.Context) (jetstream.KeyValue, error) {
 	l.kv = kv
 	return kv, nil
 }
+
+// EachValue calls f with every live key and value of kv, in the bucket's
+// order, and returns once the values present at the call have all been
+// delivered. It is how a worker lists a whole bucket in one pass.
+func EachValue(ctx context.Context, kv jetstream.KeyValue, f func(key string, v []byte)) error {
+	watch, err := kv.WatchAll(ctx, jetstream.IgnoreDeletes())
+	if err != nil {
+		return fmt.Errorf("kv %s: watch: %w", kv.Bucket(), err)
+	}
+	defer func() { _ = watch.Stop() }()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-watch.Updates():
+			if !ok {
+				return fmt.Errorf("kv %s: watch closed", kv.Bucket())
+			}
+			if e == nil {
+				return nil
+			}
+			f(e.Key(), e.Value())
+		}
+	}
+}

@@ -335,34 +335,22 @@ func (w *Worker) silent(n Node, now time.Time) bool {
 	return err != nil || now.Sub(t) > w.cfg.OfflineAfter
 }
 
-// all reads every presence record.
+// all reads every presence record, sorted by node.
 func (w *Worker) all(ctx context.Context) ([]Node, error) {
-	watch, err := w.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("kv %s: watch: %w", Bucket, err)
-	}
-	defer func() { _ = watch.Stop() }()
 	var out []Node
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return nil, fmt.Errorf("kv %s: watch closed", Bucket)
-			}
-			if e == nil { // initial values delivered
-				slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Node, b.Node) })
-				return out, nil
-			}
-			var n Node
-			if err := json.Unmarshal(e.Value(), &n); err != nil {
-				w.svc.Log.Warn("presence record", "key", e.Key(), "err", err)
-				continue
-			}
-			out = append(out, n)
+	err := bus.EachValue(ctx, w.kv, func(key string, v []byte) {
+		var n Node
+		if err := json.Unmarshal(v, &n); err != nil {
+			w.svc.Log.Warn("presence record", "key", key, "err", err)
+			return
 		}
+		out = append(out, n)
+	})
+	if err != nil {
+		return nil, err
 	}
+	slices.SortFunc(out, func(a, b Node) int { return strings.Compare(a.Node, b.Node) })
+	return out, nil
 }
 
 // get answers mesh.presence.get {node?, agent?} with {nodes:[…]}: every

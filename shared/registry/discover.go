@@ -4,10 +4,7 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"fmt"
 	"slices"
-
-	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -268,29 +265,17 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 
 // records reads every registration in one pass over the bucket.
 func (w *Worker) records(ctx context.Context) ([]record, error) {
-	watch, err := w.kv.WatchAll(ctx, jetstream.IgnoreDeletes())
-	if err != nil {
-		return nil, fmt.Errorf("kv %s: watch: %w", Bucket, err)
-	}
-	defer func() { _ = watch.Stop() }()
 	var out []record
-	for {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case e, ok := <-watch.Updates():
-			if !ok {
-				return nil, fmt.Errorf("kv %s: watch ended early", Bucket)
-			}
-			if e == nil {
-				return out, nil
-			}
-			var rec record
-			if err := json.Unmarshal(e.Value(), &rec); err != nil || rec.id() == "" {
-				w.log.Warn("undecodable registration", "key", e.Key(), "err", err)
-				continue
-			}
-			out = append(out, rec)
+	err := bus.EachValue(ctx, w.kv, func(key string, v []byte) {
+		var rec record
+		if err := json.Unmarshal(v, &rec); err != nil || rec.id() == "" {
+			w.log.Warn("undecodable registration", "key", key, "err", err)
+			return
 		}
+		out = append(out, rec)
+	})
+	if err != nil {
+		return nil, err
 	}
+	return out, nil
 }
