@@ -35,6 +35,15 @@ func (a *Agent) onInboxMsg(m *nats.Msg) {
 // an error only when a drained message must stay in the mailbox (its answer
 // could not be published).
 func (a *Agent) receive(data []byte, o origin) error {
+	if o.src == protocol.SourceMailbox {
+		// The mailbox stream holds every live request too (DESIGN.md §5),
+		// and one answered live is journaled. Refusing it as a duplicate
+		// before verification is the outcome verification would reach,
+		// without a second Ed25519 verification of every live request.
+		if from, id, err := protocol.PeekSender(data); err == nil && a.n.journal.Answered(from, id) {
+			return nil
+		}
+	}
 	env, err := protocol.DefaultDecoder.Decode(data)
 	if err != nil {
 		e := errs.As(err)

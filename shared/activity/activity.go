@@ -1,12 +1,15 @@
 // Package activity is the observability worker (spec §4.3, upstream-notes
-// §6.5): it taps the agent inboxes, outboxes and trace subjects, keeps a
+// §6.5): it taps the agent outboxes and trace subjects, keeps a
 // content-free timeline and per-agent counters, and answers
 // mesh.activity.list, mesh.usage.list and mesh.catalog.list.
 //
 // Taps are queue subscriptions, so each observed message is handled by one
-// copy. Every tap verifies the envelope and records metadata only (who,
-// to whom, ids, offering, status, error code): never an input, output,
-// message or any other payload content.
+// copy. They record metadata only (who, to whom, ids, status, error code):
+// never an input, output, message or any other payload content. Both
+// tapped subjects are attributed by the broker, which lets only a
+// credential hosting the named agent publish there (spec §4.6 rule 4, and
+// minting such a credential took proof of the agent's key), so the taps
+// check from against the subject instead of verifying a signature again.
 //
 // The timeline is the stream MESH_ACTIVITY on mesh.internal.activity (7 days,
 // 100,000 records), one compact JSON record per observed message, published
@@ -108,7 +111,6 @@ type Item struct {
 	TaskID     string `json:"task_id,omitempty"`
 	TraceID    string `json:"trace_id,omitempty"`
 	SpanID     string `json:"span_id,omitempty"`
-	Offering   string `json:"offering,omitempty"`
 	Status     string `json:"status,omitempty"`
 	Error      string `json:"error,omitempty"` // the error code, when the response carries one
 }
@@ -167,6 +169,15 @@ type Worker struct {
 	stop      chan struct{}
 	flushed   chan struct{}
 
+	// Records are published asynchronously so a tap never waits on a
+	// JetStream round trip; acks carries each publish to the goroutine
+	// that reads its acknowledgement and counts it. closing guards acks
+	// against a tap still running while Stop closes it.
+	acks    chan pendingRecord
+	acked   chan struct{}
+	closing sync.RWMutex
+	closed  bool
+
 	recorded, duplicates, dropped atomic.Uint64
 }
 
@@ -204,8 +215,10 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
-		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{})}
+		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{}),
+		acks: make(chan pendingRecord, ackQueue), acked: make(chan struct{})}
 	go w.flushLoop()
+	go w.ackLoop()
 	for _, id := range cfg.Official {
 		w.official[id] = true
 	}
@@ -224,7 +237,6 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	for _, tap := range []struct {
 		subject, kind string
 	}{
-		{protocol.InboxSubject("*"), KindRequest},
 		{protocol.OutboxSubject("*"), KindResponse},
 		{protocol.TraceSubject("*"), KindTrace},
 	} {
@@ -250,6 +262,11 @@ func (w *Worker) Stop() error {
 		for _, s := range w.subs {
 			_ = s.Unsubscribe()
 		}
+		w.closing.Lock()
+		w.closed = true
+		close(w.acks)
+		w.closing.Unlock()
+		<-w.acked
 		close(w.stop)
 		<-w.flushed
 		err = w.svc.Stop()
@@ -335,9 +352,7 @@ var errDrop = errors.New("dropped")
 
 func (w *Worker) tap(kind string) nats.MsgHandler {
 	return func(msg *nats.Msg) {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		err := w.observe(ctx, kind, msg.Subject, msg.Data)
+		err := w.observe(kind, msg.Subject, msg.Data)
 		switch {
 		case err == nil:
 		case errors.Is(err, errDrop):
@@ -350,72 +365,53 @@ func (w *Worker) tap(kind string) nats.MsgHandler {
 
 // observe records one tapped message.
 //
-//   - inbox (mesh.agent.<to>.inbox): requests only; the recipient is the
-//     subject token. Counts messages_in for the recipient.
 //   - outbox (mesh.agent.<from>.outbox): responds only, from must be the
-//     token. Counts messages_out for the sender (not for the "accepted"
-//     acknowledgement) and errors when the status is failed.
+//     token. Each becomes a response record, counted in messages_out of
+//     <from> (not an "accepted" acknowledgement) and in errors when the
+//     status is failed. Each also yields the record of the request it
+//     answers (from = the respond's to, to = <from>, id = in_reply_to),
+//     counted in messages_in of <from>; the several responds to one
+//     request share its message id, so the request is recorded once.
 //   - trace (mesh.trace.<from>): any envelope whose from is the token;
 //     no counter.
-func (w *Worker) observe(ctx context.Context, kind, subject string, data []byte) error {
+//
+// Requests are learnt from the answer and not from the inbox because an
+// inbox takes anyone's publish: attributing a request seen there would
+// cost an Ed25519 verification per request in this worker on top of the
+// recipient's own, a third of the mesh's throughput (docs/bus-admission-
+// activity.md). The recipient's respond, attributed by the broker, says it
+// verified a request with that id from that sender. What a request record
+// cannot say is the offering, which only the unverifiable request carries.
+func (w *Worker) observe(kind, subject string, data []byte) error {
 	agent, ok := subjectAgent(kind, subject)
 	if !ok {
 		return errDrop
 	}
-	env, err := protocol.Decode(data)
-	if err != nil {
+	env, err := protocol.DecodeBrokerAttributed(data)
+	if err != nil || env.From != agent {
 		return errDrop
 	}
 	now := w.svc.Now()
 	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
 		return errDrop
 	}
-	it := Item{TS: env.TS, ObservedAt: protocol.FormatTime(now), Kind: kind, Type: string(env.Type), From: env.From,
+	observed := protocol.FormatTime(now)
+	it := Item{TS: env.TS, ObservedAt: observed, Kind: kind, Type: string(env.Type), From: env.From,
 		To: env.To, ID: env.ID, InReplyTo: env.InReplyTo, TaskID: token(env.TaskID), TraceID: env.Trace.TraceID}
-	payload := map[string]any{}
-	if v, err := env.PayloadValue(); err == nil {
-		if m, ok := v.(map[string]any); ok {
-			payload = m
-		}
-	}
+	d := delta{first: observed, last: observed}
 	switch kind {
-	case KindRequest:
-		if env.Type != protocol.TypeRequest {
-			return errDrop // drained answers also reach inboxes; the outbox has them
-		}
-		it.To = agent
-		it.Offering = token(protocol.OfferingOf(payload))
 	case KindResponse:
-		if env.Type != protocol.TypeRespond || env.From != agent {
+		if env.Type != protocol.TypeRespond {
 			return errDrop
+		}
+		payload := map[string]any{}
+		if v, err := env.PayloadValue(); err == nil {
+			if m, ok := v.(map[string]any); ok {
+				payload = m
+			}
 		}
 		it.Status = token(stringOf(payload["status"]))
 		it.Error = errorCode(payload["error"], env.Extra["error"])
-	case KindTrace:
-		if env.From != agent {
-			return errDrop
-		}
-		it.SpanID = env.Trace.SpanID
-	}
-	body, err := json.Marshal(it)
-	if err != nil {
-		return err
-	}
-	ack, err := w.svc.JS.Publish(ctx, Subject, body, jetstream.WithMsgID(kind+":"+env.From+":"+env.ID))
-	if err != nil {
-		return fmt.Errorf("record: %w", err)
-	}
-	if ack.Duplicate {
-		w.duplicates.Add(1)
-		return nil
-	}
-	w.recorded.Add(1)
-	ts := protocol.FormatTime(now)
-	d := delta{first: ts, last: ts}
-	switch kind {
-	case KindRequest:
-		d.in = 1
-	case KindResponse:
 		// An accept is activity, not a message.
 		if it.Status != protocol.StatusAccepted {
 			d.out = 1
@@ -423,11 +419,74 @@ func (w *Worker) observe(ctx context.Context, kind, subject string, data []byte)
 				d.errors = 1
 			}
 		}
-	default:
-		return nil
+		if keys.IsUserPublicKey(env.To) && env.InReplyTo != "" {
+			req := Item{TS: env.TS, ObservedAt: observed, Kind: KindRequest, Type: string(protocol.TypeRequest),
+				From: env.To, To: agent, ID: env.InReplyTo, TraceID: env.Trace.TraceID}
+			if err := w.record(req, delta{in: 1, first: observed, last: observed}, agent, true); err != nil {
+				return err
+			}
+		}
+		return w.record(it, d, agent, true)
+	case KindTrace:
+		it.SpanID = env.Trace.SpanID
+		return w.record(it, d, agent, false)
 	}
-	w.add(agent, d)
+	return errDrop
+}
+
+// record publishes one timeline record under the message id
+// <kind>:<from>:<id>, and queues its ack so that, unless it was a
+// duplicate, d is counted for agent.
+func (w *Worker) record(it Item, d delta, agent string, counted bool) error {
+	body, err := json.Marshal(it)
+	if err != nil {
+		return err
+	}
+	fut, err := w.svc.JS.PublishAsync(Subject, body, jetstream.WithMsgID(it.Kind+":"+it.From+":"+it.ID))
+	if err != nil {
+		return fmt.Errorf("record: %w", err)
+	}
+	w.closing.RLock()
+	defer w.closing.RUnlock()
+	if w.closed {
+		return nil // stopping: the record is published; its count is lost with the copy
+	}
+	w.acks <- pendingRecord{fut: fut, agent: agent, d: d, counted: counted}
 	return nil
+}
+
+// ackQueue bounds the records awaiting acknowledgement; a full queue makes
+// the taps wait, which is the back-pressure JetStream asks for.
+const ackQueue = 4096
+
+// pendingRecord is a published timeline record whose ack decides whether
+// it is counted.
+type pendingRecord struct {
+	fut     jetstream.PubAckFuture
+	agent   string
+	d       delta
+	counted bool
+}
+
+// ackLoop reads the acknowledgements in publish order. Only a record that
+// was not a duplicate is counted, so copies never count the same message.
+func (w *Worker) ackLoop() {
+	defer close(w.acked)
+	for p := range w.acks {
+		select {
+		case ack := <-p.fut.Ok():
+			if ack.Duplicate {
+				w.duplicates.Add(1)
+				continue
+			}
+			w.recorded.Add(1)
+			if p.counted {
+				w.add(p.agent, p.d)
+			}
+		case err := <-p.fut.Err():
+			w.svc.Log.Warn("activity record", "agent", p.agent, "err", err)
+		}
+	}
 }
 
 // subjectAgent is the agent token of a tapped subject; it must be an agent
@@ -436,8 +495,6 @@ func subjectAgent(kind, subject string) (string, bool) {
 	var agent string
 	var ok bool
 	switch kind {
-	case KindRequest:
-		agent, ok = between(subject, "mesh.agent.", ".inbox")
 	case KindResponse:
 		agent, ok = between(subject, "mesh.agent.", ".outbox")
 	case KindTrace:

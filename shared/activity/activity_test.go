@@ -99,10 +99,10 @@ func (h *harness) stats() activity.Stats {
 	return s
 }
 
-// publish sends one signed envelope on subject and waits until some copy
-// has handled it (recorded, found a duplicate or dropped it), so the
-// timeline order is the publish order.
-func (h *harness) publish(subject string, data []byte) {
+// publish sends one envelope on subject and waits until the copies have
+// handled it: n outcomes (a record, a duplicate or a drop; a respond yields
+// two, its request's and its own), so the timeline order is publish order.
+func (h *harness) publish(subject string, data []byte, n uint64) {
 	h.t.Helper()
 	before := h.stats()
 	if err := h.nc.Publish(subject, data); err != nil {
@@ -111,11 +111,11 @@ func (h *harness) publish(subject string, data []byte) {
 	deadline := time.Now().Add(3 * time.Second)
 	for {
 		s := h.stats()
-		if s.Recorded+s.Duplicates+s.Dropped > before.Recorded+before.Duplicates+before.Dropped {
+		if s.Recorded+s.Duplicates+s.Dropped >= before.Recorded+before.Duplicates+before.Dropped+n {
 			return
 		}
 		if time.Now().After(deadline) {
-			h.t.Fatalf("nothing handled the message on %s", subject)
+			h.t.Fatalf("the message on %s was not handled", subject)
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
@@ -152,9 +152,10 @@ func response(t *testing.T, from *keys.Agent, req *protocol.Envelope, payload ma
 	return e, sign(t, from, e)
 }
 
-// Requests, responses and span events through the taps of three copies
-// appear in the timeline exactly once, newest first, with the filters and
-// limit applied; the counters are exact; no content is stored anywhere.
+// Responses and span events through the taps of three copies appear in
+// the timeline exactly once, each respond with the request it answers,
+// newest first, with the filters and limit applied; the counters are
+// exact; no content is stored anywhere.
 func TestTimelineAndUsage(t *testing.T) {
 	h := start(t)
 	alice, bob := bustest.Agent(t), bustest.Agent(t)
@@ -163,47 +164,48 @@ func TestTimelineAndUsage(t *testing.T) {
 	const N = 5
 	var want []string // ids in publish order
 	for i := range N {
-		req, reqData := request(t, alice, b)
-		h.publish(protocol.InboxSubject(b), reqData)
+		// alice's request itself is never published: the timeline learns
+		// it from bob's answers.
+		req, _ := request(t, alice, b)
 		want = append(want, "request:"+req.ID)
 		_, acc := response(t, bob, req, map[string]any{"status": protocol.StatusAccepted})
-		h.publish(protocol.OutboxSubject(b), acc)
+		h.publish(protocol.OutboxSubject(b), acc, 2)
 		payload := map[string]any{"status": "completed", "output": map[string]any{"text": "answer " + secret}}
 		if i == N-1 {
 			payload = errs.New(errs.OfferingNotFound, "no such offering: "+secret).BusPayload()
 		}
 		_, data := response(t, bob, req, payload)
-		h.publish(protocol.OutboxSubject(b), data)
+		h.publish(protocol.OutboxSubject(b), data, 2)
 		if i == 0 {
-			// The same request again (a retry, same id): recorded and
-			// counted once. Then one more request.
-			h.publish(protocol.InboxSubject(b), reqData)
-			_, extra := request(t, alice, b)
-			h.publish(protocol.InboxSubject(b), extra)
+			// The same answer again (a retry, same id): recorded and
+			// counted once.
+			h.publish(protocol.OutboxSubject(b), data, 2)
 		}
 	}
-	// A span event from alice on her own trace subject, and one from bob
-	// on alice's (misattributed: dropped).
+	// A span event from alice on her own trace subject.
 	span, err := protocol.New(protocol.TypeEmit, a, map[string]any{"name": secret})
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.publish(protocol.TraceSubject(a), sign(t, alice, span))
+	h.publish(protocol.TraceSubject(a), sign(t, alice, span), 1)
+	// Dropped: bob's span on alice's trace subject; a respond from alice on
+	// bob's outbox; a request on an outbox; a stale respond.
 	bad, _ := protocol.New(protocol.TypeEmit, b, map[string]any{})
-	h.publish(protocol.TraceSubject(a), sign(t, bob, bad))
-	// Unsigned: dropped.
-	_, data := request(t, alice, b)
-	h.publish(protocol.InboxSubject(b), []byte(strings.Replace(string(data), `"sig":"`, `"sig":"AA`, 1)))
-	// Replays of a recorded request: duplicate.
-	_, dup := request(t, alice, b)
-	h.publish(protocol.InboxSubject(b), dup)
-	h.publish(protocol.InboxSubject(b), dup)
+	h.publish(protocol.TraceSubject(a), sign(t, bob, bad), 1)
+	other, _ := request(t, bob, a)
+	_, forged := response(t, alice, other, map[string]any{"status": "completed"})
+	h.publish(protocol.OutboxSubject(b), forged, 1)
+	_, reqOnOutbox := request(t, bob, a)
+	h.publish(protocol.OutboxSubject(b), reqOnOutbox, 1)
+	old, _ := protocol.NewReply(other, b, map[string]any{"status": "completed"})
+	old.TS = protocol.FormatTime(time.Now().Add(-time.Hour))
+	h.publish(protocol.OutboxSubject(b), sign(t, bob, old), 1)
 
 	s := h.stats()
-	// 5+1+1 requests, 5 accepts + 5 answers, 1 span; two duplicates and
-	// two dropped.
-	const total = 7 + 10 + 1
-	if s.Recorded != total || s.Duplicates != 2 || s.Dropped != 2 {
+	// 5 requests, 5 accepts + 5 answers, 1 span; each answer's request
+	// and the retried answer with its request are duplicates.
+	const total = 5 + 10 + 1
+	if s.Recorded != total || s.Duplicates != 5+2 || s.Dropped != 4 {
 		t.Fatalf("stats %+v", s)
 	}
 
@@ -223,16 +225,19 @@ func TestTimelineAndUsage(t *testing.T) {
 			t.Fatalf("%s recorded %d times", k, n)
 		}
 	}
-	// Newest first: the last publishes were the replayed request, then
-	// the span, then bob's failed answer.
-	if it := all.Items[0]; it.Kind != activity.KindRequest || it.From != a || it.To != b || it.Offering != "chat" {
+	// Newest first: the span, then bob's failed answer, his accept, and
+	// the request they answer.
+	if it := all.Items[0]; it.Kind != activity.KindTrace || it.From != a || it.SpanID != span.Trace.SpanID {
 		t.Fatalf("newest item %+v", it)
 	}
-	if it := all.Items[1]; it.Kind != activity.KindTrace || it.From != a || it.SpanID != span.Trace.SpanID {
+	if it := all.Items[1]; it.Kind != activity.KindResponse || it.From != b || it.To != a || it.Status != "failed" || it.Error != "OFFERING_NOT_FOUND" || it.InReplyTo == "" {
 		t.Fatalf("second item %+v", it)
 	}
-	if it := all.Items[2]; it.Kind != activity.KindResponse || it.From != b || it.To != a || it.Status != "failed" || it.Error != "OFFERING_NOT_FOUND" || it.InReplyTo == "" {
+	if it := all.Items[2]; it.Kind != activity.KindResponse || it.Status != protocol.StatusAccepted {
 		t.Fatalf("third item %+v", it)
+	}
+	if it := all.Items[3]; it.Kind != activity.KindRequest || it.From != a || it.To != b || it.Type != "request" || "request:"+it.ID != want[N-1] || it.TraceID != all.Items[1].TraceID {
+		t.Fatalf("fourth item %+v", it)
 	}
 	// The oldest is the first request.
 	if it := all.Items[total-1]; it.Kind+":"+it.ID != want[0] {
@@ -241,7 +246,7 @@ func TestTimelineAndUsage(t *testing.T) {
 
 	// Filters and limit.
 	fromA := h.activity(map[string]any{"from": a})
-	if fromA.Total != 8 || len(fromA.Items) != 8 {
+	if fromA.Total != 6 || len(fromA.Items) != 6 {
 		t.Fatalf("from alice: %d/%d", fromA.Total, len(fromA.Items))
 	}
 	for _, it := range fromA.Items {
@@ -269,14 +274,14 @@ func TestTimelineAndUsage(t *testing.T) {
 		}
 	}
 
-	// Counters: bob received 7 requests and sent 5 answers, one failed
+	// Counters: bob received 5 requests and sent 5 answers, one failed
 	// (accepts are not messages); alice only sent. Each copy writes what it
 	// counted every FlushEvery, so the totals are exact once they settle.
 	var u []activity.Usage
 	deadline := time.Now().Add(5 * time.Second)
 	for {
 		u = h.usage(map[string]any{})
-		if len(u) == 1 && u[0].MessagesIn == 7 && u[0].MessagesOut == 5 || time.Now().After(deadline) {
+		if len(u) == 1 && u[0].MessagesIn == 5 && u[0].MessagesOut == 5 || time.Now().After(deadline) {
 			break
 		}
 		time.Sleep(20 * time.Millisecond)
@@ -285,7 +290,7 @@ func TestTimelineAndUsage(t *testing.T) {
 		t.Fatalf("usage rows %+v", u)
 	}
 	ub := u[0]
-	if ub.Agent != b || ub.MessagesIn != 7 || ub.MessagesOut != 5 || ub.Errors != 1 || ub.FirstSeen == "" || ub.LastActive < ub.FirstSeen {
+	if ub.Agent != b || ub.MessagesIn != 5 || ub.MessagesOut != 5 || ub.Errors != 1 || ub.FirstSeen == "" || ub.LastActive < ub.FirstSeen {
 		t.Fatalf("bob's counters %+v", ub)
 	}
 	if one := h.usage(map[string]any{"agent": b}); len(one) != 1 || one[0] != ub {

@@ -57,22 +57,32 @@ func TestAccountViews(t *testing.T) {
 		time.Sleep(50 * time.Millisecond)
 	}
 
-	// A request to the agent (signed by someone else) is in its activity.
+	// A request to the agent (signed by someone else), once the agent has
+	// answered it on its outbox, is in its activity with the answer.
 	caller := newAgent(t)
 	req, _ := protocol.New(protocol.TypeRequest, caller.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "secret words"}})
 	req.To = agent.Public()
 	_ = req.Sign(caller)
-	b, _ = req.Marshal()
-	if err := nc.Publish(protocol.InboxSubject(agent.Public()), b); err != nil {
+	rep, _ := protocol.NewReply(req, agent.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "secret answer"}})
+	_ = rep.Sign(agent)
+	b, _ = rep.Marshal()
+	if err := nc.Publish(protocol.OutboxSubject(agent.Public()), b); err != nil {
 		t.Fatal(err)
 	}
 	deadline = time.Now().Add(5 * time.Second)
 	for {
 		_, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/activity", nil, tok)
-		if items, _ := out["items"].([]any); len(items) > 0 {
-			it := items[0].(map[string]any)
-			if it["from"] != caller.Public() || it["id"] != req.ID || mustJSON(out) == "" || strings.Contains(mustJSON(out), "secret words") {
-				t.Errorf("activity item %v", it)
+		if items, _ := out["items"].([]any); len(items) == 2 {
+			kinds := map[string]map[string]any{}
+			for _, it := range items {
+				kinds[it.(map[string]any)["kind"].(string)] = it.(map[string]any)
+			}
+			rq, rs := kinds["request"], kinds["response"]
+			if rq["from"] != caller.Public() || rq["to"] != agent.Public() || rq["id"] != req.ID || rs["in_reply_to"] != req.ID || rs["status"] != "completed" {
+				t.Errorf("activity items %v", items)
+			}
+			if s := mustJSON(out); strings.Contains(s, "secret words") || strings.Contains(s, "secret answer") {
+				t.Errorf("content in the activity: %s", s)
 			}
 			break
 		}

@@ -38,30 +38,79 @@ func invalid(msg string) *errs.Error { return errs.New(errs.InvalidEnvelope, msg
 
 // Decode parses, checks and verifies one envelope.
 func (d *Decoder) Decode(data []byte) (*Envelope, error) {
-	v, err := ParseJSON(data)
-	if err != nil {
-		return nil, errs.Wrap(errs.InvalidEnvelope, "envelope is not valid JSON", err)
-	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return nil, invalid("envelope must be a JSON object")
-	}
-	e, err := structure(m)
+	e, m, err := parseEnvelope(data)
 	if err != nil {
 		return nil, err
-	}
-	e.raw = data
-	major, ok := versionMajor(e.V)
-	if !ok {
-		return nil, errs.Newf(errs.InvalidVersion, "envelope version %q is not a version", e.V)
-	}
-	if major != VersionMajor {
-		return nil, errs.Newf(errs.InvalidVersion, "envelope version %s has major %d; this mesh speaks major %d", e.V, major, VersionMajor)
 	}
 	if err := d.verify(e, m); err != nil {
 		return nil, err
 	}
 	return e, nil
+}
+
+// DecodeBrokerAttributed runs steps 1 and 2 of the decode order but not the
+// signature check. It exists for one kind of reader only: a service tapping
+// a subject on which the broker itself attributes the publisher, because
+// every credential that may publish there hosts the agent the subject names
+// and proved possession of that agent's key when it was minted (the
+// outboxes and trace subjects, spec §4.6 rule 4). Such a reader must still
+// check that from equals the subject's agent. Anything an agent acts on, and
+// anything read from an inbox, goes through Decode.
+func DecodeBrokerAttributed(data []byte) (*Envelope, error) {
+	e, m, err := parseEnvelope(data)
+	if err != nil {
+		return nil, err
+	}
+	for _, f := range []struct {
+		name string
+		dst  *json.RawMessage
+	}{{"payload", &e.Payload}, {"meta", &e.Meta}} {
+		if v, ok := m[f.name]; ok {
+			c, err := Canonical(v)
+			if err != nil {
+				return nil, errs.Wrap(errs.InvalidEnvelope, "envelope cannot be canonicalised", err)
+			}
+			*f.dst = c
+		}
+	}
+	return e, nil
+}
+
+// PeekSender reads the (from, id) pair of an envelope without verifying
+// it. The pair is the sender's claim, so the only safe use is a lookup
+// whose every outcome is a refusal (a duplicate already answered): acting
+// on an unverified envelope in any other way is what Decode is for.
+func PeekSender(data []byte) (from, id string, err error) {
+	e, _, err := parseEnvelope(data)
+	if err != nil {
+		return "", "", err
+	}
+	return e.From, e.ID, nil
+}
+
+// parseEnvelope is steps 1 (JSON and structure) and 2 (version major).
+func parseEnvelope(data []byte) (*Envelope, map[string]any, error) {
+	v, err := ParseJSON(data)
+	if err != nil {
+		return nil, nil, errs.Wrap(errs.InvalidEnvelope, "envelope is not valid JSON", err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, nil, invalid("envelope must be a JSON object")
+	}
+	e, err := structure(m)
+	if err != nil {
+		return nil, nil, err
+	}
+	e.raw = data
+	major, ok := versionMajor(e.V)
+	if !ok {
+		return nil, nil, errs.Newf(errs.InvalidVersion, "envelope version %q is not a version", e.V)
+	}
+	if major != VersionMajor {
+		return nil, nil, errs.Newf(errs.InvalidVersion, "envelope version %s has major %d; this mesh speaks major %d", e.V, major, VersionMajor)
+	}
+	return e, m, nil
 }
 
 // structure checks member types and fills the typed fields. Optional string

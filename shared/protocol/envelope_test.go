@@ -281,3 +281,51 @@ func TestVerifyBytesAndEncodings(t *testing.T) {
 		t.Error("keys.Sign is not plain Ed25519")
 	}
 }
+
+// DecodeBrokerAttributed and PeekSender yield what Decode yields for a
+// signed envelope, do not look at the signature, and still refuse a
+// malformed one.
+func TestDecodeBrokerAttributed(t *testing.T) {
+	k := freshKey(t)
+	e, err := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "ok"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Meta = []byte(`{"a":2,"b":1}`)
+	if err := e.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	wire, _ := e.Marshal()
+	verified, err := protocol.Decode(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, data := range map[string][]byte{
+		"signed":   wire,
+		"bad sig":  []byte(strings.Replace(string(wire), `"sig":"`, `"sig":"AA`, 1)),
+		"unsigned": []byte(strings.Replace(string(wire), `"sig":"`+e.Sig+`",`, ``, 1)),
+	} {
+		got, err := protocol.DecodeBrokerAttributed(data)
+		if err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+		if from, id, err := protocol.PeekSender(data); err != nil || from != verified.From || id != verified.ID {
+			t.Errorf("%s: PeekSender = %q, %q, %v", name, from, id, err)
+		}
+		if got.ID != verified.ID || got.From != verified.From || string(got.Payload) != string(verified.Payload) || string(got.Meta) != string(verified.Meta) || got.Type != verified.Type {
+			t.Errorf("%s: attributed decode %+v differs from verified decode %+v", name, got, verified)
+		}
+	}
+	for name, data := range map[string]string{
+		"not json":      `{`,
+		"no from":       strings.Replace(string(wire), `"from":`, `"frm":`, 1),
+		"wrong version": strings.Replace(string(wire), `"v":"`+protocol.Version+`"`, `"v":"9.0"`, 1),
+	} {
+		if _, err := protocol.DecodeBrokerAttributed([]byte(data)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+		if _, _, err := protocol.PeekSender([]byte(data)); err == nil {
+			t.Errorf("%s: PeekSender accepted it", name)
+		}
+	}
+}
