@@ -171,7 +171,11 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL})
 	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
 		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log})
-	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo, Log: log})
+	var evictor guest.Evictor
+	if caller != nil {
+		evictor = &guest.BusEvictor{Bus: caller}
+	}
+	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Mesh: meshInfo, Log: log})
 	var views *accountview.Service
 	if caller != nil {
 		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}

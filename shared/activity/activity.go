@@ -46,10 +46,12 @@ const Name = "activity"
 
 // JetStream names.
 const (
-	// Stream is the timeline; Subject is its only subject, reachable with
-	// service credentials only.
-	Stream  = "MESH_ACTIVITY"
-	Subject = "mesh.internal.activity"
+	// Stream is the timeline. Each record is on SubjectPrefix+<from>.<to>
+	// ("_" when to is not an agent key), which only service credentials
+	// reach: a listing filters by subject, and a guest's rows are purged
+	// by subject when its lease ends.
+	Stream        = "MESH_ACTIVITY"
+	SubjectPrefix = "mesh.internal.activity."
 	// UsageBucket holds one Usage per agent id.
 	UsageBucket = "mesh_usage"
 	// RegistryBucket is the registry's bucket, read by the catalog; bound
@@ -195,7 +197,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	st, err := svc.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "content-free timeline of observed requests, responses and span events",
-		Subjects:    []string{Subject},
+		Subjects:    []string{SubjectPrefix + "*.*"},
 		Retention:   jetstream.LimitsPolicy,
 		Discard:     jetstream.DiscardOld,
 		MaxAge:      MaxAge,
@@ -229,6 +231,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		{"activity", protocol.SubjActivityList, w.listActivity},
 		{"usage", protocol.SubjUsageList, w.listUsage},
 		{"catalog", protocol.SubjCatalogList, w.listCatalog},
+		{"guest-erase", protocol.SubjGuestErase, w.eraseGuests},
 	} {
 		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
 			return fail(fmt.Errorf("%s: endpoint %s: %w", Name, ep.subject, err))
@@ -442,7 +445,7 @@ func (w *Worker) record(it Item, d delta, agent string, counted bool) error {
 	if err != nil {
 		return err
 	}
-	fut, err := w.svc.JS.PublishAsync(Subject, body, jetstream.WithMsgID(it.Kind+":"+it.From+":"+it.ID))
+	fut, err := w.svc.JS.PublishAsync(recordSubject(it.From, it.To), body, jetstream.WithMsgID(it.Kind+":"+it.From+":"+it.ID))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
@@ -453,6 +456,20 @@ func (w *Worker) record(it Item, d delta, agent string, counted bool) error {
 	}
 	w.acks <- pendingRecord{fut: fut, agent: agent, d: d, counted: counted}
 	return nil
+}
+
+// recordSubject is where a record from → to is kept.
+func recordSubject(from, to string) string {
+	return SubjectPrefix + subjectToken(from) + "." + subjectToken(to)
+}
+
+// subjectToken is an agent key as itself, anything else (an absent or
+// sender-chosen to) as "_".
+func subjectToken(key string) string {
+	if keys.IsUserPublicKey(key) {
+		return key
+	}
+	return "_"
 }
 
 // ackQueue bounds the records awaiting acknowledgement; a full queue makes
@@ -562,6 +579,68 @@ func errorCode(objs ...any) string {
 }
 
 // ---------------------------------------------------------------------------
+// mesh.internal.guest.erase
+
+// MaxErase bounds one mesh.internal.guest.erase request.
+const MaxErase = 1000
+
+// eraseGuests serves mesh.internal.guest.erase, which the control plane
+// calls when guest leases end (spec §3.3: "activity rows erased"):
+// {keys:[guest keys]} → {erased: n}, the timeline rows purged. Every row
+// from or to each key is purged by subject, and its counters are removed.
+// Erasing twice is harmless, so a retry after a partial failure is safe.
+func (w *Worker) eraseGuests(ctx context.Context, r *bus.Request) (any, error) {
+	raw, ok := r.Object()["keys"].([]any)
+	if !ok || len(raw) > MaxErase {
+		return nil, errs.Newf(errs.InvalidRequest, "erase takes {keys: [guest public keys]}, at most %d", MaxErase)
+	}
+	var erased uint64
+	for _, v := range raw {
+		key, ok := v.(string)
+		if !ok || !keys.IsUserPublicKey(key) {
+			return nil, errs.Newf(errs.InvalidRequest, "erase: %v is not a public key", v)
+		}
+		for _, filter := range []string{SubjectPrefix + key + ".*", SubjectPrefix + "*." + key} {
+			n, err := purge(ctx, w.stream, filter)
+			if err != nil {
+				return nil, errs.OrUnavailable(err, "the activity timeline could not be erased; try again")
+			}
+			erased += n
+		}
+		if _, err := w.usage.Get(ctx, key); err == nil {
+			if err := w.usage.Purge(ctx, key); err != nil {
+				return nil, errs.OrUnavailable(fmt.Errorf("usage %s: %w", key, err), "the usage counters could not be erased; try again")
+			}
+		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, errs.OrUnavailable(fmt.Errorf("usage %s: %w", key, err), "the usage counters could not be read; try again")
+		}
+		w.pendingMu.Lock()
+		delete(w.pending, key) // this copy's unwritten counts would bring the row back
+		w.pendingMu.Unlock()
+	}
+	return map[string]any{"erased": erased}, nil
+}
+
+// purge removes the records on filter and says how many.
+func purge(ctx context.Context, st jetstream.Stream, filter string) (uint64, error) {
+	info, err := st.Info(ctx, jetstream.WithSubjectFilter(filter))
+	if err != nil {
+		return 0, fmt.Errorf("stream %s: info %s: %w", Stream, filter, err)
+	}
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	if n == 0 {
+		return 0, nil
+	}
+	if err := st.Purge(ctx, jetstream.WithPurgeSubject(filter)); err != nil {
+		return 0, fmt.Errorf("stream %s: purge %s: %w", Stream, filter, err)
+	}
+	return n, nil
+}
+
+// ---------------------------------------------------------------------------
 // mesh.activity.list
 
 // listActivity answers {from?, to?, limit?} with {items, total}: the newest
@@ -614,10 +693,24 @@ func (w *Worker) read(ctx context.Context, from, to string, limit int) ([]Item, 
 	if !filtered && st.LastSeq-st.FirstSeq+1 > uint64(limit) {
 		start = st.LastSeq - uint64(limit) + 1
 	}
-	cons, err := w.svc.JS.OrderedConsumer(ctx, Stream, jetstream.OrderedConsumerConfig{
-		DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start})
+	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
+	if filtered {
+		// The broker skips every other pair's records.
+		f, t := "*", "*"
+		if from != "" {
+			f = from
+		}
+		if to != "" {
+			t = to
+		}
+		cfg.FilterSubjects = []string{SubjectPrefix + f + "." + t}
+	}
+	cons, err := w.svc.JS.OrderedConsumer(ctx, Stream, cfg)
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream %s: consumer: %w", Stream, err)
+	}
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		return items, 0, nil // nothing matches: do not wait for a message
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(500))
 	if err != nil {

@@ -78,8 +78,16 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now})
 	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
 		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential")})
-	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL,
-		Now: cfg.Now, Log: m.log.With("service", "guest")})
+	// The control plane's own way onto the bus, for the account views and
+	// for clearing ended guests.
+	cpNC, err := m.ConnectService("control-plane")
+	if err != nil {
+		return fmt.Errorf("devenv: control plane bus connection: %w", err)
+	}
+	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
+	cpBus := &bus.Caller{NC: cpNC, Key: m.servicesKey}
+	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
+		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Now: cfg.Now, Log: m.log.With("service", "guest")})
 	idle := cfg.GuestIdleTTL
 	if idle <= 0 {
 		idle = guest.DefaultIdleTTL
@@ -98,13 +106,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 			"passkeys":        true,
 			"nats_endpoints":  []string{m.urls.MeshTCP, m.urls.MeshWS},
 		}}
-	// The control plane's own way onto the bus, for the account views.
-	viewsNC, err := m.ConnectService("control-plane")
-	if err != nil {
-		return fmt.Errorf("devenv: control plane bus connection: %w", err)
-	}
-	m.closers = append(m.closers, func() error { viewsNC.Close(); return nil })
-	c.Deps.Views = &accountview.Service{Store: st, Credentials: c.Credentials, Bus: &bus.Caller{NC: viewsNC, Key: m.servicesKey}, Now: cfg.Now}
+	c.Deps.Views = &accountview.Service{Store: st, Credentials: c.Credentials, Bus: cpBus, Now: cfg.Now}
 	m.control = c
 	for _, g := range Groups {
 		g.Mount(m.mux, c.Deps)

@@ -24,6 +24,8 @@ func forbiddenFor(other string) []string {
 	return []string{
 		"$KV.mesh_registry.x", "mesh.peer.x", "mesh.aclroom.r1.main", "$SYS.REQ.SERVER.PING",
 		protocol.FeedSubject(other, "status"),
+		// Service-only: the activity timeline and the guest clearing.
+		protocol.SubjGuestEvict, "mesh.internal.activity." + other + "." + other,
 	}
 }
 

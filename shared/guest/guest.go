@@ -40,9 +40,13 @@ const (
 
 // Config is what the service needs.
 type Config struct {
-	Store         store.Store
-	Trust         *creds.Trust // nil: guests are not configured (501)
-	Revoker       credential.Revoker
+	Store   store.Store
+	Trust   *creds.Trust // nil: guests are not configured (501)
+	Revoker credential.Revoker
+	// Evictor clears what an ended lease left on the bus; nil when the
+	// control plane has no bus connection (the registry's sandbox sweep
+	// then removes the registration an hour later, spec §3.3).
+	Evictor       Evictor
 	Mesh          credential.MeshInfo
 	IdleTTL       time.Duration
 	PerIP         int
@@ -95,6 +99,16 @@ type Lease struct {
 	Active     bool   `json:"active"`
 	EndedAt    int64  `json:"ended_at,omitempty"`
 	EndReason  string `json:"end_reason,omitempty"` // released, idle
+	// PendingClear marks an ended lease whose bus leftovers (registration,
+	// activity rows) are not yet confirmed cleared; every sweep retries.
+	PendingClear bool `json:"pending_clear,omitempty"`
+}
+
+// Evictor removes an ended guest's registration and erases its activity
+// rows and counters (spec §3.3, "guest lease" row). It must be safe to
+// call again for keys already cleared.
+type Evictor interface {
+	EvictGuests(ctx context.Context, keys []string) error
 }
 
 // Grant is the answer of POST /v1/guest.
@@ -190,11 +204,36 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 // end marks leases over inside tx (reads must already be done).
 func (s *Service) end(tx store.Tx, keys []string, now time.Time, reason string) error {
 	for _, k := range keys {
-		if err := tx.Update(CollLeases, k, map[string]any{"active": false, "ended_at": ms(now), "end_reason": reason}); err != nil {
+		if err := tx.Update(CollLeases, k, map[string]any{"active": false, "ended_at": ms(now), "end_reason": reason,
+			"pending_clear": s.cfg.Evictor != nil}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// clear asks the bus to forget the ended leases' guests, then records them
+// cleared. A failure is logged and left pending for the next sweep: the
+// lease is over either way, and its credential is already revoked.
+func (s *Service) clear(ctx context.Context, keys []string) {
+	if len(keys) == 0 || s.cfg.Evictor == nil {
+		return
+	}
+	if err := s.cfg.Evictor.EvictGuests(ctx, keys); err != nil {
+		s.log.Warn("ended guests not yet cleared from the bus; the next sweep retries", "count", len(keys), "err", err)
+		return
+	}
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		for _, k := range keys {
+			if err := tx.Update(CollLeases, k, map[string]any{"pending_clear": false}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		s.log.Warn("guests cleared but not recorded; the next sweep clears them again", "count", len(keys), "err", err)
+	}
 }
 
 func (s *Service) revoke(ctx context.Context, keys []string, now time.Time) {
@@ -286,23 +325,36 @@ func (s *Service) Release(ctx context.Context, b Signed) error {
 		return errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
 	}
 	s.revoke(ctx, []string{b.PublicKey}, now)
+	s.clear(ctx, []string{b.PublicKey})
 	return nil
 }
 
-// Sweep ends every lease idle past its deadline and revokes its key. meshd
-// runs it every minute; Issue also sweeps what it reads.
+// Sweep ends every lease idle past its deadline, revokes its key and clears
+// its guest from the bus, and retries the clearing of leases that ended
+// earlier without it. meshd runs it every minute; Issue also sweeps what
+// it reads.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	now := s.now()
-	var lapsed []string
+	var lapsed, pending []string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
-		lapsed = nil
-		var active []Lease
+		lapsed, pending = nil, nil
+		var active, ended []Lease
 		if err := tx.Query(CollLeases, store.Where("active", true), &active); err != nil {
 			return err
+		}
+		if s.cfg.Evictor != nil {
+			if err := tx.Query(CollLeases, store.Where("pending_clear", true), &ended); err != nil {
+				return err
+			}
 		}
 		for _, l := range active {
 			if l.LeaseUntil <= ms(now) {
 				lapsed = append(lapsed, l.Key)
+			}
+		}
+		for _, l := range ended {
+			if !l.Active {
+				pending = append(pending, l.Key)
 			}
 		}
 		return s.end(tx, lapsed, now, "idle")
@@ -311,6 +363,7 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		return 0, err
 	}
 	s.revoke(ctx, lapsed, now)
+	s.clear(ctx, append(pending, lapsed...))
 	return len(lapsed), nil
 }
 

@@ -23,6 +23,18 @@ const (
 	SubjTaskGetPfx       = "mesh.task.get."
 )
 
+// Internal subjects: only service credentials reach mesh.internal.> (no
+// agent credential's allow-list names it), so the broker is what keeps
+// agents off them.
+const (
+	// SubjGuestEvict asks the registry to remove the registrations of
+	// guests whose leases ended: {keys:[...]} → {evicted:[...]}.
+	SubjGuestEvict = "mesh.internal.guest.evict"
+	// SubjGuestErase asks the activity worker to erase the timeline rows
+	// and counters of guests whose leases ended: {keys:[...]} → {erased}.
+	SubjGuestErase = "mesh.internal.guest.erase"
+)
+
 // RoomVerbs, ArtifactVerbs and BoardVerbs are the request subjects of the
 // rooms, artifacts and board services; credentials enumerate them one by
 // one rather than granting a wildcard.

@@ -3,9 +3,12 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
 )
 
 // Reap reclaims registrations (upstream-notes §2.4): every registration
@@ -98,4 +101,51 @@ func (w *Worker) reapReason(ctx context.Context, p *presence, rec record, now ti
 		return ReasonSandboxIdle, nil
 	}
 	return "", nil
+}
+
+// MaxEvict bounds one mesh.internal.guest.evict request.
+const MaxEvict = 1000
+
+// evictGuests serves mesh.internal.guest.evict, which the control plane
+// calls when guest leases end (spec §3.3: "registration deregistered"):
+// {keys:[guest keys]} → {evicted:[the agent ids removed]}. Only sandbox
+// registrations are removed, each by a compare-and-set delete that checks
+// the stored record again, so copies evicting at once remove (and emit
+// registry.agent_reaped with reason guest_lease_ended for) each once. A key
+// with no registration is not an error: the guest may never have
+// registered, or the sweep got there first.
+func (w *Worker) evictGuests(ctx context.Context, r *bus.Request) (any, error) {
+	raw, ok := r.Object()["keys"].([]any)
+	if !ok || len(raw) > MaxEvict {
+		return nil, errs.Newf(errs.InvalidRequest, "evict takes {keys: [guest public keys]}, at most %d", MaxEvict)
+	}
+	evicted := []string{}
+	var errList []error
+	for _, v := range raw {
+		agent, ok := v.(string)
+		if !ok || !keys.IsUserPublicKey(agent) {
+			return nil, errs.Newf(errs.InvalidRequest, "evict: %v is not a public key", v)
+		}
+		_, changed, err := bus.CAS(ctx, w.kv, agent, func(cur *record, exists bool) (*record, error) {
+			if !exists || !cur.sandbox() {
+				return nil, bus.ErrNoChange
+			}
+			return nil, nil
+		})
+		if err != nil {
+			errList = append(errList, fmt.Errorf("evict %s: %w", agent, err))
+			continue
+		}
+		if !changed {
+			continue
+		}
+		evicted = append(evicted, agent)
+		if err := w.svc.Emit(Name, EventReaped, map[string]any{"agent_id": agent, "reason": ReasonLeaseEnded}); err != nil {
+			w.log.Warn("emit", "event", EventReaped, "agent", agent, "err", err)
+		}
+	}
+	if err := errors.Join(errList...); err != nil {
+		return nil, errs.OrUnavailable(err, "the registry could not remove every guest registration; try again")
+	}
+	return map[string]any{"evicted": evicted}, nil
 }

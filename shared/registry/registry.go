@@ -48,6 +48,7 @@ const (
 const (
 	ReasonVouchExpired = "vouch_expired"
 	ReasonSandboxIdle  = "sandbox_idle"
+	ReasonLeaseEnded   = "guest_lease_ended"
 )
 
 // Defaults.
@@ -130,6 +131,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		{"discover", protocol.SubjDiscover, w.discover},
 		{"get", protocol.SubjRegistryGetPfx + "*", w.get},
 		{"nodes-list", protocol.SubjNodesList, w.nodesList},
+		{"guest-evict", protocol.SubjGuestEvict, w.evictGuests},
 	} {
 		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
 			return fail(fmt.Errorf("%s: endpoint %s: %w", Name, ep.subject, err))
