@@ -1,0 +1,230 @@
+// Package inbox is the adapter's local message queue (spec §4.2, inbox
+// mode): requests wait here, durably, until the person or program behind
+// the adapter replies to them or acknowledges them. It is a bbolt file in
+// the state directory, so messages survive a restart of the adapter, and
+// every change is one transaction, so a crash never half-records one.
+//
+// A message has a short local number (1, 2, 3, ...) for people to type,
+// and its envelope id; commands accept either.
+package inbox
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+)
+
+// States of a message.
+const (
+	Unread  = "unread"
+	Replied = "replied"
+	Acked   = "acked"
+)
+
+// Message is one request held for the agent.
+type Message struct {
+	// Seq is the local number; ID the request envelope's id.
+	Seq uint64 `json:"seq"`
+	ID  string `json:"id"`
+	// From is the sender's agent id; Handle its verified handle, when known.
+	From   string `json:"from"`
+	Handle string `json:"handle,omitempty"`
+	// Offering is the requested offering; Text the sender's text exactly
+	// as sent (unframed); Framed the same text inside the provenance frame,
+	// which is what a program should read.
+	Offering string `json:"offering,omitempty"`
+	Text     string `json:"text"`
+	Framed   string `json:"framed"`
+	TraceID  string `json:"trace_id,omitempty"`
+	// BudgetLine is the budget provenance line, when the request carried
+	// a budget.
+	BudgetLine string          `json:"budget_line,omitempty"`
+	Budget     json.RawMessage `json:"budget,omitempty"`
+	ReceivedAt string          `json:"received_at"`
+	State      string          `json:"state"`
+	RepliedAt  string          `json:"replied_at,omitempty"`
+	// Envelope is the verified request as received, kept so a reply can
+	// be addressed after a restart.
+	Envelope json.RawMessage `json:"envelope"`
+}
+
+// ErrNotFound is a reference that names no message.
+var ErrNotFound = errors.New("no such message")
+
+var (
+	bucketMsgs = []byte("messages") // seq (8 bytes, big endian) → Message
+	bucketIDs  = []byte("ids")      // envelope id → seq
+)
+
+// Queue is an open queue file.
+type Queue struct {
+	db *bolt.DB
+}
+
+// Open opens (creating) the queue file at path, mode 0600. A second
+// process opening the same file waits up to timeout for the first to
+// close it.
+func Open(path string, timeout time.Duration) (*Queue, error) {
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
+	if err != nil {
+		if errors.Is(err, bolt.ErrTimeout) {
+			return nil, fmt.Errorf("inbox %s is in use by another adapter", path)
+		}
+		return nil, fmt.Errorf("inbox %s: %w", path, err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketMsgs, bucketIDs} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("inbox %s: %w", path, err)
+	}
+	return &Queue{db: db}, nil
+}
+
+// Close closes the file.
+func (q *Queue) Close() error { return q.db.Close() }
+
+func seqKey(n uint64) []byte {
+	var k [8]byte
+	binary.BigEndian.PutUint64(k[:], n)
+	return k[:]
+}
+
+// Put stores m as a new unread message and returns it with its number. A
+// message whose envelope id is already stored is not stored twice: the
+// stored one is returned, and added is false.
+func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
+	err = q.db.Update(func(tx *bolt.Tx) error {
+		ids, msgs := tx.Bucket(bucketIDs), tx.Bucket(bucketMsgs)
+		if k := ids.Get([]byte(m.ID)); k != nil {
+			return json.Unmarshal(msgs.Get(k), &stored)
+		}
+		n, err := msgs.NextSequence()
+		if err != nil {
+			return err
+		}
+		m.Seq, m.State = n, Unread
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		if err := msgs.Put(seqKey(n), b); err != nil {
+			return err
+		}
+		stored, added = m, true
+		return ids.Put([]byte(m.ID), seqKey(n))
+	})
+	if err != nil {
+		return Message{}, false, fmt.Errorf("inbox: store: %w", err)
+	}
+	return stored, added, nil
+}
+
+// List returns the messages in arrival order; with all false, only unread
+// ones.
+func (q *Queue) List(all bool) ([]Message, error) {
+	out := []Message{}
+	err := q.db.View(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketMsgs).ForEach(func(_, v []byte) error {
+			var m Message
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			if all || m.State == Unread {
+				out = append(out, m)
+			}
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: list: %w", err)
+	}
+	return out, nil
+}
+
+// Get finds a message by reference: its local number, its envelope id, or
+// a unique prefix of its envelope id (at least 8 characters).
+func (q *Queue) Get(ref string) (Message, error) {
+	var m Message
+	err := q.db.View(func(tx *bolt.Tx) error {
+		k, err := resolve(tx, ref)
+		if err != nil {
+			return err
+		}
+		return json.Unmarshal(tx.Bucket(bucketMsgs).Get(k), &m)
+	})
+	return m, err
+}
+
+func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
+	ref = strings.TrimPrefix(strings.TrimSpace(ref), "#")
+	msgs, ids := tx.Bucket(bucketMsgs), tx.Bucket(bucketIDs)
+	if n, err := strconv.ParseUint(ref, 10, 64); err == nil && len(ref) < 12 {
+		if k := seqKey(n); msgs.Get(k) != nil {
+			return k, nil
+		}
+		return nil, fmt.Errorf("%w: #%d", ErrNotFound, n)
+	}
+	if k := ids.Get([]byte(ref)); k != nil {
+		return k, nil
+	}
+	if len(ref) < 8 {
+		return nil, fmt.Errorf("%w: %q (use the number from `inbox`, or at least 8 characters of the id)", ErrNotFound, ref)
+	}
+	var found []byte
+	c := ids.Cursor()
+	for k, v := c.Seek([]byte(ref)); k != nil && strings.HasPrefix(string(k), ref); k, v = c.Next() {
+		if found != nil {
+			return nil, fmt.Errorf("%q names more than one message; give more of the id", ref)
+		}
+		found = v
+	}
+	if found == nil {
+		return nil, fmt.Errorf("%w: %q", ErrNotFound, ref)
+	}
+	return found, nil
+}
+
+// Transition moves the message named by ref to state (Replied or Acked)
+// if check, given the stored message, allows it; it returns the updated
+// message.
+func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) error) (Message, error) {
+	var m Message
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		k, err := resolve(tx, ref)
+		if err != nil {
+			return err
+		}
+		msgs := tx.Bucket(bucketMsgs)
+		if err := json.Unmarshal(msgs.Get(k), &m); err != nil {
+			return err
+		}
+		if check != nil {
+			if err := check(m); err != nil {
+				return err
+			}
+		}
+		m.State = state
+		if state == Replied {
+			m.RepliedAt = at.UTC().Format(time.RFC3339Nano)
+		}
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		return msgs.Put(k, b)
+	})
+	return m, err
+}
