@@ -124,12 +124,21 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		// Within its grant mesh.feed.*.*, narrowed to its own feeds so the
 		// other subtests' traffic stays out.
 		feeds := nc.subscribe(t, protocol.FeedSubject(g, "*"))
+		// Its registrations reach the registry on its own bound subject.
+		bound, err := svc.SubscribeSync(protocol.SubjRegister + "." + g)
+		must(t, err)
+		must(t, svc.Flush())
 		must(t, svc.Publish(protocol.InboxSubject(g), []byte("hi guest")))
 		must(t, nc.Publish(protocol.FeedSubject(g, "mood"), []byte("curious")))
+		must(t, nc.Publish(protocol.SubjRegister+"."+g, []byte("register")))
 		receive(t, inbox, "hi guest")
 		receive(t, feeds, "curious")
+		receive(t, bound, "register")
 		nc.quiet(t)
 		nc.refuse(t, append(common,
+			// Nowhere else: not the untokenized subject, not another key's.
+			forbidden{"publish", protocol.SubjRegister},
+			forbidden{"publish", protocol.SubjRegister + "." + stranger},
 			forbidden{"subscribe", protocol.GuardedInboxSubject(g)},
 			forbidden{"publish", protocol.MailboxStreamInfoSubject()},
 			forbidden{"publish", protocol.MailboxNextSubject(g)},

@@ -45,6 +45,13 @@ const (
 	// RuleSandbox: a guest reaches no admission, rooms, artifacts or board
 	// subject.
 	RuleSandbox Rule = "sandbox"
+	// RuleSandboxRegister: a guest publishes on no register subject but its
+	// own node-bound one, mesh.registry.register.<guest key>. The registry
+	// marks every registration on a bound subject sandbox and trusts the
+	// untokenized one to come from a non-guest credential, so a guest that
+	// reached mesh.registry.register, or another key's bound subject, could
+	// register outside the sandbox.
+	RuleSandboxRegister Rule = "sandbox-register"
 	// RuleJobScope: a job credential names one literal task wherever it
 	// touches mesh.task.
 	RuleJobScope Rule = "job-scope"
@@ -112,6 +119,9 @@ var (
 	guardedInboxSpace = protocol.GuardedInboxSubject("*")
 	sandboxSpaces     = []string{protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard,
 		roomsPrefix + ">", artifactsPrefix + ">", boardPrefix + ">"}
+	// registerSpaces are the untokenized register subject and everything
+	// under it (the bound form is one token more).
+	registerSpaces = []string{protocol.SubjRegister, protocol.SubjRegister + ".>"}
 )
 
 // Guard checks a permission set against the rules of spec §4.6 rule 4 for a
@@ -163,7 +173,7 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 	}
 
 	// The hosted agents' own subjects, by what this kind may do with them.
-	var ownInboxes, ownStream, ownConsumers, ownFeeds, ownOutboxes, ownTraces []string
+	var ownInboxes, ownStream, ownConsumers, ownFeeds, ownOutboxes, ownTraces, ownRegister []string
 	if prof.mailbox {
 		ownStream = append(ownStream, protocol.MailboxStreamInfoSubject())
 	}
@@ -183,6 +193,7 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 		}
 		ownOutboxes = append(ownOutboxes, protocol.OutboxSubject(h))
 		ownTraces = append(ownTraces, protocol.TraceSubject(h))
+		ownRegister = append(ownRegister, registerBound(h))
 	}
 
 	// Subscriptions.
@@ -242,6 +253,9 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 		}
 		if prof.sandbox && anyOverlaps(sandboxSpaces, s) {
 			return refuse(RuleSandbox, s, "is outside the sandbox (no admission, rooms, artifacts or board)")
+		}
+		if prof.sandbox && anyOverlaps(registerSpaces, s) && !slices.Contains(ownRegister, s) {
+			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
 		}
 		if prof.job {
 			if err := jobScope(s); err != "" {

@@ -149,7 +149,11 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 func TestGuestAndJobPermissions(t *testing.T) {
 	g := agentKeys(t, 1)[0]
 	p := GuestPermissions(g)
-	wantPub := []string{"mesh.registry.>", "mesh.agent.*.inbox", "mesh.task.>", "mesh.event.>",
+	// No mesh.registry.>: the one register subject is the guest's own bound
+	// one, so the broker pins where its registrations arrive.
+	wantPub := []string{"mesh.registry.register." + g, "mesh.registry.deregister", "mesh.registry.discover",
+		"mesh.registry.get.*", "mesh.registry.nodes.list",
+		"mesh.agent.*.inbox", "mesh.task.>", "mesh.event.>",
 		"mesh.presence.get", "mesh.heartbeat.*", "mesh.feed.get", "_INBOX.>",
 		"mesh.agent." + g + ".outbox", "mesh.trace." + g, "mesh.feed." + g + ".*"}
 	wantSub := []string{"mesh.agent." + g + ".inbox", "mesh.agent." + g + ".outbox",
@@ -327,6 +331,17 @@ func TestGuardRefuses(t *testing.T) {
 		{"guest putting an artifact", KindGuest, []string{a}, addPub(guest, "mesh.artifacts.put"), RuleSandbox, "mesh.artifacts.put"},
 		{"guest on the board", KindGuest, []string{a}, addPub(guest, "mesh.board.>"), RuleSandbox, "mesh.board.>"},
 
+		// Sandbox register: a guest registers on its own bound subject only.
+		{"guest on the whole registry", KindGuest, []string{a}, addPub(guest, "mesh.registry.>"), RuleSandboxRegister, "mesh.registry.>"},
+		{"guest on every registry verb", KindGuest, []string{a}, addPub(guest, "mesh.registry.*"), RuleSandboxRegister, "mesh.registry.*"},
+		{"guest on the untokenized register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister), RuleSandboxRegister, protocol.SubjRegister},
+		{"guest on every bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+".*"), RuleSandboxRegister, protocol.SubjRegister + ".*"},
+		{"guest on another key's bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+"."+other), RuleSandboxRegister, protocol.SubjRegister + "." + other},
+		{"guest under its own bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+"."+a+".>"), RuleSandboxRegister, protocol.SubjRegister + "." + a + ".>"},
+		{"guest bound to another key", KindGuest, []string{a}, with(guest, func(p *Permissions) {
+			p.PubAllow = append(drop(p.PubAllow, protocol.SubjRegister+"."+a), protocol.SubjRegister+"."+b)
+		}), RuleSandboxRegister, protocol.SubjRegister + "." + b},
+
 		// Job scope.
 		{"job updating every task", KindJob, []string{a}, addPub(job, "mesh.task.*.update"), RuleJobScope, "mesh.task.*.update"},
 		{"job reading every task", KindJob, []string{a}, addPub(job, "mesh.task.get.*"), RuleJobScope, "mesh.task.get.*"},
@@ -375,7 +390,7 @@ func TestGuardRefuses(t *testing.T) {
 		seen[tc.rule] = true
 	}
 	for _, r := range []Rule{RuleRoster, RuleAllowLists, RuleDenies, RuleInboxSubscribe, RuleStreamSubjects,
-		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleJobScope} {
+		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleJobScope} {
 		if !seen[r] {
 			t.Errorf("no refusal case for rule %q", r)
 		}

@@ -170,11 +170,21 @@ func AppPermissions(appKey string) Permissions {
 //     and $JS.ACK.> are denied both ways on top of the four denies;
 //   - no admission guard (so no guarded inbox either: only the admission
 //     service publishes there, and it guards no sandbox);
-//   - no rooms, artifacts or work board.
+//   - no rooms, artifacts or work board;
+//   - of the registry, only the subjects it needs, and one register
+//     subject: mesh.registry.register.<key>, the node-bound form pinned to
+//     its own key (a guest is its own node). It reaches neither the
+//     untokenized mesh.registry.register nor another key's bound subject,
+//     so every registration sent with a guest credential arrives on a bound
+//     subject, and the registry marks every bound-subject registration
+//     sandbox: the broker's pin, not a member the sender chose, is what
+//     makes a guest's registration sandbox (RuleSandboxRegister keeps it so).
 //
-// Publish: mesh.registry.>, mesh.agent.*.inbox, mesh.task.>, mesh.event.>,
-// mesh.presence.get, mesh.heartbeat.*, mesh.feed.get, _INBOX.>, and for the
-// guest key its outbox, trace subject and feeds mesh.feed.<key>.*.
+// Publish: mesh.registry.register.<key>, mesh.registry.deregister,
+// mesh.registry.discover, mesh.registry.get.*, mesh.registry.nodes.list,
+// mesh.agent.*.inbox, mesh.task.>, mesh.event.>, mesh.presence.get,
+// mesh.heartbeat.*, mesh.feed.get, _INBOX.>, and for the guest key its
+// outbox, trace subject and feeds mesh.feed.<key>.*.
 // Subscribe: its inbox and outbox, mesh.event.>, mesh.task.>, mesh.feed.*.*,
 // _INBOX.>. Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.>,
 // $JS.API.>, $JS.ACK.>.
@@ -226,15 +236,20 @@ func ServicePermissions() Permissions {
 // nodeLike builds the node set for agents; full is false for the guest's
 // sandbox cut.
 func nodeLike(agents []string, full bool) Permissions {
-	pub := []string{
-		subjRegistryAll,
+	var pub []string
+	if full {
+		pub = append(pub, subjRegistryAll)
+	} else {
+		pub = append(pub, guestRegistrySubjects(agents)...)
+	}
+	pub = append(pub,
 		protocol.InboxSubject("*"),
 		subjTaskAll,
 		protocol.EventSubject(">"),
 		protocol.SubjPresenceGet,
 		protocol.HeartbeatSubject("*"),
 		protocol.SubjFeedGet,
-	}
+	)
 	if full {
 		pub = append(pub, protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard)
 		pub = appendVerbs(pub, roomsPrefix, protocol.RoomVerbs)
@@ -272,6 +287,27 @@ func nodeLike(agents []string, full bool) Permissions {
 		deny = guestDenies()
 	}
 	return Permissions{PubAllow: pub, PubDeny: deny, SubAllow: sub, SubDeny: slices.Clone(deny)}
+}
+
+// registerBound is the node-bound register subject of key,
+// mesh.registry.register.<key> (upstream clause b).
+func registerBound(key string) string { return protocol.SubjRegister + "." + key }
+
+// guestRegistrySubjects are the registry subjects a guest publishes on, in
+// place of mesh.registry.>: the bound register subject of its own key (and
+// of no other, RuleSandboxRegister), deregister, discover, get and the node
+// list.
+func guestRegistrySubjects(agents []string) []string {
+	var out []string
+	for _, a := range agents {
+		out = append(out, registerBound(a))
+	}
+	return append(out,
+		protocol.SubjDeregister,
+		protocol.SubjDiscover,
+		protocol.RegistryGetSubject("*"),
+		protocol.SubjNodesList,
+	)
 }
 
 // mailboxSubjects are the JetStream subjects one agent's node publishes on

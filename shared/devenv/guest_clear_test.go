@@ -24,7 +24,8 @@ type busGuest struct {
 	nc *nats.Conn
 }
 
-// leaseGuest takes a guest lease, registers the guest (its own node) and
+// leaseGuest takes a guest lease, registers the guest (its own node, on its
+// own bound subject: the only register subject its credential reaches) and
 // publishes one answer on its outbox.
 func leaseGuest(t *testing.T, c *cp, peer *keys.Agent) busGuest {
 	t.Helper()
@@ -50,7 +51,7 @@ func leaseGuest(t *testing.T, c *cp, peer *keys.Agent) busGuest {
 		"node": map[string]any{"id": k.Public(), "attestation": vouch}, "visibility": "public", "availability_class": "always_on"}
 	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
 	defer cancel()
-	rep, err := bus.Call(ctx, nc, k, protocol.SubjRegister, protocol.TypeRegister, "", manifest)
+	rep, err := bus.Call(ctx, nc, k, protocol.SubjRegister+"."+k.Public(), protocol.TypeRegister, "", manifest)
 	if err != nil {
 		t.Fatalf("guest register: %v", err)
 	}

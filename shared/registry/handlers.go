@@ -22,17 +22,22 @@ func wantType(r *bus.Request, t protocol.Type) error {
 	return nil
 }
 
-// register serves mesh.registry.register (and its node-bound form).
+// register serves mesh.registry.register and its node-bound form
+// mesh.registry.register.<node>. The bound form is the only register
+// subject a guest credential reaches (pinned to its own key), so what
+// arrives on it is stored sandbox; its token must also be the attesting
+// node.
 func (w *Worker) register(ctx context.Context, r *bus.Request) (any, error) {
 	if err := wantType(r, protocol.TypeRegister); err != nil {
 		return nil, err
 	}
 	now := w.now()
-	m, err := parseManifest(r.Payload, r.Env.From, now)
+	tok, bound := strings.CutPrefix(r.Subject, protocol.SubjRegister+".")
+	m, err := parseManifest(r.Payload, r.Env.From, now, bound)
 	if err != nil {
 		return nil, err
 	}
-	if tok, bound := strings.CutPrefix(r.Subject, protocol.SubjRegister+"."); bound && tok != m.node {
+	if bound && tok != m.node {
 		return nil, errs.Newf(errs.Unauthorized, "registration arrived on %s but is attested by node %s", r.Subject, m.node)
 	}
 	var created, moved bool

@@ -95,8 +95,10 @@ func invalid(format string, args ...any) error {
 // parseManifest checks a register payload sent by from at now and builds
 // the record to store: shape (INVALID_MANIFEST), id == from
 // (IDENTITY_MISMATCH), then the vouch (its signature: IDENTITY_MISMATCH;
-// its validity window, expired included: UNAUTHORIZED).
-func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
+// its validity window, expired included: UNAUTHORIZED). bound says the
+// registration arrived on the node-bound subject
+// mesh.registry.register.<node>, which makes it sandbox (see below).
+func parseManifest(payload any, from string, now time.Time, bound bool) (*manifest, error) {
 	m, ok := payload.(map[string]any)
 	if !ok {
 		return nil, invalid("the register payload must be the manifest object")
@@ -183,10 +185,19 @@ func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 	expires, _ := protocol.ParseTime(v.ExpiresAt) // Verify parsed it
 
 	rec := record(maps.Clone(m))
-	// A guest credential hosts its own key as its node, so an agent that is
-	// its own node is a sandbox registration; so is one whose manifest or
-	// node profile says trust_tier "sandbox".
-	sandbox := nodeID == id || rec.profile("trust_tier") == TierSandbox
+	// Sandbox is decided by what the broker enforces, never by what the
+	// sender claims alone. A guest credential may publish on one register
+	// subject only, the bound one of its own key (creds.GuestPermissions,
+	// guard rule sandbox-register): everything a guest registers arrives
+	// on a bound subject, so every bound-subject registration is sandbox.
+	// The untokenized subject is out of a guest's reach, so what arrives
+	// there comes from a node, bootstrap or app credential. Agent and node
+	// keys cannot be told apart (both are nkeys user keys), so neither
+	// node.id nor the bound token can say "guest" by itself; the subject
+	// does. A node may still sandbox its own agents: an agent that is its
+	// own node (the shape of a guest), or trust_tier "sandbox" in the
+	// manifest or its node profile.
+	sandbox := bound || nodeID == id || rec.profile("trust_tier") == TierSandbox
 	vis := rec.str("visibility")
 	if sandbox {
 		rec["trust_tier"] = TierSandbox

@@ -108,26 +108,50 @@ const MaxEvict = 1000
 
 // evictGuests serves mesh.internal.guest.evict, which the control plane
 // calls when guest leases end (spec §3.3: "registration deregistered"):
-// {keys:[guest keys]} → {evicted:[the agent ids removed]}. Only sandbox
-// registrations are removed, each by a compare-and-set delete that checks
-// the stored record again, so copies evicting at once remove (and emit
-// registry.agent_reaped with reason guest_lease_ended for) each once. A key
-// with no registration is not an error: the guest may never have
+// {keys:[guest keys]} → {evicted:[the agent ids removed]}. It removes the
+// sandbox registration of each guest key and every sandbox registration a
+// guest key attested as its node: a guest registers on its own bound
+// subject, where the token must be the attesting node, so another key it
+// holds can be registered there only with the guest as its node (always
+// sandbox, and over with the lease). Only sandbox registrations are
+// removed, each by a compare-and-set delete that checks the stored record
+// again, so copies evicting at once remove (and emit
+// registry.agent_reaped with reason guest_lease_ended for) each once. A
+// key with no registration is not an error: the guest may never have
 // registered, or the sweep got there first.
 func (w *Worker) evictGuests(ctx context.Context, r *bus.Request) (any, error) {
 	raw, ok := r.Object()["keys"].([]any)
 	if !ok || len(raw) > MaxEvict {
 		return nil, errs.Newf(errs.InvalidRequest, "evict takes {keys: [guest public keys]}, at most %d", MaxEvict)
 	}
-	evicted := []string{}
-	var errList []error
+	guests := make(map[string]bool, len(raw))
+	var targets []string
 	for _, v := range raw {
 		agent, ok := v.(string)
 		if !ok || !keys.IsUserPublicKey(agent) {
 			return nil, errs.Newf(errs.InvalidRequest, "evict: %v is not a public key", v)
 		}
+		if !guests[agent] {
+			guests[agent] = true
+			targets = append(targets, agent)
+		}
+	}
+	if len(guests) > 0 {
+		recs, err := w.records(ctx)
+		if err != nil {
+			return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
+		}
+		for _, rec := range recs {
+			if rec.sandbox() && guests[rec.nodeID()] && !guests[rec.id()] {
+				targets = append(targets, rec.id())
+			}
+		}
+	}
+	evicted := []string{}
+	var errList []error
+	for _, agent := range targets {
 		_, changed, err := bus.CAS(ctx, w.kv, agent, func(cur *record, exists bool) (*record, error) {
-			if !exists || !cur.sandbox() {
+			if !exists || !cur.sandbox() || !(guests[cur.id()] || guests[cur.nodeID()]) {
 				return nil, bus.ErrNoChange
 			}
 			return nil, nil

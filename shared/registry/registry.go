@@ -125,7 +125,9 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}{
 		{"register", protocol.SubjRegister, w.register},
 		// The node-bound form (upstream §2.1 clause b): the token must be
-		// the attesting node, which the broker can pin per connection.
+		// the attesting node, which the broker can pin per connection. It
+		// pins guests there (their only register subject), so every
+		// registration on it is sandbox.
 		{"register-bound", protocol.SubjRegister + ".*", w.register},
 		{"deregister", protocol.SubjDeregister, w.deregister},
 		{"discover", protocol.SubjDiscover, w.discover},

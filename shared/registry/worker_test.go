@@ -10,6 +10,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registry"
 )
@@ -81,9 +82,15 @@ func TestRegister(t *testing.T) {
 		t.Fatalf("migration event %v", ev[1].Data)
 	}
 
-	// The node-bound subject: the token must be the attesting node.
-	if _, err := f.call(a, protocol.SubjRegister+"."+n2.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil)); err != nil {
+	// The node-bound subject: the token must be the attesting node. It is
+	// the guests' subject (their only one), so a registration there is
+	// sandbox even from a node key, and loses its mailbox (TestSandboxIsDecidedByTheSubject).
+	rep, err = f.call(a, protocol.SubjRegister+"."+n2.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil))
+	if err != nil {
 		t.Fatalf("bound register: %v", err)
+	}
+	if rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("bound register answer %v", rep)
 	}
 	_, err = f.call(a, protocol.SubjRegister+"."+n.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil))
 	wantCode(t, err, errs.Unauthorized, "attested by node")
@@ -241,6 +248,125 @@ func TestSandbox(t *testing.T) {
 	got, err := f.call(bustest.Agent(t), protocol.RegistryGetSubject(s.Public()), protocol.TypeDiscover, nil)
 	if err != nil || got["id"] != s.Public() || got["sandbox"] != true {
 		t.Fatalf("get sandbox: %v %v", got, err)
+	}
+}
+
+// TestSandboxIsDecidedByTheSubject: a guest credential reaches only its own
+// bound subject mesh.registry.register.<guest key> (the broker pins it), so
+// everything arriving on a bound subject is sandbox, whatever the manifest
+// says; the untokenized subject, out of a guest's reach, keeps the rules of
+// TestSandbox.
+func TestSandboxIsDecidedByTheSubject(t *testing.T) {
+	f := setup(t, registry.Config{})
+	bound := func(node interface{ Public() string }) string { return protocol.SubjRegister + "." + node.Public() }
+
+	// A guest, self-attested on its bound subject, asking to be public.
+	g := bustest.Agent(t)
+	rep, err := f.call(g, bound(g), protocol.TypeRegister, manifest(t, g, g, time.Hour, map[string]any{"visibility": "public"}))
+	if err != nil || rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("guest on its bound subject: %v %v", rep, err)
+	}
+
+	// The guest attests another key it holds, as the node of that agent: on
+	// its bound subject the token must be the attesting node, so that node
+	// is the guest's agent-role key. Sandbox, whatever it declares.
+	x := bustest.Agent(t)
+	rep, err = f.call(x, bound(g), protocol.TypeRegister, manifest(t, x, g, time.Hour,
+		map[string]any{"visibility": "public", "trust_tier": "verified", "availability_class": "always_on"}))
+	if err != nil || rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("agent attested by a guest key: %v %v", rep, err)
+	}
+	rec, _ := f.stored(x.Public())
+	if rec["sandbox"] != true || rec["trust_tier"] != "sandbox" || rec["visibility"] != "unlisted" {
+		t.Fatalf("record %v", rec)
+	}
+	if _, ok := f.consumer(x.Public()); ok {
+		t.Fatal("an agent attested by a guest key got a mailbox")
+	}
+	ev := f.events.expect(t, registry.EventRegistered, x.Public(), 1)
+	if ev[0].Data["sandbox"] != true || ev[0].Data["node"] != g.Public() {
+		t.Fatalf("event %v", ev[0].Data)
+	}
+
+	// The report's attack, a made-up node key vouching for the guest, sent
+	// on the guest's bound subject: refused, the token is not that node.
+	made := bustest.Node(t)
+	_, err = f.call(g, bound(g), protocol.TypeRegister, manifest(t, g, made, time.Hour, map[string]any{"visibility": "public"}))
+	wantCode(t, err, errs.Unauthorized, "attested by node")
+	if rec, _ := f.stored(g.Public()); rec["sandbox"] != true || rec["node"].(map[string]any)["id"] != g.Public() {
+		t.Fatalf("the refused registration changed the record: %v", rec)
+	}
+
+	// A node's agent, public with a mailbox on the untokenized subject, is
+	// sandbox once registered on a bound subject: its mailbox goes.
+	a, n := bustest.Agent(t), bustest.Node(t)
+	if rep := f.mustRegister(a, manifest(t, a, n, month, nil)); rep["sandbox"] != false || rep["visibility"] != "public" {
+		t.Fatalf("node agent %v", rep)
+	}
+	if _, ok := f.consumer(a.Public()); !ok {
+		t.Fatal("no mailbox for the node's agent")
+	}
+	rep, err = f.call(a, bound(n), protocol.TypeRegister, manifest(t, a, n, month, nil))
+	if err != nil || rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("node agent on the bound subject: %v %v", rep, err)
+	}
+	if _, ok := f.consumer(a.Public()); ok {
+		t.Fatal("a bound-subject registration kept its mailbox")
+	}
+
+	// None of them is listed.
+	res, err := f.discover(nil)
+	if err != nil || res["total"] != 0.0 {
+		t.Fatalf("discover: %v %v", res, err)
+	}
+}
+
+// TestGuestEvict: evicting a guest key removes the guest's own sandbox
+// registration and every sandbox registration it attested as node, and
+// nothing else: not a non-sandbox registration named by mistake, not one
+// attested by another node.
+func TestGuestEvict(t *testing.T) {
+	f := setup(t, registry.Config{})
+	bound := func(node interface{ Public() string }) string { return protocol.SubjRegister + "." + node.Public() }
+	g, x, other := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	for _, c := range []struct {
+		agent, node *keys.Agent
+	}{{g, g}, {x, g}, {other, other}} {
+		if _, err := f.call(c.agent, bound(c.node), protocol.TypeRegister, manifest(t, c.agent, c.node, time.Hour, nil)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	a, n := bustest.Agent(t), bustest.Node(t)
+	f.mustRegister(a, manifest(t, a, n, month, nil))
+
+	out, err := f.call(bustest.Agent(t), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public(), a.Public()}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := []string{}
+	for _, v := range out["evicted"].([]any) {
+		got = append(got, v.(string))
+	}
+	slices.Sort(got)
+	want := []string{g.Public(), x.Public()}
+	slices.Sort(want)
+	if !slices.Equal(got, want) {
+		t.Fatalf("evicted %v, want %v", got, want)
+	}
+	for agent, kept := range map[string]bool{g.Public(): false, x.Public(): false, other.Public(): true, a.Public(): true} {
+		if _, found := f.stored(agent); found != kept {
+			t.Errorf("%s stored %v, want %v", agent, found, kept)
+		}
+	}
+	for _, agent := range want {
+		if ev := f.events.expect(t, registry.EventReaped, agent, 1); ev[0].Data["reason"] != registry.ReasonLeaseEnded {
+			t.Errorf("reaped event %v", ev[0].Data)
+		}
+	}
+	// Again: nothing left to remove.
+	out, err = f.call(bustest.Agent(t), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public()}})
+	if err != nil || len(out["evicted"].([]any)) != 0 {
+		t.Fatalf("second evict: %v %v", out, err)
 	}
 }
 
