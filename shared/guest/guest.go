@@ -11,7 +11,6 @@ package guest
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -256,10 +255,9 @@ type Signed struct {
 	Sig       string `json:"sig"`
 }
 
-// HeartbeatString is what a heartbeat signs (standard base64), mirroring
-// the release string: guest-heartbeat-v1:<publicKey>:<ts>.
+// HeartbeatString is what a heartbeat signs (protocol.GuestHeartbeatString).
 func HeartbeatString(publicKey string, ts int64) string {
-	return fmt.Sprintf("guest-heartbeat-v1:%s:%d", publicKey, ts)
+	return protocol.GuestHeartbeatString(publicKey, ts)
 }
 
 // checkSigned verifies that b is signed over signedString(publicKey, ts).

@@ -321,6 +321,18 @@ func VerifyGuestRelease(publicKey string, ts int64, sig string) error {
 	return nil
 }
 
+// GuestHeartbeatString is what a guest lease heartbeat signs, mirroring
+// the release string: "guest-heartbeat-v1:<publicKey>:<ts>".
+func GuestHeartbeatString(publicKey string, ts int64) string {
+	return "guest-heartbeat-v1:" + publicKey + ":" + strconv.FormatInt(ts, 10)
+}
+
+// SignGuestHeartbeat signs a lease heartbeat with the guest's own key
+// (standard base64).
+func SignGuestHeartbeat(k keys.Signer, ts int64) string {
+	return Base64Std.Encode(k.Sign([]byte(GuestHeartbeatString(k.Public(), ts))))
+}
+
 // ---------------------------------------------------------------------------
 // PAN check-in v3 (F:naming, R).
 
