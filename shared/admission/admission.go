@@ -468,18 +468,16 @@ func (w *Worker) applyFilter(ctx context.Context, agent string) error {
 
 // read returns the stored record (nil when none) and its revision.
 func (w *Worker) read(ctx context.Context, agent string) (*Record, uint64, error) {
-	e, err := w.kv.Get(ctx, agent)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	r, rev, found, err := bus.GetJSONRev[Record](ctx, w.kv, agent)
+	switch {
+	case err != nil && found:
+		return nil, 0, fmt.Errorf("kv %s: decode %s: %w", Bucket, agent, err)
+	case err != nil:
+		return nil, 0, fmt.Errorf("kv %s: get %s: %w", Bucket, agent, err)
+	case !found:
 		return nil, 0, nil
 	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("kv %s: get %s: %w", Bucket, agent, err)
-	}
-	var r Record
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return nil, 0, fmt.Errorf("kv %s: decode %s: %w", Bucket, agent, err)
-	}
-	return &r, e.Revision(), nil
+	return &r, rev, nil
 }
 
 // ---------------------------------------------------------------------------

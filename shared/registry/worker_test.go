@@ -460,6 +460,10 @@ func names2(t *testing.T, f *fixture) []map[string]any {
 // agent whose node never heartbeats, and a sandbox whose node does, stay.
 func TestReap(t *testing.T) {
 	f := setup(t, registry.Config{})
+	// The presence worker creates its bucket at start. The registry binds
+	// it lazily and, while it is missing, asks again at most every 2 s, so
+	// one created halfway through would not be seen in time.
+	f.kv(registry.PresenceBucket)
 	short, long, n := bustest.Agent(t), bustest.Agent(t), bustest.Node(t)
 	quiet, chatty := bustest.Agent(t), bustest.Agent(t)
 	f.mustRegister(short, manifest(t, short, n, 2*time.Minute, nil))
