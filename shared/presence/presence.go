@@ -473,6 +473,7 @@ type registration struct {
 // empty. A record that does not decode names no node.
 func (w *Worker) homes(ctx context.Context, agents []string) (map[string]string, error) {
 	out := map[string]string{}
+	agents = slices.Compact(slices.Sorted(slices.Values(agents))) // several nodes may claim one agent
 	if len(agents) == 0 {
 		return out, nil
 	}
@@ -487,9 +488,6 @@ func (w *Worker) homes(ctx context.Context, agents []string) (map[string]string,
 		return w.scanHomes(ctx, kv, agents)
 	}
 	for _, a := range agents {
-		if _, done := out[a]; done {
-			continue
-		}
 		reg, found, err := bus.GetJSON[registration](ctx, kv, a)
 		switch {
 		case err != nil && found:
