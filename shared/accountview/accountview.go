@@ -59,7 +59,9 @@ type AgentStatus struct {
 }
 
 // Agents lists the account's enabled agents, each stamped with its node's
-// presence (one presence call for all of them).
+// presence (one presence call for all of them). The presence worker lists
+// an agent only under the node its registration names, whatever other
+// nodes claim in their beats, so an agent is live on at most one node.
 func (s *Service) Agents(ctx context.Context, accountID string) ([]AgentStatus, error) {
 	ags, err := s.Credentials.Agents(ctx, accountID)
 	if err != nil {

@@ -589,7 +589,11 @@ const MaxErase = 1000
 // {keys:[guest keys]} → {erased: n}, the timeline rows purged. Every row
 // from or to each key is purged by subject, and its counters are removed.
 // Erasing twice is harmless, so a retry after a partial failure is safe.
+// Only the services key may call it (FORBIDDEN otherwise).
 func (w *Worker) eraseGuests(ctx context.Context, r *bus.Request) (any, error) {
+	if err := w.svc.RequireServices(r); err != nil {
+		return nil, err
+	}
 	raw, ok := r.Object()["keys"].([]any)
 	if !ok || len(raw) > MaxErase {
 		return nil, errs.Newf(errs.InvalidRequest, "erase takes {keys: [guest public keys]}, at most %d", MaxErase)

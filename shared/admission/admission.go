@@ -75,6 +75,12 @@ const (
 	DefaultRelayTimeout  = 35 * time.Second
 	DefaultAnswerTimeout = 10 * time.Minute
 	DefaultMaxRelays     = 1024
+	// DefaultMaxRelaysPerAgent caps one guarded agent's share of a copy's
+	// relays, so one agent's traffic (or a node that accepts and never
+	// finishes) cannot take every slot.
+	DefaultMaxRelaysPerAgent = 64
+	// busyRetryAfter is the retry_after_ms of a refusal for want of a slot.
+	busyRetryAfter = 1000
 	// HeldTTL is how long a held request is kept for the owner: the
 	// mailbox window.
 	HeldTTL = 7 * 24 * time.Hour
@@ -94,9 +100,16 @@ type Config struct {
 	// AnswerTimeout is how long a relay keeps forwarding after the node
 	// answered "accepted" and before its substantive answer (10 min).
 	AnswerTimeout time.Duration
-	// MaxRelays bounds the relays one copy runs at once (1024); the inbox
-	// subscription waits for a slot when all are busy.
+	// MaxRelays bounds the relays one copy runs at once (1024). A slot is
+	// held from the request until its final answer (up to AnswerTimeout
+	// after an accept).
 	MaxRelays int
+	// MaxRelaysPerAgent bounds the relays one copy runs at once for one
+	// guarded agent (64, at most MaxRelays). A message that finds no slot
+	// is refused at once with a retryable error: AGENT_OVERLOADED for the
+	// agent's cap, UNAVAILABLE for the copy's. The inbox subscription
+	// never waits, so one agent cannot stall the others.
+	MaxRelaysPerAgent int
 }
 
 // Record is the value stored under an agent id in mesh_admission.
@@ -134,6 +147,7 @@ type Stats struct {
 	Held    uint64 // held requests recorded
 	Blocked uint64 // blocked requests dropped
 	Dropped uint64 // undecodable, unsigned or stale: dropped silently
+	Busy    uint64 // refused for want of a relay slot (retryable error)
 }
 
 // Worker is one running copy of the admission service.
@@ -149,7 +163,12 @@ type Worker struct {
 	mu    sync.Mutex
 	cache map[string]cached
 
-	sem      chan struct{}
+	// Relay slots of this copy: in flight in all, and per guarded agent.
+	// Local bounds on local goroutines; no other copy needs them.
+	slotMu   sync.Mutex
+	inFlight int
+	perAgent map[string]int
+
 	relayMu  sync.Mutex // orders relay starts against Stop
 	stopping bool
 	ctx      context.Context
@@ -157,7 +176,7 @@ type Worker struct {
 	done     sync.WaitGroup
 	once     sync.Once
 
-	relayed, answers, queued, heldN, blocked, dropped atomic.Uint64
+	relayed, answers, queued, heldN, blocked, dropped, busy atomic.Uint64
 }
 
 type cached struct {
@@ -179,6 +198,10 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if cfg.MaxRelays <= 0 {
 		cfg.MaxRelays = DefaultMaxRelays
 	}
+	if cfg.MaxRelaysPerAgent <= 0 {
+		cfg.MaxRelaysPerAgent = DefaultMaxRelaysPerAgent
+	}
+	cfg.MaxRelaysPerAgent = min(cfg.MaxRelaysPerAgent, cfg.MaxRelays)
 	svc, err := bus.NewServiceIn(env, Name, "inbox guard, roster admission and relay")
 	if err != nil {
 		return nil, err
@@ -198,7 +221,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
-		cache: map[string]cached{}, sem: make(chan struct{}, cfg.MaxRelays), ctx: wctx, cancel: cancel}
+		cache: map[string]cached{}, perAgent: map[string]int{}, ctx: wctx, cancel: cancel}
 	if err := svc.Endpoint("guard", protocol.SubjAdmissionGuard, w.guard); err != nil {
 		cancel()
 		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
@@ -250,7 +273,7 @@ func (w *Worker) Stop() error {
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
 	return Stats{Relayed: w.relayed.Load(), Answers: w.answers.Load(), Queued: w.queued.Load(),
-		Held: w.heldN.Load(), Blocked: w.blocked.Load(), Dropped: w.dropped.Load()}
+		Held: w.heldN.Load(), Blocked: w.blocked.Load(), Dropped: w.dropped.Load(), Busy: w.busy.Load()}
 }
 
 func (w *Worker) invalidateLoop() {
@@ -468,18 +491,16 @@ func (w *Worker) applyFilter(ctx context.Context, agent string) error {
 
 // read returns the stored record (nil when none) and its revision.
 func (w *Worker) read(ctx context.Context, agent string) (*Record, uint64, error) {
-	e, err := w.kv.Get(ctx, agent)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
+	r, rev, found, err := bus.GetJSONRev[Record](ctx, w.kv, agent)
+	switch {
+	case err != nil && found:
+		return nil, 0, fmt.Errorf("kv %s: decode %s: %w", Bucket, agent, err)
+	case err != nil:
+		return nil, 0, fmt.Errorf("kv %s: get %s: %w", Bucket, agent, err)
+	case !found:
 		return nil, 0, nil
 	}
-	if err != nil {
-		return nil, 0, fmt.Errorf("kv %s: get %s: %w", Bucket, agent, err)
-	}
-	var r Record
-	if err := json.Unmarshal(e.Value(), &r); err != nil {
-		return nil, 0, fmt.Errorf("kv %s: decode %s: %w", Bucket, agent, err)
-	}
-	return &r, e.Revision(), nil
+	return &r, rev, nil
 }
 
 // ---------------------------------------------------------------------------
@@ -627,7 +648,9 @@ func (w *Worker) classify(ctx context.Context, p policy, sender string) (stance,
 // onInbox sees every message on every public inbox (one copy per message).
 // Messages to agents that are not guarded are left alone: their own node
 // answers. For a guarded agent the message is judged and relayed on a
-// goroutine of its own (relays are concurrent; there is no per-agent order).
+// goroutine of its own (relays are concurrent; there is no per-agent order)
+// when a relay slot is free, and refused with a retryable error when not:
+// this callback serves every guarded agent, so it never waits.
 func (w *Worker) onInbox(msg *nats.Msg) {
 	agent, ok := inboxAgent(msg.Subject)
 	if !ok {
@@ -643,24 +666,76 @@ func (w *Worker) onInbox(msg *nats.Msg) {
 	if c.rec == nil || !c.rec.Guarded {
 		return
 	}
-	select {
-	case w.sem <- struct{}{}:
-	case <-w.ctx.Done():
+	if full := w.takeSlot(agent); full != nil {
+		w.refuseBusy(msg, full)
 		return
 	}
 	w.relayMu.Lock()
 	if w.stopping {
 		w.relayMu.Unlock()
-		<-w.sem
+		w.releaseSlot(agent)
 		return
 	}
 	w.done.Add(1)
 	w.relayMu.Unlock()
 	go func() {
 		defer w.done.Done()
-		defer func() { <-w.sem }()
+		defer w.releaseSlot(agent)
 		w.admit(agent, c.policy, msg)
 	}()
+}
+
+// takeSlot takes a relay slot for agent, or says which bound is reached.
+func (w *Worker) takeSlot(agent string) *errs.Error {
+	w.slotMu.Lock()
+	defer w.slotMu.Unlock()
+	switch {
+	case w.perAgent[agent] >= w.cfg.MaxRelaysPerAgent:
+		return errs.New(errs.AgentOverloaded, "too many requests to this agent are in flight; retry shortly").WithRetryAfter(busyRetryAfter)
+	case w.inFlight >= w.cfg.MaxRelays:
+		return errs.New(errs.Unavailable, "the admission service is busy; retry shortly").WithRetryAfter(busyRetryAfter)
+	}
+	w.inFlight++
+	w.perAgent[agent]++
+	return nil
+}
+
+func (w *Worker) releaseSlot(agent string) {
+	w.slotMu.Lock()
+	defer w.slotMu.Unlock()
+	w.inFlight--
+	if w.perAgent[agent]--; w.perAgent[agent] <= 0 {
+		delete(w.perAgent, agent)
+	}
+}
+
+// refuseBusy answers a message that found no relay slot with e, signed by
+// the services key. The refusal comes before the roster is read, so it is
+// the same for every sender and says nothing about its stance. Like every
+// answer it goes only to a verified, fresh request; anything else, and a
+// message without a reply subject, is dropped.
+func (w *Worker) refuseBusy(msg *nats.Msg, e *errs.Error) {
+	w.busy.Add(1)
+	if msg.Reply == "" {
+		return
+	}
+	env, err := protocol.Decode(msg.Data)
+	if err != nil || protocol.CheckFreshness(env.TS, w.svc.Now(), protocol.SourceLive) != nil {
+		return
+	}
+	rep, err := protocol.NewReply(env, w.svc.Key.Public(), e.BusPayload())
+	if err == nil {
+		err = rep.Sign(w.svc.Key)
+	}
+	var b []byte
+	if err == nil {
+		b, err = rep.Marshal()
+	}
+	if err != nil {
+		w.svc.Log.Error("busy refusal", "err", err)
+		return
+	}
+	_ = w.svc.NC.Publish(msg.Reply, b)
 }
 
 func inboxAgent(subject string) (string, bool) {

@@ -46,6 +46,11 @@ type harness struct {
 // each on its own connection.
 func start(t *testing.T, cfg admission.Config) *harness {
 	t.Helper()
+	return startCopies(t, cfg, 3)
+}
+
+func startCopies(t *testing.T, cfg admission.Config, copies int) *harness {
+	t.Helper()
 	m := bustest.Mesh(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m)}
 	h.js, _ = jetstream.New(h.nc)
@@ -54,7 +59,7 @@ func start(t *testing.T, cfg admission.Config) *harness {
 	if h.reg, err = bus.Bucket(ctx, h.js, jetstream.KeyValueConfig{Bucket: admission.RegistryBucket}); err != nil {
 		t.Fatal(err)
 	}
-	for i := range 3 {
+	for i := range copies {
 		w, err := admission.Start(ctx, bustest.Env(t, m, fmt.Sprintf("admission-%d", i), nil), cfg)
 		if err != nil {
 			t.Fatal(err)
@@ -593,4 +598,137 @@ func TestRelayExactlyOnce(t *testing.T) {
 	if len(n.received()) != N || h.stats().Relayed != N {
 		t.Fatalf("node saw %d of %d, stats %+v", len(n.received()), N, h.stats())
 	}
+}
+
+// stalled is a test node that accepts every request on a guarded inbox and
+// finishes none until told to: each relay it accepts holds its slot.
+type stalled struct {
+	mu      sync.Mutex
+	pending []*nats.Msg
+	agent   *keys.Agent
+}
+
+func stall(t *testing.T, nc *nats.Conn, agent *keys.Agent) *stalled {
+	t.Helper()
+	s := &stalled{agent: agent}
+	sub, err := nc.Subscribe(protocol.GuardedInboxSubject(agent.Public()), func(m *nats.Msg) {
+		req, err := protocol.Decode(m.Data)
+		if err != nil {
+			return
+		}
+		acc, _ := protocol.NewAccept(req, agent.Public())
+		_ = acc.Sign(agent)
+		b, _ := acc.Marshal()
+		_ = m.Respond(b)
+		s.mu.Lock()
+		s.pending = append(s.pending, m)
+		s.mu.Unlock()
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = sub.Unsubscribe() })
+	return s
+}
+
+// finish answers every accepted request, which frees their slots.
+func (s *stalled) finish() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, m := range s.pending {
+		req, _ := protocol.Decode(m.Data)
+		rep, _ := protocol.NewReply(req, s.agent.Public(), map[string]any{"status": "completed"})
+		_ = rep.Sign(s.agent)
+		b, _ := rep.Marshal()
+		_ = m.Respond(b)
+	}
+	s.pending = nil
+}
+
+// busyRefusal checks that got is the services-signed, retryable refusal of
+// req with code.
+func busyRefusal(t *testing.T, h *harness, req *protocol.Envelope, got []*protocol.Envelope, code errs.Code) {
+	t.Helper()
+	if len(got) != 1 {
+		t.Fatalf("want one refusal, got %d answers", len(got))
+	}
+	e := got[0]
+	if e.From != h.m.ServicesKey().Public() || e.InReplyTo != req.ID || e.Type != protocol.TypeRespond {
+		t.Fatalf("refusal from=%s in_reply_to=%s type=%s", e.From, e.InReplyTo, e.Type)
+	}
+	if x := bus.ErrorOf(e); x == nil || x.Code != code || !x.Retryable || x.RetryAfterMS <= 0 {
+		t.Fatalf("refusal payload %s, want retryable %s", e.Payload, code)
+	}
+}
+
+// Relay slots run out without stalling anyone: a guarded agent whose node
+// accepts and never finishes holds at most MaxRelaysPerAgent slots, and its
+// next request is refused at once with AGENT_OVERLOADED (retryable) while
+// another guarded agent is still served; when the copy's MaxRelays are all
+// held, a new request is refused at once with UNAVAILABLE instead of
+// blocking the inbox subscription; finished relays free their slots.
+func TestRelaySlotsRefuseInsteadOfBlocking(t *testing.T) {
+	h := startCopies(t, admission.Config{MaxRelays: 4, MaxRelaysPerAgent: 2, AnswerTimeout: time.Minute}, 1)
+	sender := bustest.Agent(t)
+	h.register(sender.Public(), false)
+	greedy, greedy2, other := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	for _, a := range []*keys.Agent{greedy, greedy2, other} {
+		h.guard(a, map[string]any{})
+	}
+	c := bustest.Client(t, h.m)
+	g1, g2 := stall(t, c, greedy), stall(t, c, greedy2)
+	serve(t, c, other)
+	accepted := func(a *keys.Agent) {
+		t.Helper()
+		data, _ := signedRequest(t, sender, a.Public())
+		if got := send(t, h.nc, a.Public(), data, 300*time.Millisecond); len(got) != 1 || !protocol.IsAccepted(got[0]) {
+			t.Fatalf("want the accept alone, got %d answers", len(got))
+		}
+	}
+	completed := func(a *keys.Agent) {
+		t.Helper()
+		data, _ := signedRequest(t, sender, a.Public())
+		if got := send(t, h.nc, a.Public(), data, 3*time.Second); len(got) != 2 || protocol.ResponseStatus(got[1]) != "completed" {
+			t.Fatalf("want accept and answer, got %d answers", len(got))
+		}
+	}
+	refused := func(a *keys.Agent, code errs.Code) {
+		t.Helper()
+		data, req := signedRequest(t, sender, a.Public())
+		begin := time.Now()
+		busyRefusal(t, h, req, send(t, h.nc, a.Public(), data, 3*time.Second), code)
+		if d := time.Since(begin); d > time.Second {
+			t.Fatalf("the refusal took %v: the subscription waited", d)
+		}
+	}
+
+	accepted(greedy)
+	accepted(greedy)
+	refused(greedy, errs.AgentOverloaded)
+	completed(other)
+	completed(other)
+
+	accepted(greedy2)
+	accepted(greedy2) // the copy's four slots are all held now
+	refused(other, errs.Unavailable)
+	refused(greedy, errs.AgentOverloaded)
+	if s := h.workers[0].Stats(); s.Busy != 3 || s.Relayed != 6 {
+		t.Fatalf("stats %+v", s)
+	}
+
+	g1.finish()
+	g2.finish()
+	deadline := time.Now().Add(3 * time.Second)
+	for h.workers[0].Stats().Answers < 4+4+4 { // 2 accepts+answers for other, 4 accepts, 4 answers
+		if time.Now().After(deadline) {
+			t.Fatalf("finished relays not forwarded: %+v", h.workers[0].Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond) // the relays return their slots after forwarding
+	completed(other)
+	accepted(greedy) // its slots are free again (its node still only accepts)
 }

@@ -153,6 +153,18 @@ func (s *Service) serve(req micro.Request, h Handler) {
 	_ = req.Respond(reply)
 }
 
+// RequireServices refuses, with FORBIDDEN, a request that is not signed by
+// the services key (the key this worker signs with). Endpoints under
+// mesh.internal.> call it first: the broker already keeps agent and guest
+// credentials off that namespace, and this is defence in depth should a
+// permission ever be granted too widely.
+func (s *Service) RequireServices(r *Request) error {
+	if r.Env.From != s.Key.Public() {
+		return errs.Newf(errs.Forbidden, "only the mesh's services may call %s", r.Subject)
+	}
+	return nil
+}
+
 // reply signs a respond envelope to req carrying payload.
 func (s *Service) reply(req *protocol.Envelope, payload any) ([]byte, error) {
 	var e *protocol.Envelope

@@ -202,3 +202,79 @@ func TestEachValue(t *testing.T) {
 		t.Errorf("got %v, want a=1b b=2", got)
 	}
 }
+
+// CASBytes keeps a value byte for byte (what CAS's JSON round trip would
+// not: spacing, key order, HTML characters); ErrNoChange hands back the
+// stored bytes; a nil value deletes. GetJSONRev reports the revision that
+// a later write moves on, and CAS still answers what it wrote or kept.
+func TestCASBytesAndRevisions(t *testing.T) {
+	m := mesh(t)
+	nc, err := m.ConnectService("casbytes")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := bus.Bucket(t.Context(), js, jetstream.KeyValueConfig{Bucket: "test_casbytes"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	wire := []byte(`{"z": 1,  "a":"<&>"}`)
+	next, changed, err := bus.CASBytes(ctx, kv, "k", func(cur []byte, exists bool) ([]byte, error) {
+		if exists || cur != nil {
+			t.Errorf("fresh key: exists %v cur %q", exists, cur)
+		}
+		return wire, nil
+	})
+	if err != nil || !changed || string(next) != string(wire) {
+		t.Fatalf("create: %q %v %v", next, changed, err)
+	}
+	if e, err := kv.Get(ctx, "k"); err != nil || string(e.Value()) != string(wire) {
+		t.Fatalf("stored %q (%v), want the exact bytes", e.Value(), err)
+	}
+	next, changed, err = bus.CASBytes(ctx, kv, "k", func(cur []byte, exists bool) ([]byte, error) {
+		return nil, bus.ErrNoChange
+	})
+	if err != nil || changed || string(next) != string(wire) {
+		t.Fatalf("no change: %q %v %v", next, changed, err)
+	}
+	if _, changed, err = bus.CASBytes(ctx, kv, "k", func([]byte, bool) ([]byte, error) { return nil, nil }); err != nil || !changed {
+		t.Fatalf("delete: %v %v", changed, err)
+	}
+	if _, changed, err = bus.CASBytes(ctx, kv, "k", func([]byte, bool) ([]byte, error) { return nil, nil }); err != nil || changed {
+		t.Fatalf("delete of a missing key: %v %v", changed, err)
+	}
+
+	type rec struct{ N int }
+	if _, rev, found, err := bus.GetJSONRev[rec](ctx, kv, "r"); err != nil || found || rev != 0 {
+		t.Fatalf("missing key: rev %d found %v err %v", rev, found, err)
+	}
+	wrote, changed, err := bus.CAS(ctx, kv, "r", func(*rec, bool) (*rec, error) { return &rec{N: 1}, nil })
+	if err != nil || !changed || wrote == nil || wrote.N != 1 {
+		t.Fatalf("CAS write: %+v %v %v", wrote, changed, err)
+	}
+	v, rev1, found, err := bus.GetJSONRev[rec](ctx, kv, "r")
+	if err != nil || !found || v.N != 1 || rev1 == 0 {
+		t.Fatalf("read: %+v rev %d found %v err %v", v, rev1, found, err)
+	}
+	kept, changed, err := bus.CAS(ctx, kv, "r", func(cur *rec, _ bool) (*rec, error) { return nil, bus.ErrNoChange })
+	if err != nil || changed || kept == nil || kept.N != 1 {
+		t.Fatalf("CAS no change: %+v %v %v", kept, changed, err)
+	}
+	if _, _, err := bus.CAS(ctx, kv, "r", func(cur *rec, _ bool) (*rec, error) { return &rec{N: cur.N + 1}, nil }); err != nil {
+		t.Fatal(err)
+	}
+	if v, rev2, _, _ := bus.GetJSONRev[rec](ctx, kv, "r"); v.N != 2 || rev2 <= rev1 {
+		t.Errorf("after a write: %+v rev %d (was %d)", v, rev2, rev1)
+	}
+	if _, err := kv.PutString(ctx, "bad", "not json"); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, found, err := bus.GetJSONRev[rec](ctx, kv, "bad"); !found || err == nil {
+		t.Errorf("undecodable value: found %v err %v", found, err)
+	}
+	if _, _, err := bus.CAS(ctx, kv, "bad", func(*rec, bool) (*rec, error) { return &rec{}, nil }); err == nil {
+		t.Error("CAS over an undecodable value wrote")
+	}
+}

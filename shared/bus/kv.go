@@ -41,6 +41,40 @@ var ErrContention = errors.New("kv: too much contention")
 // changed the value, which is how exactly one copy of a worker learns it
 // made a transition (and so emits the event for it).
 func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update func(cur *T, exists bool) (*T, error)) (next *T, changed bool, err error) {
+	// last is what the deciding attempt saw or wrote: the current value
+	// when update made no change, the new one (nil for a delete) otherwise.
+	var last *T
+	_, changed, err = CASBytes(ctx, kv, key, func(raw []byte, exists bool) ([]byte, error) {
+		var curp *T
+		if exists {
+			var cur T
+			if err := json.Unmarshal(raw, &cur); err != nil {
+				return nil, fmt.Errorf("kv %s: decode %s: %w", kv.Bucket(), key, err)
+			}
+			curp = &cur
+		}
+		last = curp
+		next, err := update(curp, exists)
+		if err != nil {
+			return nil, err // ErrNoChange included: CASBytes reads it
+		}
+		if last = next; next == nil {
+			return nil, nil
+		}
+		return json.Marshal(next)
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return last, changed, nil
+}
+
+// CASBytes is CAS on the stored bytes as they are, for a worker that must
+// keep a value byte for byte (CAS re-encodes through encoding/json). update
+// gets the current value (nil when the key does not exist) and returns the
+// value to write: nil deletes the key, ErrNoChange writes nothing (next is
+// then the current value).
+func CASBytes(ctx context.Context, kv jetstream.KeyValue, key string, update func(cur []byte, exists bool) ([]byte, error)) (next []byte, changed bool, err error) {
 	for attempt := range maxCASAttempts {
 		if attempt > 0 {
 			// Up to 1, 2, 4 … ms of jitter, capped at 64 ms.
@@ -51,46 +85,33 @@ func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update f
 			case <-time.After(d):
 			}
 		}
-		var cur T
+		var cur []byte
 		var rev uint64
 		exists := false
 		e, err := kv.Get(ctx, key)
 		switch {
 		case err == nil:
-			if err := json.Unmarshal(e.Value(), &cur); err != nil {
-				return nil, false, fmt.Errorf("kv %s: decode %s: %w", kv.Bucket(), key, err)
-			}
-			rev, exists = e.Revision(), true
+			cur, rev, exists = e.Value(), e.Revision(), true
 		case errors.Is(err, jetstream.ErrKeyNotFound):
 		default:
 			return nil, false, fmt.Errorf("kv %s: get %s: %w", kv.Bucket(), key, err)
 		}
-		var curp *T
-		if exists {
-			curp = &cur
-		}
-		next, err := update(curp, exists)
+		next, err := update(cur, exists)
 		if errors.Is(err, ErrNoChange) {
-			return curp, false, nil
+			return cur, false, nil
 		}
 		if err != nil {
 			return nil, false, err
 		}
-		if next == nil {
-			if !exists {
-				return nil, false, nil
-			}
+		switch {
+		case next == nil && !exists:
+			return nil, false, nil
+		case next == nil:
 			err = kv.Delete(ctx, key, jetstream.LastRevision(rev))
-		} else {
-			var b []byte
-			if b, err = json.Marshal(next); err != nil {
-				return nil, false, err
-			}
-			if exists {
-				_, err = kv.Update(ctx, key, b, rev)
-			} else {
-				_, err = kv.Create(ctx, key, b)
-			}
+		case exists:
+			_, err = kv.Update(ctx, key, next, rev)
+		default:
+			_, err = kv.Create(ctx, key, next)
 		}
 		if err == nil {
 			return next, true, nil
@@ -111,15 +132,23 @@ func isConflict(err error) bool {
 }
 
 // GetJSON reads key into a T; found is false when the key does not exist.
+// A value that does not decode is reported with found true and the error.
 func GetJSON[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T, found bool, err error) {
+	v, _, found, err = GetJSONRev[T](ctx, kv, key)
+	return v, found, err
+}
+
+// GetJSONRev is GetJSON that also returns the value's revision, for a caller
+// that reads again later to learn whether anybody wrote in between.
+func GetJSONRev[T any](ctx context.Context, kv jetstream.KeyValue, key string) (v T, rev uint64, found bool, err error) {
 	e, err := kv.Get(ctx, key)
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return v, false, nil
+		return v, 0, false, nil
 	}
 	if err != nil {
-		return v, false, err
+		return v, 0, false, err
 	}
-	return v, true, json.Unmarshal(e.Value(), &v)
+	return v, e.Revision(), true, json.Unmarshal(e.Value(), &v)
 }
 
 // LazyBucket binds a KV bucket that another worker creates, when it exists:

@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -38,13 +39,58 @@ func TestAccountViews(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	hb, _ := protocol.New(protocol.TypeEmit, node.Public(), map[string]any{"availability": "online", "agents": []string{agent.Public()}})
-	_ = hb.Sign(node)
-	b, _ := hb.Marshal()
-	if err := nc.Publish(protocol.HeartbeatSubject(node.Public()), b); err != nil {
+	// The agent registers on its node: live status follows the node its
+	// registration names.
+	now := time.Now()
+	homeVouch, _ := protocol.NewVouch(node, agent.Public(), now, now.Add(time.Hour))
+	registration := map[string]any{"id": agent.Public(), "name": "coder", "endpoint": protocol.InboxSubject(agent.Public()),
+		"node": map[string]any{"id": node.Public(), "attestation": homeVouch}}
+	rctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	if _, err := bus.Call(rctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", registration); err != nil {
 		t.Fatal(err)
 	}
+	heartbeat := func(from *keys.Node) {
+		t.Helper()
+		hb, _ := protocol.New(protocol.TypeEmit, from.Public(), map[string]any{"availability": "online", "agents": []string{agent.Public()}})
+		_ = hb.Sign(from)
+		b, _ := hb.Marshal()
+		if err := nc.Publish(protocol.HeartbeatSubject(from.Public()), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	// Another node claims the agent in its beat: the beat is recorded, but
+	// the agent is not live on it.
+	intruder := newNode(t)
+	heartbeat(intruder)
+	sc, err := c.m.ConnectService("test-views")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sc.Close()
+	viewer := &bus.Caller{NC: sc, Key: newAgent(t)}
 	deadline := time.Now().Add(5 * time.Second)
+	for {
+		p, err := viewer.Call(rctx, protocol.SubjPresenceGet, protocol.TypeDiscover, map[string]any{"node": intruder.Public()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if nodes, _ := p["nodes"].([]any); len(nodes) == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the intruder's beat was never recorded: %v", p)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	_, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/agents", nil, tok)
+	if a := out["agents"].([]any)[0].(map[string]any); a["live"] != false || a["node"] != nil {
+		t.Fatalf("live on a node that merely claims it: %v", out)
+	}
+
+	heartbeat(node)
+	deadline = time.Now().Add(5 * time.Second)
 	for {
 		_, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/agents", nil, tok)
 		a := out["agents"].([]any)[0].(map[string]any)
@@ -65,7 +111,7 @@ func TestAccountViews(t *testing.T) {
 	_ = req.Sign(caller)
 	rep, _ := protocol.NewReply(req, agent.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "secret answer"}})
 	_ = rep.Sign(agent)
-	b, _ = rep.Marshal()
+	b, _ := rep.Marshal()
 	if err := nc.Publish(protocol.OutboxSubject(agent.Public()), b); err != nil {
 		t.Fatal(err)
 	}

@@ -118,7 +118,9 @@ func TestGuestLeaseEndClearsTheBus(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer nc.Close()
-	svc := &bus.Caller{NC: nc, Key: newAgent(t)}
+	// The control plane's way onto the bus: mesh.internal.guest.evict takes
+	// only the services key.
+	svc := &bus.Caller{NC: nc, Key: c.m.ServicesKey()}
 	reaped, err := nc.SubscribeSync(protocol.EventSubject("registry." + registry.EventReaped))
 	if err != nil {
 		t.Fatal(err)

@@ -168,31 +168,16 @@ func (w *Worker) publish(ctx context.Context, subject string, data []byte) (bool
 }
 
 // store writes wire under key unless the stored envelope is as new or newer
-// (by ts, then id). The bytes are stored exactly as received, so bus.CAS
-// (which re-encodes through encoding/json) is not used.
+// (by ts, then id). The bytes are stored exactly as received, hence
+// bus.CASBytes (bus.CAS re-encodes through encoding/json).
 func (w *Worker) store(ctx context.Context, key string, wire []byte, ts time.Time, id string) (bool, error) {
-	for range 16 {
-		e, err := w.kv.Get(ctx, key)
-		switch {
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-			if _, err = w.kv.Create(ctx, key, wire); err == nil {
-				return true, nil
-			}
-		case err != nil:
-			return false, fmt.Errorf("kv %s: get %s: %w", Bucket, key, err)
-		default:
-			if !newer(ts, id, e.Value()) {
-				return false, nil
-			}
-			if _, err = w.kv.Update(ctx, key, wire, e.Revision()); err == nil {
-				return true, nil
-			}
+	_, stored, err := bus.CASBytes(ctx, w.kv, key, func(cur []byte, exists bool) ([]byte, error) {
+		if exists && !newer(ts, id, cur) {
+			return nil, bus.ErrNoChange
 		}
-		if !isConflict(err) {
-			return false, fmt.Errorf("kv %s: write %s: %w", Bucket, key, err)
-		}
-	}
-	return false, fmt.Errorf("kv %s: %s: too much contention", Bucket, key)
+		return wire, nil
+	})
+	return stored, err
 }
 
 // newer reports whether (ts, id) orders after the stored envelope. A stored
@@ -213,14 +198,6 @@ func newer(ts time.Time, id string, stored []byte) bool {
 		return c > 0
 	}
 	return id > cur.ID
-}
-
-func isConflict(err error) bool {
-	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
-		return true
-	}
-	return errors.Is(err, jetstream.ErrKeyExists)
 }
 
 // get answers mesh.feed.get {agent, topic} with {found:true, envelope} or

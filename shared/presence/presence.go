@@ -4,6 +4,11 @@
 // KV mesh_presence, flips a node offline after OfflineAfter of silence, and
 // emits presence.node_online / presence.node_offline exactly once per
 // transition however many copies run. Manifests are never touched.
+//
+// A beat's agent list is the node's claim, and any node may claim any
+// agent. An agent counts as hosted by a node only while its registration in
+// mesh_registry names that node, so answers and events carry only agents
+// that check out.
 package presence
 
 import (
@@ -33,6 +38,11 @@ const Name = "presence"
 // Bucket is the KV bucket of presence records, keyed by node id.
 const Bucket = "mesh_presence"
 
+// RegistryBucket is the registry's bucket (agent id → manifest with
+// node.id); an agent a beat lists counts only if its record there names the
+// beating node. Bound when it exists: the registry worker creates it.
+const RegistryBucket = "mesh_registry"
+
 // Event types, emitted on mesh.event.presence.<type>.
 const (
 	EventNodeOnline  = "node_online"
@@ -50,6 +60,10 @@ const (
 
 // maxAgents bounds the agent list one heartbeat may record.
 const maxAgents = 1024
+
+// maxLookups is how many agents are checked against the registry one key at
+// a time; past it, one pass over the whole registry is cheaper.
+const maxLookups = 64
 
 // Config tunes the worker; zero values take the defaults.
 type Config struct {
@@ -69,7 +83,10 @@ const (
 // Node is a presence record: the value stored under the node id in
 // mesh_presence and one entry of a mesh.presence.get answer.
 type Node struct {
-	Node         string   `json:"node"`
+	Node string `json:"node"`
+	// Agents is what the node's last beat listed. Stored as claimed (a
+	// registration may follow the beat); answers and events keep only the
+	// agents whose registration names this node.
 	Agents       []string `json:"agents"`
 	Availability string   `json:"availability"`
 	// LastSeen is when a copy last accepted a heartbeat from the node, by
@@ -86,12 +103,13 @@ type Stats struct {
 
 // Worker is one running copy of the presence worker.
 type Worker struct {
-	svc   *bus.Service
-	kv    jetstream.KeyValue
-	cfg   Config
-	now   func() time.Time
-	sub   *nats.Subscription
-	dedup *protocol.DedupMemory
+	svc      *bus.Service
+	kv       jetstream.KeyValue
+	registry bus.LazyBucket
+	cfg      Config
+	now      func() time.Time
+	sub      *nats.Subscription
+	dedup    *protocol.DedupMemory
 
 	accepted, dropped atomic.Uint64
 
@@ -120,7 +138,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	w := &Worker{svc: svc, kv: kv, cfg: cfg, now: svc.Now, dedup: protocol.NewDedupMemory(0), stop: make(chan struct{})}
+	w := &Worker{svc: svc, kv: kv, registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket}, cfg: cfg, now: svc.Now,
+		dedup: protocol.NewDedupMemory(0), stop: make(chan struct{})}
 	if err := svc.Endpoint("get", protocol.SubjPresenceGet, w.get); err != nil {
 		_ = svc.Stop()
 		return nil, fmt.Errorf("%s: endpoint: %w", Name, err)
@@ -238,7 +257,7 @@ func (w *Worker) heartbeat(ctx context.Context, subject string, data []byte) err
 	}
 	// Only the copy whose write flipped the record announces it.
 	if flipped {
-		if err := w.svc.Emit(Name, EventNodeOnline, map[string]any{"node": node, "agents": rec.Agents}); err != nil {
+		if err := w.svc.Emit(Name, EventNodeOnline, map[string]any{"node": node, "agents": w.hostedOrNone(ctx, *rec)}); err != nil {
 			w.svc.Log.Error("emit node_online", "node", node, "err", err)
 		}
 	}
@@ -321,7 +340,7 @@ func (w *Worker) Sweep(ctx context.Context) (flipped int, err error) {
 			continue
 		}
 		flipped++
-		if err := w.svc.Emit(Name, EventNodeOffline, map[string]any{"node": rec.Node, "agents": rec.Agents, "last_seen": rec.LastSeen}); err != nil {
+		if err := w.svc.Emit(Name, EventNodeOffline, map[string]any{"node": rec.Node, "agents": w.hostedOrNone(ctx, *rec), "last_seen": rec.LastSeen}); err != nil {
 			w.svc.Log.Error("emit node_offline", "node", rec.Node, "err", err)
 		}
 	}
@@ -354,7 +373,8 @@ func (w *Worker) all(ctx context.Context) ([]Node, error) {
 }
 
 // get answers mesh.presence.get {node?, agent?} with {nodes:[…]}: every
-// known node, or the one named, or those hosting the agent named.
+// known node, or the one named, or the one hosting the agent named. Each
+// node lists only the agents whose registration names it.
 func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	if r.Env.Type != protocol.TypeDiscover && r.Env.Type != protocol.TypeRequest {
 		return nil, errs.New(errs.InvalidEnvelope, "mesh.presence.get takes a discover or request envelope")
@@ -368,6 +388,18 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
+	if agent != "" {
+		// Only the node the agent is registered on can be hosting it.
+		homes, err := w.homes(ctx, []string{agent})
+		if err != nil {
+			return nil, err
+		}
+		home := homes[agent]
+		if home == "" || (node != "" && node != home) {
+			return map[string]any{"nodes": []Node{}}, nil
+		}
+		node = home
+	}
 	var nodes []Node
 	if node != "" {
 		n, found, err := bus.GetJSON[Node](ctx, w.kv, node)
@@ -380,17 +412,117 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	} else if nodes, err = w.all(ctx); err != nil {
 		return nil, err
 	}
+	if err := w.confirm(ctx, nodes); err != nil {
+		return nil, err
+	}
 	out := make([]Node, 0, len(nodes))
 	for _, n := range nodes {
 		if agent != "" && !slices.Contains(n.Agents, agent) {
 			continue
 		}
-		if n.Agents == nil {
-			n.Agents = []string{}
-		}
 		out = append(out, n)
 	}
 	return map[string]any{"nodes": out}, nil
+}
+
+// confirm narrows each node's agent list, in place, to the agents whose
+// registration names that node: a beat may list any key, and an agent that
+// moved to another node is no longer hosted here.
+func (w *Worker) confirm(ctx context.Context, nodes []Node) error {
+	var claimed []string
+	for _, n := range nodes {
+		claimed = append(claimed, n.Agents...)
+	}
+	homes, err := w.homes(ctx, claimed)
+	if err != nil {
+		return err
+	}
+	for i, n := range nodes {
+		kept := []string{}
+		for _, a := range n.Agents {
+			if homes[a] == n.Node {
+				kept = append(kept, a)
+			}
+		}
+		nodes[i].Agents = kept
+	}
+	return nil
+}
+
+// hostedOrNone is n's confirmed agent list for an event; when the registry
+// cannot be read, the event goes out with no agents rather than with a
+// claim nobody checked.
+func (w *Worker) hostedOrNone(ctx context.Context, n Node) []string {
+	nodes := []Node{n}
+	if err := w.confirm(ctx, nodes); err != nil {
+		w.svc.Log.Warn("presence event: registry", "node", n.Node, "err", err)
+		return []string{}
+	}
+	return nodes[0].Agents
+}
+
+// registration is the part of a registry record presence reads.
+type registration struct {
+	Node struct {
+		ID string `json:"id"`
+	} `json:"node"`
+}
+
+// homes maps each of agents that has a registration to the node it names.
+// While the registry bucket does not exist nobody is registered: the map is
+// empty. A record that does not decode names no node.
+func (w *Worker) homes(ctx context.Context, agents []string) (map[string]string, error) {
+	out := map[string]string{}
+	agents = slices.Compact(slices.Sorted(slices.Values(agents))) // several nodes may claim one agent
+	if len(agents) == 0 {
+		return out, nil
+	}
+	kv, err := w.registry.Get(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("kv bucket %s: %w", RegistryBucket, err)
+	}
+	if kv == nil {
+		return out, nil
+	}
+	if len(agents) > maxLookups {
+		return w.scanHomes(ctx, kv, agents)
+	}
+	for _, a := range agents {
+		reg, found, err := bus.GetJSON[registration](ctx, kv, a)
+		switch {
+		case err != nil && found:
+			w.svc.Log.Warn("undecodable registry record", "agent", a, "err", err)
+		case err != nil:
+			return nil, fmt.Errorf("kv %s: get %s: %w", RegistryBucket, a, err)
+		case found:
+			out[a] = reg.Node.ID
+		}
+	}
+	return out, nil
+}
+
+// scanHomes is homes in one pass over the whole registry.
+func (w *Worker) scanHomes(ctx context.Context, kv jetstream.KeyValue, agents []string) (map[string]string, error) {
+	want := make(map[string]bool, len(agents))
+	for _, a := range agents {
+		want[a] = true
+	}
+	out := map[string]string{}
+	err := bus.EachValue(ctx, kv, func(key string, v []byte) {
+		if !want[key] {
+			return
+		}
+		var reg registration
+		if err := json.Unmarshal(v, &reg); err != nil {
+			w.svc.Log.Warn("undecodable registry record", "agent", key, "err", err)
+			return
+		}
+		out[key] = reg.Node.ID
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
 }
 
 // keyFilter reads an optional key filter: absent, null or "" is no filter;

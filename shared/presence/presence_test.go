@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
@@ -24,19 +25,33 @@ type harness struct {
 	clock   *bustest.Clock
 	workers []*presence.Worker
 	client  *nats.Conn
+	js      jetstream.JetStream
 	caller  keys.Signer
 	svcKey  string
 
 	mu     sync.Mutex
-	events map[string]int // "<event_type> <node>" → count
+	events map[string]int      // "<event_type> <node>" → count
+	agents map[string][]string // "<event_type> <node>" → agents of the latest
 }
 
 // start runs three copies of the worker, each on its own connection, all
-// on one test clock, and records every presence event.
+// on one test clock, and records every presence event. The registry bucket
+// exists from the start, as it does once the registry worker runs.
 func start(t *testing.T) *harness {
+	return startWith(t, true)
+}
+
+func startWith(t *testing.T, registry bool) *harness {
 	m := bustest.Mesh(t)
 	h := &harness{t: t, clock: &bustest.Clock{}, client: bustest.Client(t, m), caller: bustest.Agent(t),
-		svcKey: m.ServicesKey().Public(), events: map[string]int{}}
+		svcKey: m.ServicesKey().Public(), events: map[string]int{}, agents: map[string][]string{}}
+	var err error
+	if h.js, err = jetstream.New(h.client); err != nil {
+		t.Fatal(err)
+	}
+	if registry {
+		h.registryBucket()
+	}
 	for range 3 {
 		env := bustest.Env(t, m, "presence", h.clock.Now)
 		// The background sweep stays out of the way: the test sweeps.
@@ -67,6 +82,7 @@ func start(t *testing.T) *harness {
 		}
 		h.mu.Lock()
 		h.events[p.EventType+" "+p.Data.Node]++
+		h.agents[p.EventType+" "+p.Data.Node] = p.Data.Agents
 		h.mu.Unlock()
 	}); err != nil {
 		t.Fatal(err)
@@ -75,6 +91,32 @@ func start(t *testing.T) *harness {
 		t.Fatal(err)
 	}
 	return h
+}
+
+func (h *harness) registryBucket() jetstream.KeyValue {
+	h.t.Helper()
+	kv, err := bus.Bucket(h.t.Context(), h.js, jetstream.KeyValueConfig{Bucket: presence.RegistryBucket})
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return kv
+}
+
+// register stores agent's registration on node in mesh_registry, as the
+// registry worker would (only node.id matters to presence).
+func (h *harness) register(agent, node string) {
+	h.t.Helper()
+	b, _ := json.Marshal(map[string]any{"id": agent, "name": "a", "node": map[string]any{"id": node}, "sandbox": false})
+	if _, err := h.registryBucket().Put(h.t.Context(), agent, b); err != nil {
+		h.t.Fatal(err)
+	}
+}
+
+// eventAgents is the agent list of the latest event of that type for node.
+func (h *harness) eventAgents(event, node string) []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.agents[event+" "+node]
 }
 
 func (h *harness) count(event, node string) int {
@@ -181,6 +223,8 @@ func TestHeartbeatsAndSweep(t *testing.T) {
 	node, node2 := bustest.Node(t), bustest.Node(t)
 	agentA, agentB, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
 	good := map[string]any{"availability": "busy", "agents": []any{agentA.Public(), agentB.Public()}, "active_tasks": 2}
+	h.register(agentA.Public(), node.Public())
+	h.register(agentB.Public(), node.Public())
 
 	// Refused heartbeats: none reaches the bucket.
 	unsigned := func() []byte {
@@ -325,5 +369,139 @@ func TestHeartbeatsAndSweep(t *testing.T) {
 	}
 	if c := h.count(presence.EventNodeOnline, node2.Public()); c != 1 {
 		t.Errorf("node2 came back without a beat")
+	}
+}
+
+// agentsOf is the agent list of node in a mesh.presence.get answer (nil
+// when the node is not in it).
+func agentsOf(nodes []presence.Node, node string) []string {
+	for _, n := range nodes {
+		if n.Node == node {
+			return n.Agents
+		}
+	}
+	return nil
+}
+
+// Any node may list any agent in its beat. An agent is live on a node only
+// while its registration names that node: node 1 claiming agent A, which is
+// registered on node 2, does not make A live on node 1 (in answers, under
+// every filter, and in node_online), and A shows on node 2 once node 2
+// beats. When A registers on node 1 instead, node 1's claim checks out and
+// node 2 no longer hosts it, with no beat in between.
+func TestAgentsOnlyOnTheirRegisteredNode(t *testing.T) {
+	h := start(t)
+	n1, n2 := bustest.Node(t), bustest.Node(t)
+	a, b, unregistered := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	h.register(a.Public(), n2.Public())
+	h.register(b.Public(), n1.Public())
+
+	h.publish(n1.Public(), beat(t, n1, map[string]any{"agents": []any{a.Public(), b.Public(), unregistered.Public()}}, nil))
+	h.waitStats(1, 0)
+	n := h.mustGet(map[string]any{"node": n1.Public()})
+	if len(n) != 1 || !n[0].Online || !slices.Equal(n[0].Agents, []string{b.Public()}) {
+		t.Fatalf("node 1 claiming A (registered on node 2) and an unregistered agent: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": a.Public()}); len(n) != 0 {
+		t.Fatalf("A is live on %+v before its node beat", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": a.Public(), "node": n1.Public()}); len(n) != 0 {
+		t.Fatalf("A on node 1 with both filters: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": unregistered.Public()}); len(n) != 0 {
+		t.Fatalf("an unregistered agent is live on %+v", n)
+	}
+	if got := agentsOf(h.mustGet(map[string]any{}), n1.Public()); !slices.Equal(got, []string{b.Public()}) {
+		t.Fatalf("node 1 in the full listing hosts %v", got)
+	}
+	settle()
+	if got := h.eventAgents(presence.EventNodeOnline, n1.Public()); !slices.Equal(got, []string{b.Public()}) {
+		t.Errorf("node_online of node 1 carries %v", got)
+	}
+
+	// A's real node beats: A is live there, and only there.
+	h.publish(n2.Public(), beat(t, n2, map[string]any{"agents": []any{a.Public()}}, nil))
+	h.waitStats(2, 0)
+	n = h.mustGet(map[string]any{"agent": a.Public()})
+	if len(n) != 1 || n[0].Node != n2.Public() || !n[0].Online || !slices.Equal(n[0].Agents, []string{a.Public()}) {
+		t.Fatalf("A on its own node: %+v", n)
+	}
+	all := h.mustGet(map[string]any{})
+	if got := agentsOf(all, n1.Public()); !slices.Equal(got, []string{b.Public()}) {
+		t.Errorf("node 1 hosts %v", got)
+	}
+	if got := agentsOf(all, n2.Public()); !slices.Equal(got, []string{a.Public()}) {
+		t.Errorf("node 2 hosts %v", got)
+	}
+
+	// A moves to node 1 (whose last beat listed it): read at answer time.
+	h.register(a.Public(), n1.Public())
+	n = h.mustGet(map[string]any{"agent": a.Public()})
+	if len(n) != 1 || n[0].Node != n1.Public() || !slices.Equal(n[0].Agents, []string{a.Public(), b.Public()}) {
+		t.Fatalf("after A moved to node 1: %+v", n)
+	}
+	if got := agentsOf(h.mustGet(map[string]any{}), n2.Public()); len(got) != 0 {
+		t.Errorf("node 2 still hosts %v after A moved away", got)
+	}
+}
+
+// A beat listing many agents is checked in one pass over the registry
+// rather than key by key; the outcome is the same.
+func TestManyClaimedAgentsChecked(t *testing.T) {
+	h := start(t)
+	n1, n2 := bustest.Node(t), bustest.Node(t)
+	var claimed []any
+	var mine []string
+	for i := range 100 {
+		a := bustest.Agent(t).Public()
+		claimed = append(claimed, a)
+		switch i % 3 {
+		case 0:
+			h.register(a, n1.Public())
+			mine = append(mine, a)
+		case 1:
+			h.register(a, n2.Public()) // someone else's agent
+		}
+	}
+	h.publish(n1.Public(), beat(t, n1, map[string]any{"agents": claimed}, nil))
+	h.waitStats(1, 0)
+	n := h.mustGet(map[string]any{"node": n1.Public()})
+	if len(n) != 1 {
+		t.Fatalf("node 1: %+v", n)
+	}
+	got := slices.Clone(n[0].Agents)
+	slices.Sort(got)
+	slices.Sort(mine)
+	if !slices.Equal(got, mine) {
+		t.Fatalf("node 1 hosts %d agents, want its %d registered ones", len(got), len(mine))
+	}
+}
+
+// Before the registry bucket exists, presence still records and answers
+// beats; nobody is registered yet, so no agent is live. Once the bucket
+// appears (bound lazily, looked up at most every 2 s) registrations count.
+func TestPresenceWithoutRegistry(t *testing.T) {
+	h := startWith(t, false)
+	node, a := bustest.Node(t), bustest.Agent(t)
+	h.publish(node.Public(), beat(t, node, map[string]any{"availability": "busy", "agents": []any{a.Public()}}, nil))
+	h.waitStats(1, 0)
+	n := h.mustGet(map[string]any{"node": node.Public()})
+	if len(n) != 1 || !n[0].Online || n[0].Availability != "busy" || n[0].Agents == nil || len(n[0].Agents) != 0 {
+		t.Fatalf("without a registry: %+v", n)
+	}
+	if n = h.mustGet(map[string]any{"agent": a.Public()}); len(n) != 0 {
+		t.Fatalf("without a registry, agent filter: %+v", n)
+	}
+	h.register(a.Public(), node.Public())
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		n = h.mustGet(map[string]any{"agent": a.Public()})
+		if len(n) == 1 && n[0].Node == node.Public() && slices.Equal(n[0].Agents, []string{a.Public()}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("registration not seen once the registry exists: %+v", n)
+		}
+		time.Sleep(100 * time.Millisecond)
 	}
 }

@@ -118,8 +118,12 @@ const MaxEvict = 1000
 // again, so copies evicting at once remove (and emit
 // registry.agent_reaped with reason guest_lease_ended for) each once. A
 // key with no registration is not an error: the guest may never have
-// registered, or the sweep got there first.
+// registered, or the sweep got there first. Only the services key may
+// call it (FORBIDDEN otherwise).
 func (w *Worker) evictGuests(ctx context.Context, r *bus.Request) (any, error) {
+	if err := w.svc.RequireServices(r); err != nil {
+		return nil, err
+	}
 	raw, ok := r.Object()["keys"].([]any)
 	if !ok || len(raw) > MaxEvict {
 		return nil, errs.Newf(errs.InvalidRequest, "evict takes {keys: [guest public keys]}, at most %d", MaxEvict)

@@ -13,7 +13,6 @@ package registry
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -77,8 +76,8 @@ type Worker struct {
 	now func() time.Time
 	log *slog.Logger
 
-	presence  optionalBucket
-	admission optionalBucket
+	presence  *optionalBucket
+	admission *optionalBucket
 
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -118,7 +117,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		return fail(err)
 	}
 	w := &Worker{svc: svc, js: svc.JS, kv: kv, cfg: cfg, now: cfg.Now, log: svc.Log,
-		presence: optionalBucket{name: PresenceBucket}, admission: optionalBucket{name: AdmissionBucket}}
+		presence: newOptionalBucket(svc.JS, PresenceBucket), admission: newOptionalBucket(svc.JS, AdmissionBucket)}
 	for _, ep := range []struct {
 		name, subject string
 		h             bus.Handler
@@ -180,29 +179,22 @@ func (w *Worker) reapLoop(ctx context.Context) {
 	}
 }
 
-// optionalBucket binds a KV bucket another worker owns, once it exists.
-// A bucket that is missing is looked up again next time (its worker may
-// start later); once bound the handle is kept.
-type optionalBucket struct {
-	name string
-	mu   sync.Mutex
-	kv   jetstream.KeyValue
+// optionalBucket is a bucket another worker owns, bound through
+// bus.LazyBucket once it exists (asked for again at most every two seconds
+// while it does not). The get method keeps the call shape the registry's
+// readers use.
+type optionalBucket struct{ bus.LazyBucket }
+
+func newOptionalBucket(js jetstream.JetStream, name string) *optionalBucket {
+	return &optionalBucket{bus.LazyBucket{JS: js, Bucket: name}}
 }
 
-// get returns the bucket, or nil when it does not exist.
-func (b *optionalBucket) get(ctx context.Context, js jetstream.JetStream) (jetstream.KeyValue, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.kv != nil {
-		return b.kv, nil
-	}
-	kv, err := js.KeyValue(ctx, b.name)
-	if errors.Is(err, jetstream.ErrBucketNotFound) {
-		return nil, nil
-	}
+// get returns the bucket, or nil while it does not exist. The handle it was
+// bound with is used; js is ignored.
+func (b *optionalBucket) get(ctx context.Context, _ jetstream.JetStream) (jetstream.KeyValue, error) {
+	kv, err := b.Get(ctx)
 	if err != nil {
-		return nil, fmt.Errorf("kv bucket %s: %w", b.name, err)
+		return nil, fmt.Errorf("kv bucket %s: %w", b.Bucket, err)
 	}
-	b.kv = kv
 	return kv, nil
 }

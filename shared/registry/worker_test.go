@@ -339,7 +339,7 @@ func TestGuestEvict(t *testing.T) {
 	a, n := bustest.Agent(t), bustest.Node(t)
 	f.mustRegister(a, manifest(t, a, n, month, nil))
 
-	out, err := f.call(bustest.Agent(t), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public(), a.Public()}})
+	out, err := f.call(f.m.ServicesKey(), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public(), a.Public()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -586,6 +586,10 @@ func names2(t *testing.T, f *fixture) []map[string]any {
 // agent whose node never heartbeats, and a sandbox whose node does, stay.
 func TestReap(t *testing.T) {
 	f := setup(t, registry.Config{})
+	// The presence worker creates its bucket at start. The registry binds
+	// it lazily and, while it is missing, asks again at most every 2 s, so
+	// one created halfway through would not be seen in time.
+	f.kv(registry.PresenceBucket)
 	short, long, n := bustest.Agent(t), bustest.Agent(t), bustest.Node(t)
 	quiet, chatty := bustest.Agent(t), bustest.Agent(t)
 	f.mustRegister(short, manifest(t, short, n, 2*time.Minute, nil))

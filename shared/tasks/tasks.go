@@ -15,7 +15,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -37,6 +36,7 @@ const (
 	DefaultTTL           = 7 * 24 * time.Hour
 	DefaultHistoryLimit  = 50
 	DefaultReorderWindow = 500 * time.Millisecond
+	DefaultMaxHeld       = 1024
 
 	// UpdateSubjects is what the manager subscribes: every task's updates.
 	UpdateSubjects = "mesh.task.*.update"
@@ -65,6 +65,10 @@ type Config struct {
 	// published back to back may reach two copies and land in either
 	// order. 500 ms; negative refuses at once.
 	ReorderWindow time.Duration
+	// MaxHeld bounds the updates one copy holds for ReorderWindow at once
+	// (each waits on a goroutine of its own); past it, an update that is
+	// ahead of the record is refused at once. 1024.
+	MaxHeld int
 }
 
 func (c Config) withDefaults() Config {
@@ -85,6 +89,9 @@ func (c Config) withDefaults() Config {
 	}
 	if c.ReorderWindow == 0 {
 		c.ReorderWindow = DefaultReorderWindow
+	}
+	if c.MaxHeld <= 0 {
+		c.MaxHeld = DefaultMaxHeld
 	}
 	return c
 }
@@ -167,6 +174,7 @@ type Worker struct {
 	sub   *nats.Subscription
 	dedup *protocol.DedupMemory
 	n     counters
+	holds chan struct{} // one slot per update held for reordering
 
 	ctx    context.Context // canceled by Stop
 	cancel context.CancelFunc
@@ -195,7 +203,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		return nil, err
 	}
 	wctx, cancel := context.WithCancel(context.Background())
-	w := &Worker{cfg: cfg, svc: svc, kv: kv, dedup: protocol.NewDedupMemory(0), ctx: wctx, cancel: cancel}
+	w := &Worker{cfg: cfg, svc: svc, kv: kv, dedup: protocol.NewDedupMemory(0), holds: make(chan struct{}, cfg.MaxHeld),
+		ctx: wctx, cancel: cancel}
 	if err := svc.Endpoint("get", protocol.SubjTaskGetPfx+"*", w.get); err != nil {
 		cancel()
 		_ = svc.Stop()
@@ -322,7 +331,7 @@ func (w *Worker) onUpdate(msg *nats.Msg) {
 		w.revise(u)
 		return
 	}
-	w.apply(u, 0, w.now())
+	w.apply(u)
 }
 
 var errDuplicate = errors.New("duplicate")
@@ -448,14 +457,24 @@ const (
 	ahead // illegal now, but a predecessor may still be on its way
 )
 
-// apply records a state update with a compare-and-set, holding it for a
-// while when it is ahead of the record.
-func (w *Worker) apply(u *update, attempt int, first time.Time) {
+// apply records a state update with a compare-and-set. An update that is
+// ahead of the record is held and tried again (see hold) until its
+// predecessor has been recorded or ReorderWindow has passed.
+func (w *Worker) apply(u *update) {
+	out, from, err := w.record(u)
+	if err == nil && out == ahead && w.cfg.ReorderWindow > 0 && w.ctx.Err() == nil && w.hold(u, from) {
+		return
+	}
+	w.settle(u, out, from, err)
+}
+
+// record makes one compare-and-set attempt at recording u; from is the state
+// the record was in ("" when the task did not exist). bus.CAS retries lost
+// races itself, with jitter, so several copies updating one task serialise.
+func (w *Worker) record(u *update) (out outcome, from string, err error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
 	defer cancel()
-	var out outcome
-	var from string
-	err := w.cas(ctx, u.task, func(cur *Task, exists bool) (*Task, error) {
+	_, _, err = bus.CAS(ctx, w.kv, u.task, func(cur *Task, exists bool) (*Task, error) {
 		out, from = recorded, ""
 		if !exists {
 			return w.create(u, &out)
@@ -463,17 +482,16 @@ func (w *Worker) apply(u *update, attempt int, first time.Time) {
 		from = cur.State
 		return w.advance(cur, u, &out)
 	})
+	return out, from, err
+}
+
+// settle counts the outcome of u and, for an illegal one (an update still
+// ahead when its wait ended counts as illegal), emits invalid_transition.
+func (w *Worker) settle(u *update, out outcome, from string, err error) {
 	if err != nil {
 		w.n.failed.Add(1)
 		w.svc.Log.Error("task update not stored", "task", u.task, "envelope", u.env.ID, "err", err)
 		return
-	}
-	if out == ahead {
-		if wait := w.cfg.ReorderWindow - w.now().Sub(first); wait > 0 && w.ctx.Err() == nil {
-			w.hold(u, attempt+1, first, min(wait, 25*time.Millisecond<<attempt))
-			return
-		}
-		out = illegal
 	}
 	switch out {
 	case recorded:
@@ -485,7 +503,7 @@ func (w *Worker) apply(u *update, attempt int, first time.Time) {
 	case notParty:
 		w.n.notParty.Add(1)
 		w.svc.Log.Info("task update from a non-responder ignored", "task", u.task, "from", u.env.From)
-	case illegal:
+	case illegal, ahead:
 		w.n.illegal.Add(1)
 		var fromState any = from
 		if from == "" {
@@ -500,43 +518,46 @@ func (w *Worker) apply(u *update, attempt int, first time.Time) {
 	}
 }
 
-// casRounds bounds the rounds of bus.CAS one update may take. bus.CAS
-// retries a lost race at once, up to a fixed count; copies that stay busy
-// on one task can keep beating the same loser, so a round that gives up is
-// tried again after a short random pause, which breaks the lockstep.
-const casRounds = 8
-
-// cas is bus.CAS on the task's record, retried in rounds with jitter.
-func (w *Worker) cas(ctx context.Context, key string, update func(*Task, bool) (*Task, error)) error {
-	var err error
-	for round := range casRounds {
-		if round > 0 {
-			select {
-			case <-time.After(time.Duration(1+rand.IntN(10*round)) * time.Millisecond):
-			case <-ctx.Done():
-				return err
-			}
-		}
-		if _, _, err = bus.CAS(ctx, w.kv, key, update); err == nil {
-			return nil
-		}
+// hold tries an update that is ahead of the record again on a goroutine of
+// its own, after pauses of 25, 50, 100 … ms, until it is no longer ahead or
+// ReorderWindow has passed. Anyone may publish updates, so the holds are
+// bounded: with MaxHeld updates already held on this copy, hold returns
+// false and the update is refused at once, as if its window had passed.
+func (w *Worker) hold(u *update, from string) bool {
+	select {
+	case w.holds <- struct{}{}:
+	default:
+		w.svc.Log.Warn("too many task updates held for reordering; refused at once", "task", u.task, "held", cap(w.holds))
+		return false
 	}
-	return err
-}
-
-// hold retries an update that is ahead of the record after d.
-func (w *Worker) hold(u *update, attempt int, first time.Time, d time.Duration) {
 	if !w.enter() {
-		return
+		<-w.holds
+		return true // stopping: held updates are dropped, so is this one
 	}
+	first := w.now()
 	go func() {
 		defer w.wg.Done()
-		select {
-		case <-time.After(d):
-			w.apply(u, attempt, first)
-		case <-w.ctx.Done():
+		defer func() { <-w.holds }()
+		var out outcome
+		for attempt := 0; ; attempt++ {
+			wait := w.cfg.ReorderWindow - w.now().Sub(first)
+			if wait <= 0 {
+				break
+			}
+			select {
+			case <-time.After(min(wait, 25*time.Millisecond<<attempt)):
+			case <-w.ctx.Done():
+				return // stopping: a held update is dropped
+			}
+			var err error
+			if out, from, err = w.record(u); err != nil || out != ahead {
+				w.settle(u, out, from, err)
+				return
+			}
 		}
+		w.settle(u, illegal, from, nil)
 	}()
+	return true
 }
 
 // create builds the record from the first update of a task: the requester
@@ -643,7 +664,7 @@ func (w *Worker) revise(u *update) {
 	defer cancel()
 	var out outcome
 	var why error
-	err := w.cas(ctx, u.task, func(t *Task, exists bool) (*Task, error) {
+	_, _, err := bus.CAS(ctx, w.kv, u.task, func(t *Task, exists bool) (*Task, error) {
 		out, why = recorded, nil
 		switch {
 		case !exists:

@@ -36,6 +36,11 @@ type harness struct {
 
 func newHarness(t *testing.T) *harness {
 	t.Helper()
+	return newHarnessWith(t, tasks.Config{})
+}
+
+func newHarnessWith(t *testing.T, cfg tasks.Config) *harness {
+	t.Helper()
 	m := bustest.Mesh(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m),
 		requester: bustest.Agent(t), responder: bustest.Agent(t), other: bustest.Agent(t)}
@@ -44,7 +49,7 @@ func newHarness(t *testing.T) *harness {
 		if testing.Verbose() {
 			env.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))
 		}
-		w, err := tasks.Start(t.Context(), env, tasks.Config{})
+		w, err := tasks.Start(t.Context(), env, cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -630,5 +635,38 @@ func TestBucket(t *testing.T) {
 	}
 	if st.TTL() != 7*24*time.Hour || st.History() != 1 {
 		t.Fatalf("bucket ttl %v history %d", st.TTL(), st.History())
+	}
+}
+
+// Updates that are ahead of their record wait on goroutines of their own,
+// and anyone may publish them, so each copy holds at most MaxHeld: with two
+// per copy and three copies, of twelve early "completed" updates at least
+// six are refused at once, long before the reorder window ends; the rest
+// are refused when it does. Each raises the event once.
+func TestHeldUpdatesBounded(t *testing.T) {
+	const window, perCopy, sent = 1500 * time.Millisecond, 2, 12
+	h := newHarnessWith(t, tasks.Config{ReorderWindow: window, MaxHeld: perCopy})
+	ev := h.events()
+	start := time.Now()
+	for range sent {
+		h.update(protocol.NewID(), map[string]any{"status": "completed", "output": "early"})
+	}
+	atOnce := uint64(sent - perCopy*len(h.workers))
+	deadline := time.Now().Add(window / 2)
+	for h.stats().Illegal < atOnce {
+		if time.Now().After(deadline) {
+			t.Fatalf("after %v only %+v refused; want at least %d at once", time.Since(start), h.stats(), atOnce)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := h.stats(); s.Illegal == sent {
+		t.Fatalf("all %d refused at once: nothing was held (%+v)", sent, s)
+	}
+	time.Sleep(window - time.Since(start))
+	if s := h.settle(); s.Illegal != sent {
+		t.Fatalf("stats %+v, want %d illegal", s, sent)
+	}
+	if got := ev.drain(300 * time.Millisecond); len(got) != sent {
+		t.Fatalf("%d invalid_transition events, want %d", len(got), sent)
 	}
 }
