@@ -364,7 +364,7 @@ func TestGuestEvict(t *testing.T) {
 		}
 	}
 	// Again: nothing left to remove.
-	out, err = f.call(bustest.Agent(t), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public()}})
+	out, err = f.call(f.m.ServicesKey(), protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{g.Public()}})
 	if err != nil || len(out["evicted"].([]any)) != 0 {
 		t.Fatalf("second evict: %v %v", out, err)
 	}
