@@ -156,7 +156,11 @@ type Node struct {
 	cred   Credential
 	cs     credState
 
-	renewMu sync.Mutex // one renewal at a time
+	// renewMu makes renewals and roster changes one at a time: RenewNow
+	// and the schedule hold it while they read the roster and renew, Host
+	// from its duplicate check through the renewal that adds its agent to
+	// the insertion and registration. Order: renewMu, then mu or credMu.
+	renewMu sync.Mutex
 
 	mu     sync.Mutex
 	agents map[string]*Agent
