@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -177,6 +178,10 @@ type Node struct {
 	recording bool
 	recMu     sync.Mutex
 	recorded  []*nats.Msg
+
+	// testPublishErr, set only by tests, fails the publishes it returns an
+	// error for.
+	testPublishErr atomic.Pointer[func(*nats.Msg) error]
 }
 
 type credState struct {
@@ -547,10 +552,27 @@ func (n *Node) publishMsg(m *nats.Msg) error {
 		n.recorded = append(n.recorded, m)
 		n.recMu.Unlock()
 	}
-	err := n.nc.PublishMsg(m)
+	err := n.failPublish(m)
+	if err == nil {
+		err = n.nc.PublishMsg(m)
+	}
 	n.pubMu.RUnlock()
-	if err != nil {
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		// Data and headers together are over the limit: no retry will help.
+		limit := int(n.nc.MaxPayload())
+		return errs.Wrap(errs.ContextTooLarge, fmt.Sprintf("the message on %s is over the transport maximum of %d bytes; send large content by reference", m.Subject, limit), err).
+			WithDetails(map[string]any{"limit": "transport_max_payload", "max_payload_bytes": limit})
+	case err != nil:
 		return errs.Wrap(errs.TransportTimeout, "publish on "+m.Subject+" failed", err)
+	}
+	return nil
+}
+
+// failPublish is the tests' way to make a publish fail (testPublishErr).
+func (n *Node) failPublish(m *nats.Msg) error {
+	if f := n.testPublishErr.Load(); f != nil {
+		return (*f)(m)
 	}
 	return nil
 }
