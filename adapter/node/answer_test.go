@@ -117,3 +117,46 @@ func TestDrainedAnswerNotPublishedStaysInTheMailbox(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 }
+
+// A reply subject that is not a NATS inbox is ignored: the agent-signed
+// accept and answer are never reflected onto a task, event or inbox
+// subject the sender chose. The request is answered, without an accept, at
+// the sender's own inbox (L5).
+func TestReplyOnlyToInboxSubjects(t *testing.T) {
+	p, w := newWorkerPair(t, nil)
+	sender := agentKey(t)
+	senderInbox := p.tm.collect(t, protocol.InboxSubject(sender.Public()))
+	taskID := protocol.NewID()
+	reflected := p.tm.collect(t, "mesh.task."+taskID+".>")
+	events := p.tm.collect(t, "mesh.event.task.completed")
+	other := agentKey(t)
+	otherInbox := p.tm.collect(t, protocol.InboxSubject(other.Public()))
+
+	for _, reply := range []string{protocol.TaskUpdateSubject(taskID), "mesh.event.task.completed", protocol.InboxSubject(other.Public()), "_INBOX."} {
+		data, err := requestEnv(t, sender, p.b.ID(), "echo", reply).Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.tm.svc.PublishRequest(protocol.InboxSubject(p.b.ID()), reply, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	eventually(t, "the answers at the sender's inbox", func() bool { return senderInbox.len() == 4 })
+	for _, e := range senderInbox.envelopes(t) {
+		if e.From != p.b.ID() || e.To != sender.Public() || protocol.ResponseStatus(e) != "completed" {
+			t.Fatalf("answer %+v %s", e, e.Payload)
+		}
+	}
+	time.Sleep(200 * time.Millisecond)
+	if reflected.len() != 0 || events.len() != 0 || otherInbox.len() != 0 || senderInbox.len() != 4 || w.calls.Load() != 4 {
+		t.Fatalf("reflected %d, events %d, other inbox %d, sender inbox %d, handled %d",
+			reflected.len(), events.len(), otherInbox.len(), senderInbox.len(), w.calls.Load())
+	}
+
+	// A real inbox still gets the accept, then the answer.
+	raw := p.tm.rawRequest(t, protocol.InboxSubject(p.b.ID()), requestEnv(t, sender, p.b.ID(), "echo", "inbox"))
+	eventually(t, "accept and answer", func() bool { return raw.len() == 2 })
+	if got := statuses(raw.envelopes(t)); got[0] != "accepted" || got[1] != "completed" {
+		t.Fatalf("statuses %v", got)
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,21 @@ type origin struct {
 }
 
 func (a *Agent) onInboxMsg(m *nats.Msg) {
-	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: m.Reply})
+	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: replySubject(m.Reply)})
+}
+
+// replySubject keeps the reply subject a sender named only when it is a
+// NATS inbox (_INBOX.…, where every client's request replies arrive).
+// Anything else — mesh.task.<id>.update, mesh.event.…, another agent's
+// inbox — would have this agent's signed accept and answer published where
+// the sender chose, as if the agent had sent them there. Such a request is
+// served as one without a reply subject: no accept, and the answer goes to
+// the verified sender's own inbox, like a drained request's.
+func replySubject(reply string) string {
+	if strings.HasPrefix(reply, nats.InboxPrefix) && len(reply) > len(nats.InboxPrefix) {
+		return reply
+	}
+	return ""
 }
 
 // receive runs the receive order on one inbound message and dispatches it:
