@@ -300,6 +300,19 @@ func (a *Agent) newVouch() (protocol.Vouch, error) {
 	return protocol.NewVouch(a.n.cfg.NodeKey, a.id, now, now.Add(life))
 }
 
+// trustTierSandbox is the node profile's trust_tier of a guest (the
+// registry's TierSandbox).
+const trustTierSandbox = "sandbox"
+
+// registerSubject is the node-bound register subject
+// mesh.registry.register.<node>. The registry serves it for every node,
+// requiring the token to be the attesting node (node.id, whose key signs
+// the vouch), and a guest credential may publish only on its own; so every
+// node registers there rather than on the bare mesh.registry.register.
+func (n *Node) registerSubject() string {
+	return protocol.SubjRegister + "." + n.id
+}
+
 // buildManifest is the register payload (docs/bus.md "Manifest").
 func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	offerings := make([]any, 0, len(a.cfg.Offerings))
@@ -347,6 +360,11 @@ func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	if a.cfg.Visibility != "" {
 		m["visibility"] = a.cfg.Visibility
 	}
+	if a.cfg.Sandbox {
+		// The registry reads a guest's sandbox from its node profile; say
+		// it, whatever key this node runs with (spec §5).
+		m["trust_tier"] = trustTierSandbox
+	}
 	if a.cfg.AvailabilityClass != "" {
 		m["availability_class"] = a.cfg.AvailabilityClass
 	}
@@ -375,7 +393,7 @@ func (a *Agent) register(ctx context.Context) error {
 	manifest := a.buildManifest(v)
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
 	defer cancel()
-	rep, err := bus.Call(ctx, a.n.nc, a.key, protocol.SubjRegister, protocol.TypeRegister, "", manifest)
+	rep, err := bus.Call(ctx, a.n.nc, a.key, a.n.registerSubject(), protocol.TypeRegister, "", manifest)
 	if err != nil {
 		return fmt.Errorf("node: register %s: %w", a.id, err)
 	}
