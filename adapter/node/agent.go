@@ -100,8 +100,14 @@ type Agent struct {
 	vouch    protocol.Vouch
 	vs       vouchState
 	tasks    map[string]*Task     // performer side, live and recently finished
-	known    map[string]string    // caller side: task id -> performer
 	finished map[string]time.Time // performer side: when a task ended
+	// Caller side: the performer of each task this agent requested, at
+	// most maxKnownTasks of them (knownOrder is the order they came in,
+	// for eviction), and the open task handles, closed when the agent
+	// stops.
+	known      map[string]string
+	knownOrder []string
+	handles    map[*TaskHandle]struct{}
 }
 
 type vouchState struct {
@@ -157,6 +163,7 @@ func (n *Node) newAgent(cfg AgentConfig) *Agent {
 		sem:   make(chan struct{}, cfg.MaxConcurrent),
 		kick:  make(chan struct{}, 1),
 		tasks: map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
+		handles: map[*TaskHandle]struct{}{},
 	}
 	a.ctx, a.cancel = context.WithCancel(n.ctx)
 	dedup := protocol.NewDedupMemory(0)
@@ -509,7 +516,16 @@ func (a *Agent) stop() {
 		_ = a.sub.Unsubscribe()
 		a.sub = nil
 	}
+	handles := make([]*TaskHandle, 0, len(a.handles))
+	for h := range a.handles {
+		handles = append(handles, h)
+	}
 	a.mu.Unlock()
+	// A handle on a task that never ends would otherwise keep its
+	// subscriptions and its goroutine for the life of the process.
+	for _, h := range handles {
+		h.Close()
+	}
 	a.loops.Wait()
 }
 

@@ -142,9 +142,27 @@ func (a *Agent) newTaskHandle(taskID, performer, reqID string, f *follower) (*Ta
 		}
 	}
 	a.mu.Lock()
-	a.known[taskID] = performer
+	a.handles[h] = struct{}{}
 	a.mu.Unlock()
+	a.rememberPerformer(taskID, performer)
 	return h, nil
+}
+
+// maxKnownTasks bounds the performers remembered for Task(id): past it the
+// oldest are forgotten, and Task reads them from the task record again.
+const maxKnownTasks = 1024
+
+func (a *Agent) rememberPerformer(taskID, performer string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.known[taskID]; !ok {
+		a.knownOrder = append(a.knownOrder, taskID)
+	}
+	a.known[taskID] = performer
+	for len(a.knownOrder) > maxKnownTasks {
+		delete(a.known, a.knownOrder[0])
+		a.knownOrder = a.knownOrder[1:]
+	}
 }
 
 // owns reports whether subject is one of the task's.
@@ -233,8 +251,11 @@ func (h *TaskHandle) NextUpdate(ctx context.Context) (*TaskUpdate, error) {
 			h.mu.Unlock()
 			return u, nil
 		}
-		ch := h.notify
+		ch, closed := h.notify, h.closed
 		h.mu.Unlock()
+		if closed {
+			return nil, errHandleClosed
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -262,10 +283,13 @@ func (h *TaskHandle) Wait(ctx context.Context) (*TaskUpdate, error) {
 	for t == nil {
 		h.mu.Lock()
 		t = h.terminal
-		ch := h.notify
+		ch, closed := h.notify, h.closed
 		h.mu.Unlock()
 		if t != nil {
 			break
+		}
+		if closed {
+			return nil, errHandleClosed
 		}
 		select {
 		case <-ch:
@@ -341,18 +365,27 @@ func (h *TaskHandle) Cancel(ctx context.Context, reason, note string) (*Result, 
 	return h.a.Request(ctx, h.Performer, protocol.OfferingTaskCancel, input, RequestOptions{})
 }
 
-// Close unsubscribes.
+// Close unsubscribes. NextUpdate and Wait then return what had arrived,
+// and STREAM_CLOSED once nothing is left.
 func (h *TaskHandle) Close() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return
 	}
 	h.closed = true
 	if h.pump != nil {
 		h.pump.close()
 	}
+	h.wake()
+	h.mu.Unlock()
+	h.a.mu.Lock()
+	delete(h.a.handles, h)
+	h.a.mu.Unlock()
 }
+
+// errHandleClosed is what a closed handle answers once it has nothing left.
+var errHandleClosed = errs.New(errs.StreamClosed, "the task handle is closed")
 
 // Stream reads the task's stream.
 func (h *TaskHandle) Stream() *StreamReader {
@@ -392,8 +425,11 @@ func (r *StreamReader) Next(ctx context.Context) (*Chunk, error) {
 			}
 			return c, err
 		}
-		t, ch := h.terminal, h.notify
+		t, ch, closed := h.terminal, h.notify, h.closed
 		h.mu.Unlock()
+		if t == nil && closed {
+			return nil, errHandleClosed
+		}
 		if t != nil && t.Status != protocol.StateCompleted {
 			if t.Error != nil {
 				return nil, t.Error

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -142,5 +143,63 @@ func TestLateWaitReturnsTheRecordedError(t *testing.T) {
 	mustCode(t, err, errs.DependencyFailed)
 	if u.Status != protocol.StateFailed || u.Message != "gave up" || u.Error == nil || u.Error.Message != "the upstream said no" {
 		t.Fatalf("update %+v", u)
+	}
+}
+
+// Closing the node closes the task handles still open, so a task that never
+// ends holds no subscription past it; the remembered performers are
+// bounded (L4).
+func TestTaskHandlesEndWithTheNode(t *testing.T) {
+	p, w := newWorkerPair(t, nil)
+	t.Cleanup(func() { close(w.release) })
+	res, err := p.a.Request(t.Context(), p.b.ID(), "task-wait", nil, RequestOptions{Follow: true})
+	if err != nil || res.Task == nil {
+		t.Fatalf("%+v %v", res, err)
+	}
+	h2, err := p.a.TaskFrom(p.b.ID(), res.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.a.mu.Lock()
+	open := len(p.a.handles)
+	p.a.mu.Unlock()
+	if open != 2 {
+		t.Fatalf("%d handles open", open)
+	}
+	if err := p.nA.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for _, h := range []*TaskHandle{res.Task, h2} {
+		h.pump.mu.Lock()
+		subs := len(h.pump.subs)
+		h.pump.mu.Unlock()
+		if subs != 0 {
+			t.Fatalf("a handle keeps %d subscriptions after Close", subs)
+		}
+		ctx, cancel := context.WithTimeout(t.Context(), asyncWait)
+		_, err := h.NextUpdate(ctx)
+		for err == nil {
+			_, err = h.NextUpdate(ctx) // what had arrived, then the end
+		}
+		cancel()
+		mustCode(t, err, errs.StreamClosed)
+		_, err = h.Wait(t.Context())
+		mustCode(t, err, errs.StreamClosed)
+	}
+	p.a.mu.Lock()
+	open = len(p.a.handles)
+	p.a.mu.Unlock()
+	if open != 0 {
+		t.Fatalf("%d handles left", open)
+	}
+
+	a := p.a
+	for i := range maxKnownTasks + 10 {
+		a.rememberPerformer(fmt.Sprintf("task-%d", i), p.b.ID())
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if len(a.known) != maxKnownTasks || a.known["task-0"] != "" || a.known[fmt.Sprintf("task-%d", maxKnownTasks+9)] != p.b.ID() {
+		t.Fatalf("%d performers remembered", len(a.known))
 	}
 }
