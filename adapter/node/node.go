@@ -517,14 +517,16 @@ func (n *Node) Close() error {
 		agents = append(agents, a)
 	}
 	n.mu.Unlock()
+	// The loops stop first, so no periodic "online" beat can follow the
+	// "offline" one (seen under -race with a 50 ms heartbeat).
+	n.cancel()
+	n.loops.Wait()
 	if n.nc.IsConnected() {
 		n.heartbeat("offline")
 	}
-	n.cancel()
 	for _, a := range agents {
 		a.stop()
 	}
-	n.loops.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = n.nc.FlushWithContext(ctx)
 	cancel()
