@@ -100,8 +100,14 @@ type Agent struct {
 	vouch    protocol.Vouch
 	vs       vouchState
 	tasks    map[string]*Task     // performer side, live and recently finished
-	known    map[string]string    // caller side: task id -> performer
 	finished map[string]time.Time // performer side: when a task ended
+	// Caller side: the performer of each task this agent requested, at
+	// most maxKnownTasks of them (knownOrder is the order they came in,
+	// for eviction), and the open task handles, closed when the agent
+	// stops.
+	known      map[string]string
+	knownOrder []string
+	handles    map[*TaskHandle]struct{}
 }
 
 type vouchState struct {
@@ -113,42 +119,51 @@ type vouchState struct {
 // Host registers an agent and starts serving it: a fresh vouch, the
 // register call, the inbox subscription and (unless sandboxed) the mailbox
 // drain. If the credential does not cover the agent and a Renewer is set,
-// the credential is renewed first with the agent on its roster.
+// the credential is renewed first with the agent on its roster. A refusal
+// of that renewal fails this Host only (the error wraps the *ErrRevoked):
+// the roster refused is not the one the node holds, so the credential of
+// the agents already hosted, and its renewal schedule, are left as they
+// were.
 func (n *Node) Host(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	if err := checkAgentConfig(cfg); err != nil {
 		return nil, err
 	}
-	id := cfg.Key.Public()
-	n.mu.Lock()
-	if n.closed {
-		n.mu.Unlock()
-		return nil, errors.New("node: closed")
+	a := n.newAgent(cfg)
+	// Everything that changes the roster happens under renewMu, which every
+	// renewal also holds: a renewal is built from a roster no Host is
+	// halfway through changing, and no renewal's forced reconnect cuts this
+	// Host's own calls short.
+	n.renewMu.Lock()
+	defer n.renewMu.Unlock()
+	if err := n.admit(ctx, a); err != nil {
+		a.stop()
+		return nil, err
 	}
-	if _, dup := n.agents[id]; dup {
-		n.mu.Unlock()
-		return nil, fmt.Errorf("node: agent %s is already hosted", id)
+	if err := a.register(ctx); err != nil {
+		a.unhost()
+		return nil, err
 	}
-	n.mu.Unlock()
-	if !n.covers(id) {
-		if n.cfg.Renewer == nil {
-			return nil, fmt.Errorf("node: the credential does not cover agent %s; mint one that does", id)
-		}
-		ks := []*keys.Agent{cfg.Key}
-		for _, a := range n.hosted() {
-			ks = append(ks, a.key)
-		}
-		if err := n.renew(ctx, ks); err != nil {
-			return nil, fmt.Errorf("node: credential for agent %s: %w", id, err)
-		}
+	if !a.sandbox {
+		a.loops.Add(1)
+		go a.drainLoop()
 	}
+	n.heartbeat("online")
+	n.reportHealth()
+	return a, nil
+}
+
+// newAgent builds the hosted agent's state; nothing is on the wire yet.
+func (n *Node) newAgent(cfg AgentConfig) *Agent {
 	if cfg.MaxConcurrent <= 0 {
 		cfg.MaxConcurrent = 256
 	}
+	id := cfg.Key.Public()
 	a := &Agent{
 		n: n, key: cfg.Key, id: id, cfg: cfg, sandbox: cfg.Sandbox, guarded: cfg.Guarded,
 		sem:   make(chan struct{}, cfg.MaxConcurrent),
 		kick:  make(chan struct{}, 1),
 		tasks: map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
+		handles: map[*TaskHandle]struct{}{},
 	}
 	a.ctx, a.cancel = context.WithCancel(n.ctx)
 	dedup := protocol.NewDedupMemory(0)
@@ -161,27 +176,50 @@ func (n *Node) Host(ctx context.Context, cfg AgentConfig) (*Agent, error) {
 	}
 	a.inbox = &protocol.Inbox{Self: id, Dedup: dedup, MaxInboundChars: limit, Now: n.cfg.Now, Warn: a.inboundWarning}
 	a.replies = &protocol.Inbox{Self: id, Dedup: dedup, MaxInboundChars: protocol.NoCap, Now: n.cfg.Now, Warn: a.inboundWarning}
+	return a
+}
 
+// admit adds a to the roster: the duplicate check, the renewal that puts
+// it on the credential when the credential does not cover it, its inbox
+// subscription and its place in n.agents. The caller holds renewMu, so the
+// check and the insertion cannot be interleaved with another Host.
+func (n *Node) admit(ctx context.Context, a *Agent) error {
+	if err := n.hostable(a.id); err != nil {
+		return err
+	}
+	if !n.covers(a.id) {
+		if n.cfg.Renewer == nil {
+			return fmt.Errorf("node: the credential does not cover agent %s; mint one that does", a.id)
+		}
+		if err := n.renewLocked(ctx, append(n.rosterKeys(), a.key), false); err != nil {
+			return fmt.Errorf("node: adding agent %s to the credential: %w", a.id, err)
+		}
+	}
 	// Subscribe before registering, so a request sent the moment the
 	// registration lands is served live.
 	if err := a.subscribe(); err != nil {
-		a.cancel()
-		return nil, err
+		return err
 	}
 	n.mu.Lock()
-	n.agents[id] = a
-	n.mu.Unlock()
-	if err := a.register(ctx); err != nil {
-		a.unhost()
-		return nil, err
+	defer n.mu.Unlock()
+	if n.closed {
+		return errors.New("node: closed")
 	}
-	if !a.sandbox {
-		a.loops.Add(1)
-		go a.drainLoop()
+	n.agents[a.id] = a
+	return nil
+}
+
+// hostable refuses an agent already hosted, or a closed node.
+func (n *Node) hostable(id string) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.closed {
+		return errors.New("node: closed")
 	}
-	n.heartbeat("online")
-	n.reportHealth()
-	return a, nil
+	if _, dup := n.agents[id]; dup {
+		return fmt.Errorf("node: agent %s is already hosted", id)
+	}
+	return nil
 }
 
 func checkAgentConfig(cfg AgentConfig) error {
@@ -269,6 +307,19 @@ func (a *Agent) newVouch() (protocol.Vouch, error) {
 	return protocol.NewVouch(a.n.cfg.NodeKey, a.id, now, now.Add(life))
 }
 
+// trustTierSandbox is the node profile's trust_tier of a guest (the
+// registry's TierSandbox).
+const trustTierSandbox = "sandbox"
+
+// registerSubject is the node-bound register subject
+// mesh.registry.register.<node>. The registry serves it for every node,
+// requiring the token to be the attesting node (node.id, whose key signs
+// the vouch), and a guest credential may publish only on its own; so every
+// node registers there rather than on the bare mesh.registry.register.
+func (n *Node) registerSubject() string {
+	return protocol.SubjRegister + "." + n.id
+}
+
 // buildManifest is the register payload (docs/bus.md "Manifest").
 func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	offerings := make([]any, 0, len(a.cfg.Offerings))
@@ -316,6 +367,11 @@ func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	if a.cfg.Visibility != "" {
 		m["visibility"] = a.cfg.Visibility
 	}
+	if a.cfg.Sandbox {
+		// The registry reads a guest's sandbox from its node profile; say
+		// it, whatever key this node runs with (spec §5).
+		m["trust_tier"] = trustTierSandbox
+	}
 	if a.cfg.AvailabilityClass != "" {
 		m["availability_class"] = a.cfg.AvailabilityClass
 	}
@@ -344,7 +400,7 @@ func (a *Agent) register(ctx context.Context) error {
 	manifest := a.buildManifest(v)
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
 	defer cancel()
-	rep, err := bus.Call(ctx, a.n.nc, a.key, protocol.SubjRegister, protocol.TypeRegister, "", manifest)
+	rep, err := bus.Call(ctx, a.n.nc, a.key, a.n.registerSubject(), protocol.TypeRegister, "", manifest)
 	if err != nil {
 		return fmt.Errorf("node: register %s: %w", a.id, err)
 	}
@@ -460,7 +516,16 @@ func (a *Agent) stop() {
 		_ = a.sub.Unsubscribe()
 		a.sub = nil
 	}
+	handles := make([]*TaskHandle, 0, len(a.handles))
+	for h := range a.handles {
+		handles = append(handles, h)
+	}
 	a.mu.Unlock()
+	// A handle on a task that never ends would otherwise keep its
+	// subscriptions and its goroutine for the life of the process.
+	for _, h := range handles {
+		h.Close()
+	}
 	a.loops.Wait()
 }
 

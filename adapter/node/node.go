@@ -19,6 +19,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -156,7 +157,11 @@ type Node struct {
 	cred   Credential
 	cs     credState
 
-	renewMu sync.Mutex // one renewal at a time
+	// renewMu makes renewals and roster changes one at a time: RenewNow
+	// and the schedule hold it while they read the roster and renew, Host
+	// from its duplicate check through the renewal that adds its agent to
+	// the insertion and registration. Order: renewMu, then mu or credMu.
+	renewMu sync.Mutex
 
 	mu     sync.Mutex
 	agents map[string]*Agent
@@ -173,6 +178,10 @@ type Node struct {
 	recording bool
 	recMu     sync.Mutex
 	recorded  []*nats.Msg
+
+	// testPublishErr, set only by tests, fails the publishes it returns an
+	// error for.
+	testPublishErr atomic.Pointer[func(*nats.Msg) error]
 }
 
 type credState struct {
@@ -508,14 +517,16 @@ func (n *Node) Close() error {
 		agents = append(agents, a)
 	}
 	n.mu.Unlock()
+	// The loops stop first, so no periodic "online" beat can follow the
+	// "offline" one (seen under -race with a 50 ms heartbeat).
+	n.cancel()
+	n.loops.Wait()
 	if n.nc.IsConnected() {
 		n.heartbeat("offline")
 	}
-	n.cancel()
 	for _, a := range agents {
 		a.stop()
 	}
-	n.loops.Wait()
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	_ = n.nc.FlushWithContext(ctx)
 	cancel()
@@ -543,10 +554,27 @@ func (n *Node) publishMsg(m *nats.Msg) error {
 		n.recorded = append(n.recorded, m)
 		n.recMu.Unlock()
 	}
-	err := n.nc.PublishMsg(m)
+	err := n.failPublish(m)
+	if err == nil {
+		err = n.nc.PublishMsg(m)
+	}
 	n.pubMu.RUnlock()
-	if err != nil {
+	switch {
+	case errors.Is(err, nats.ErrMaxPayload):
+		// Data and headers together are over the limit: no retry will help.
+		limit := int(n.nc.MaxPayload())
+		return errs.Wrap(errs.ContextTooLarge, fmt.Sprintf("the message on %s is over the transport maximum of %d bytes; send large content by reference", m.Subject, limit), err).
+			WithDetails(map[string]any{"limit": "transport_max_payload", "max_payload_bytes": limit})
+	case err != nil:
 		return errs.Wrap(errs.TransportTimeout, "publish on "+m.Subject+" failed", err)
+	}
+	return nil
+}
+
+// failPublish is the tests' way to make a publish fail (testPublishErr).
+func (n *Node) failPublish(m *nats.Msg) error {
+	if f := n.testPublishErr.Load(); f != nil {
+		return (*f)(m)
 	}
 	return nil
 }

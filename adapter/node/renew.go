@@ -172,23 +172,40 @@ func (n *Node) RenewNow(ctx context.Context) error {
 	if n.cfg.Renewer == nil {
 		return errors.New("node: no Renewer configured")
 	}
+	n.renewMu.Lock()
+	defer n.renewMu.Unlock()
+	// The roster is read under renewMu: a Host changes it only while
+	// holding the lock, so this renewal covers every agent hosted so far.
+	return n.renewLocked(ctx, n.rosterKeys(), true)
+}
+
+// rosterKeys are the keys of the hosted agents.
+func (n *Node) rosterKeys() []*keys.Agent {
 	agents := n.hosted()
 	ks := make([]*keys.Agent, len(agents))
 	for i, a := range agents {
 		ks[i] = a.key
 	}
-	return n.renew(ctx, ks)
+	return ks
 }
 
-func (n *Node) renew(ctx context.Context, ks []*keys.Agent) error {
-	n.renewMu.Lock()
-	defer n.renewMu.Unlock()
+// renewLocked renews the credential for the roster ks; the caller holds
+// renewMu. own says ks is the node's current roster (RenewNow, the
+// schedule) rather than a roster a Host proposes: only the refusal of the
+// node's own roster is the revocation of its credential (spec §3.3). A
+// failed proposal is returned to the Host and leaves the credential state,
+// and so the schedule, as it was.
+func (n *Node) renewLocked(ctx context.Context, ks []*keys.Agent, own bool) error {
 	if len(ks) == 0 {
 		return errors.New("node: no hosted agents to renew the credential for")
 	}
 	token, _, err := n.cfg.Renewer.Renew(ctx, ks)
 	if err == nil {
 		err = n.setCredential(Credential{JWT: token, Sign: n.cfg.NodeKey.SignNonce})
+	}
+	if err != nil && !own {
+		n.log.Warn("credential renewal for a new roster failed; the current credential stays", "agents", len(ks), "err", err)
+		return err
 	}
 	n.credMu.Lock()
 	n.cs.lastAttempt = n.now()
@@ -210,7 +227,7 @@ func (n *Node) renew(ctx context.Context, ks []*keys.Agent) error {
 		n.reportHealth()
 		return err
 	}
-	n.log.Info("credential renewed")
+	n.log.Info("credential renewed", "agents", len(ks))
 	err = n.reconnect(ctx)
 	n.reportHealth()
 	return err
@@ -254,6 +271,9 @@ func (n *Node) waitConnected(ctx context.Context) error {
 	t := time.NewTicker(5 * time.Millisecond)
 	defer t.Stop()
 	for n.nc.Status() != nats.CONNECTED {
+		if n.nc.IsClosed() {
+			return errors.New("node: the connection is closed")
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("node: waiting for the reconnect: %w", ctx.Err())

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,7 +27,21 @@ type origin struct {
 }
 
 func (a *Agent) onInboxMsg(m *nats.Msg) {
-	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: m.Reply})
+	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: replySubject(m.Reply)})
+}
+
+// replySubject keeps the reply subject a sender named only when it is a
+// NATS inbox (_INBOX.…, where every client's request replies arrive).
+// Anything else — mesh.task.<id>.update, mesh.event.…, another agent's
+// inbox — would have this agent's signed accept and answer published where
+// the sender chose, as if the agent had sent them there. Such a request is
+// served as one without a reply subject: no accept, and the answer goes to
+// the verified sender's own inbox, like a drained request's.
+func replySubject(reply string) string {
+	if strings.HasPrefix(reply, nats.InboxPrefix) && len(reply) > len(nats.InboxPrefix) {
+		return reply
+	}
+	return ""
 }
 
 // receive runs the receive order on one inbound message and dispatches it:
@@ -99,7 +114,9 @@ func (a *Agent) receive(data []byte, o origin) error {
 		}
 		go func() {
 			defer func() { <-a.sem }()
-			_ = a.serve(c)
+			if err := a.serve(c); err != nil {
+				a.n.log.Warn("no answer could be sent", "agent", a.id, "request", c.Env.ID, "err", err)
+			}
 		}()
 		return nil
 	}
@@ -133,8 +150,9 @@ type Call struct {
 	cancel context.CancelFunc
 
 	mu       sync.Mutex
-	answered bool // a substantive answer was sent (or a task started)
-	recorded bool // the request is in the journal
+	answered bool  // a substantive answer was sent (or a task started)
+	recorded bool  // the request is in the journal
+	lost     error // why the handler's last answer was not published
 	task     *Task
 }
 
@@ -197,18 +215,43 @@ func (c *Call) target() string {
 }
 
 // send publishes one respond in reply to the request and journals the
-// request on its first answer.
+// request on its first answer; the caller has claimed the call. The journal
+// is written only once the answer is out. An answer too large for the
+// transport will never go out: the caller is sent a CONTEXT_TOO_LARGE
+// failure instead (a terminal answer rather than a timeout), and the
+// handler is told. Any other failed publish releases the claim, so serve
+// still answers the request, or — drained — leaves it in the mailbox.
 func (c *Call) send(payload any, taskID string) error {
 	env, err := protocol.NewReply(c.Env, c.a.id, payload)
-	if err != nil {
-		return err
+	if err == nil {
+		env.TaskID = taskID
+		err = c.a.sendRespond(c.target(), env)
 	}
-	env.TaskID = taskID
-	if err := c.a.sendRespond(c.target(), env); err != nil {
+	if errs.CodeOf(err) == errs.ContextTooLarge {
+		if ferr := c.sendError(errs.As(err)); ferr != nil {
+			err = ferr
+		} else {
+			c.a.n.log.Warn("answer too large for the transport; sent CONTEXT_TOO_LARGE instead", "agent", c.a.id, "request", c.Env.ID, "err", err)
+			c.record()
+			return err
+		}
+	}
+	if err != nil {
+		c.release(err)
 		return err
 	}
 	c.record()
 	return nil
+}
+
+// sendError publishes e as the terminal answer, bypassing send: it is the
+// small answer sent when the real one cannot be.
+func (c *Call) sendError(e *errs.Error) error {
+	env, err := protocol.NewReply(c.Env, c.a.id, e.BusPayload())
+	if err != nil {
+		return err
+	}
+	return c.a.sendRespond(c.target(), env)
 }
 
 func (c *Call) record() {
@@ -234,6 +277,13 @@ func (c *Call) claim() error {
 	}
 	c.answered = true
 	return nil
+}
+
+// release undoes a claim whose answer was not published.
+func (c *Call) release(why error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.answered, c.lost = false, why
 }
 
 func (c *Call) isAnswered() bool {
@@ -278,16 +328,39 @@ func (c *Call) StartTask() (*Task, error) {
 	c.task = t
 	c.mu.Unlock()
 	c.a.addTask(t)
-	if err := t.publish(map[string]any{"status": protocol.StateSubmitted}, protocol.StateSubmitted); err != nil {
+	err := t.publish(map[string]any{"status": protocol.StateSubmitted}, protocol.StateSubmitted)
+	if err == nil {
+		err = t.publish(map[string]any{"status": protocol.StateWorking}, protocol.StateWorking)
+	}
+	if err != nil {
+		c.abandon(t, err)
+		c.release(err)
 		return nil, err
 	}
-	if err := t.publish(map[string]any{"status": protocol.StateWorking}, protocol.StateWorking); err != nil {
-		return nil, err
-	}
+	// send releases the claim itself when the answer does not go out.
 	if err := c.send(map[string]any{"status": protocol.StateWorking, "task_id": t.ID}, t.ID); err != nil {
+		c.abandon(t, err)
 		return nil, err
 	}
 	return t, nil
+}
+
+// abandon gives up a task whose start did not reach the caller: it ends
+// (failed, if its updates had begun) and the call forgets it, so serve
+// answers the request in bare mode.
+func (c *Call) abandon(t *Task, why error) {
+	if t.State() != "" {
+		_ = t.Fail(why)
+	}
+	t.mu.Lock()
+	if !protocol.Terminal(t.state) {
+		t.state = protocol.StateFailed
+		c.a.taskEnded(t)
+	}
+	t.mu.Unlock()
+	c.mu.Lock()
+	c.task = nil
+	c.mu.Unlock()
 }
 
 // sendRespond signs env, publishes it on subject and a copy on the agent's
@@ -298,6 +371,11 @@ func (a *Agent) sendRespond(subject string, env *protocol.Envelope) error {
 	}
 	b, err := env.Marshal()
 	if err != nil {
+		return err
+	}
+	// Checked here rather than left to the client, whose refusal would
+	// look like any other failed publish: this one will never succeed.
+	if err := protocol.CheckEnvelopeSize(len(b), int(a.n.nc.MaxPayload())); err != nil {
 		return err
 	}
 	if err := a.n.publish(subject, b, env.ID); err != nil {
@@ -357,8 +435,11 @@ func (a *Agent) serve(c *Call) (err error) {
 	}
 	herr := a.runHandler(c)
 	c.mu.Lock()
-	task, answered := c.task, c.answered
+	task, answered, lost := c.task, c.answered, c.lost
 	c.mu.Unlock()
+	if !answered && herr == nil && lost != nil {
+		herr = lost // the handler's answer did not go out and it let that pass
+	}
 	switch {
 	case !answered && herr != nil:
 		err = c.Fail(herr)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"sync"
@@ -13,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -72,25 +74,58 @@ type TaskHandle struct {
 }
 
 // Task returns a handle on a task this agent requested. The performer is
-// known for tasks requested through Request; for others it is read from the
-// task record when Cancel needs it (or use TaskFrom).
+// known for tasks requested through Request in this process; for others it
+// is read first from the task record (mesh.task.get.<id>, answered by the
+// tasks worker), since until the performer is known there is no telling a
+// real update from one signed by anybody. A task with no readable record
+// is refused (TASK_NOT_FOUND, or the error of the read).
 func (a *Agent) Task(taskID string) (*TaskHandle, error) {
 	a.mu.Lock()
 	performer := a.known[taskID]
 	a.mu.Unlock()
+	return a.TaskFrom(performer, taskID)
+}
+
+// TaskFrom returns a handle on a task performed by performer: only frames
+// signed by that key are accepted. An empty performer is read from the task
+// record, as Task does.
+func (a *Agent) TaskFrom(performer, taskID string) (*TaskHandle, error) {
+	if !protocol.ValidToken(taskID) {
+		return nil, errs.Newf(errs.InvalidEnvelope, "task id %q is not a subject token", taskID)
+	}
+	if performer == "" {
+		var err error
+		if performer, err = a.performerOf(taskID); err != nil {
+			return nil, err
+		}
+	}
 	return a.newTaskHandle(taskID, performer, "", nil)
 }
 
-// TaskFrom returns a handle on a task performed by performer.
-func (a *Agent) TaskFrom(performer, taskID string) (*TaskHandle, error) {
-	return a.newTaskHandle(taskID, performer, "", nil)
+// performerOf reads a task's performer (the record's responder).
+func (a *Agent) performerOf(taskID string) (string, error) {
+	ctx, cancel := context.WithTimeout(a.ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	rec, err := a.taskRecord(ctx, taskID)
+	if err != nil {
+		return "", fmt.Errorf("node: the performer of task %s is not known and its record could not be read: %w", taskID, err)
+	}
+	performer, _ := rec["responder"].(string)
+	if !keys.IsUserPublicKey(performer) {
+		return "", errs.Newf(errs.TaskNotFound, "the record of task %s names no performer", taskID)
+	}
+	return performer, nil
 }
 
 // newTaskHandle subscribes to the task's subjects: through the follower's
-// pump when the request was followed, else on its own.
+// pump when the request was followed, else on its own. performer is never
+// empty: every frame is checked against it.
 func (a *Agent) newTaskHandle(taskID, performer, reqID string, f *follower) (*TaskHandle, error) {
 	if !protocol.ValidToken(taskID) {
 		return nil, errs.Newf(errs.InvalidEnvelope, "task id %q is not a subject token", taskID)
+	}
+	if performer == "" {
+		return nil, errs.Newf(errs.InvalidRequest, "task %s: the performer is not known", taskID)
 	}
 	h := &TaskHandle{ID: taskID, Performer: performer, RequestID: reqID, a: a, late: f == nil,
 		seen: map[string]bool{}, notify: make(chan struct{})}
@@ -106,12 +141,28 @@ func (a *Agent) newTaskHandle(taskID, performer, reqID string, f *follower) (*Ta
 			return nil, err
 		}
 	}
-	if performer != "" {
-		a.mu.Lock()
-		a.known[taskID] = performer
-		a.mu.Unlock()
-	}
+	a.mu.Lock()
+	a.handles[h] = struct{}{}
+	a.mu.Unlock()
+	a.rememberPerformer(taskID, performer)
 	return h, nil
+}
+
+// maxKnownTasks bounds the performers remembered for Task(id): past it the
+// oldest are forgotten, and Task reads them from the task record again.
+const maxKnownTasks = 1024
+
+func (a *Agent) rememberPerformer(taskID, performer string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if _, ok := a.known[taskID]; !ok {
+		a.knownOrder = append(a.knownOrder, taskID)
+	}
+	a.known[taskID] = performer
+	for len(a.knownOrder) > maxKnownTasks {
+		delete(a.known, a.knownOrder[0])
+		a.knownOrder = a.knownOrder[1:]
+	}
 }
 
 // owns reports whether subject is one of the task's.
@@ -168,7 +219,7 @@ func (h *TaskHandle) readUpdate(data []byte) *TaskUpdate {
 	if err != nil || env.Type != protocol.TypeRespond {
 		return nil
 	}
-	if h.Performer != "" && env.From != h.Performer {
+	if env.From != h.Performer {
 		return nil
 	}
 	if env.TaskID != "" && env.TaskID != h.ID {
@@ -200,8 +251,11 @@ func (h *TaskHandle) NextUpdate(ctx context.Context) (*TaskUpdate, error) {
 			h.mu.Unlock()
 			return u, nil
 		}
-		ch := h.notify
+		ch, closed := h.notify, h.closed
 		h.mu.Unlock()
+		if closed {
+			return nil, errHandleClosed
+		}
 		select {
 		case <-ch:
 		case <-ctx.Done():
@@ -223,20 +277,19 @@ func (h *TaskHandle) Wait(ctx context.Context) (*TaskUpdate, error) {
 		rec, err := h.Get(gctx)
 		cancel()
 		if err == nil {
-			if st, _ := rec["state"].(string); protocol.Terminal(st) {
-				t = &TaskUpdate{Status: st, Output: rec["output"]}
-				t.Reason, _ = rec["reason"].(string)
-				t.Note, _ = rec["note"].(string)
-			}
+			t = h.terminalOf(rec)
 		}
 	}
 	for t == nil {
 		h.mu.Lock()
 		t = h.terminal
-		ch := h.notify
+		ch, closed := h.notify, h.closed
 		h.mu.Unlock()
 		if t != nil {
 			break
+		}
+		if closed {
+			return nil, errHandleClosed
 		}
 		select {
 		case <-ch:
@@ -250,11 +303,41 @@ func (h *TaskHandle) Wait(ctx context.Context) (*TaskUpdate, error) {
 	return t, nil
 }
 
+// terminalOf is the terminal update a task record describes, or nil: the
+// state, output, message, error, reason and note of the terminal update,
+// as the tasks worker recorded them. A record naming another performer is
+// not this handle's task.
+func (h *TaskHandle) terminalOf(rec map[string]any) *TaskUpdate {
+	st, _ := rec["state"].(string)
+	if !protocol.Terminal(st) || rec["responder"] != h.Performer {
+		return nil
+	}
+	t := &TaskUpdate{Status: st, Output: rec["output"]}
+	t.Message, _ = rec["message"].(string)
+	t.Reason, _ = rec["reason"].(string)
+	t.Note, _ = rec["note"].(string)
+	if rec["error"] != nil {
+		t.Error = errs.FromWire(rec["error"])
+	}
+	return t
+}
+
 // Get reads the task record from the task store (mesh.task.get.<id>).
 func (h *TaskHandle) Get(ctx context.Context) (map[string]any, error) {
-	rep, err := bus.Call(ctx, h.a.n.nc, h.a.key, protocol.TaskGetSubject(h.ID), protocol.TypeRequest, "", map[string]any{})
+	return h.a.taskRecord(ctx, h.ID)
+}
+
+// taskRecord reads a task record. With Config.ServicesKey set, an answer
+// signed by any other key is refused, as for the registry: anyone on the
+// mesh may subscribe to mesh.task.>, and a record decides whose updates a
+// handle believes.
+func (a *Agent) taskRecord(ctx context.Context, taskID string) (map[string]any, error) {
+	rep, err := bus.Call(ctx, a.n.nc, a.key, protocol.TaskGetSubject(taskID), protocol.TypeRequest, "", map[string]any{})
 	if err != nil {
 		return nil, err
+	}
+	if pin := a.n.cfg.ServicesKey; pin != "" && rep.From != pin {
+		return nil, errs.Newf(errs.IdentityMismatch, "node: the task record is signed by %s, not the services key", rep.From)
 	}
 	var out struct {
 		Task map[string]any `json:"task"`
@@ -275,33 +358,34 @@ func (h *TaskHandle) Cancel(ctx context.Context, reason, note string) (*Result, 
 	if err := in.Validate(); err != nil {
 		return nil, err
 	}
-	performer := h.Performer
-	if performer == "" {
-		rec, err := h.Get(ctx)
-		if err != nil {
-			return nil, err
-		}
-		performer, _ = rec["responder"].(string)
-	}
 	input := map[string]any{"task_id": in.TaskID, "reason": in.Reason}
 	if note != "" {
 		input["note"] = note
 	}
-	return h.a.Request(ctx, performer, protocol.OfferingTaskCancel, input, RequestOptions{})
+	return h.a.Request(ctx, h.Performer, protocol.OfferingTaskCancel, input, RequestOptions{})
 }
 
-// Close unsubscribes.
+// Close unsubscribes. NextUpdate and Wait then return what had arrived,
+// and STREAM_CLOSED once nothing is left.
 func (h *TaskHandle) Close() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return
 	}
 	h.closed = true
 	if h.pump != nil {
 		h.pump.close()
 	}
+	h.wake()
+	h.mu.Unlock()
+	h.a.mu.Lock()
+	delete(h.a.handles, h)
+	h.a.mu.Unlock()
 }
+
+// errHandleClosed is what a closed handle answers once it has nothing left.
+var errHandleClosed = errs.New(errs.StreamClosed, "the task handle is closed")
 
 // Stream reads the task's stream.
 func (h *TaskHandle) Stream() *StreamReader {
@@ -341,8 +425,11 @@ func (r *StreamReader) Next(ctx context.Context) (*Chunk, error) {
 			}
 			return c, err
 		}
-		t, ch := h.terminal, h.notify
+		t, ch, closed := h.terminal, h.notify, h.closed
 		h.mu.Unlock()
+		if t == nil && closed {
+			return nil, errHandleClosed
+		}
 		if t != nil && t.Status != protocol.StateCompleted {
 			if t.Error != nil {
 				return nil, t.Error
@@ -419,7 +506,7 @@ func (r *StreamReader) read(m *nats.Msg) (*Chunk, error) {
 	if env != nil {
 		from, taskID = env.From, env.TaskID
 	}
-	if h.Performer != "" && from != h.Performer {
+	if from != h.Performer {
 		return nil, nil
 	}
 	if taskID != "" && taskID != h.ID {
