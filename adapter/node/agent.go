@@ -311,13 +311,17 @@ func (a *Agent) newVouch() (protocol.Vouch, error) {
 // registry's TierSandbox).
 const trustTierSandbox = "sandbox"
 
-// registerSubject is the node-bound register subject
-// mesh.registry.register.<node>. The registry serves it for every node,
-// requiring the token to be the attesting node (node.id, whose key signs
-// the vouch), and a guest credential may publish only on its own; so every
-// node registers there rather than on the bare mesh.registry.register.
-func (n *Node) registerSubject() string {
-	return protocol.SubjRegister + "." + n.id
+// registerSubject is where an agent registers. A sandbox agent (a guest)
+// uses the node-bound mesh.registry.register.<node>: the broker lets a
+// guest credential publish only on its own, so the guest key must be the
+// node key, and the registry files everything arriving there as a sandbox
+// registration (docs/bus-registry.md). Every other agent registers on the
+// bare mesh.registry.register, which guests cannot reach.
+func (a *Agent) registerSubject() string {
+	if a.cfg.Sandbox {
+		return protocol.SubjRegister + "." + a.n.id
+	}
+	return protocol.SubjRegister
 }
 
 // buildManifest is the register payload (docs/bus.md "Manifest").
@@ -400,7 +404,7 @@ func (a *Agent) register(ctx context.Context) error {
 	manifest := a.buildManifest(v)
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
 	defer cancel()
-	rep, err := bus.Call(ctx, a.n.nc, a.key, a.n.registerSubject(), protocol.TypeRegister, "", manifest)
+	rep, err := bus.Call(ctx, a.n.nc, a.key, a.registerSubject(), protocol.TypeRegister, "", manifest)
 	if err != nil {
 		return fmt.Errorf("node: register %s: %w", a.id, err)
 	}

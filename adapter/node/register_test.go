@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -27,9 +28,12 @@ func (tm *testMesh) guestNode(t *testing.T, guest *keys.Agent, nk *keys.Node) *N
 	return n
 }
 
-// Every node registers on its node-bound subject; a sandboxed agent says
-// trust_tier "sandbox", so the registry files it as a sandbox (unlisted,
-// no mailbox) whichever node key its runtime uses (H1, runtime side).
+// A sandboxed agent (a guest, whose key is its node key) registers on its
+// node-bound subject and says trust_tier "sandbox", so the registry files
+// it as a sandbox (unlisted, no mailbox); any other agent registers on the
+// bare subject and stays public. A guest whose runtime uses another node
+// key cannot register at all: the broker pins the guest's register subject
+// to its own key.
 func TestRegistrationIsNodeBoundAndSandboxSaysSo(t *testing.T) {
 	tm := newMesh(t)
 	bound := tm.collect(t, protocol.SubjRegister+".>")
@@ -47,22 +51,26 @@ func TestRegistrationIsNodeBoundAndSandboxSaysSo(t *testing.T) {
 			t.Fatalf("%s: registry sandbox=%v visibility=%v trust_tier=%v; runtime Sandbox()=%v",
 				name, man["sandbox"], man["visibility"], man["trust_tier"], a.Sandbox())
 		}
+		want, c := protocol.SubjRegister, bare
+		if sandbox {
+			want, c = protocol.SubjRegister+"."+n.ID(), bound
+		}
 		found := false
-		bound.mu.Lock()
-		for _, m := range bound.msgs {
-			if m.Subject == protocol.SubjRegister+"."+n.ID() {
+		c.mu.Lock()
+		for _, m := range c.msgs {
+			if m.Subject == want {
 				if e, err := protocol.Decode(m.Data); err == nil && e.From == k.Public() {
 					found = true
 				}
 			}
 		}
-		bound.mu.Unlock()
+		c.mu.Unlock()
 		if !found {
-			t.Fatalf("%s: no registration on %s.%s", name, protocol.SubjRegister, n.ID())
+			t.Fatalf("%s: no registration on %s", name, want)
 		}
 	}
 
-	// A node credential: not a sandbox.
+	// A node credential: not a sandbox, on the bare subject.
 	k := agentKey(t)
 	check("node", tm.startNode(t, nodeKey(t), []*keys.Agent{k}, nil), k, false)
 
@@ -74,12 +82,13 @@ func TestRegistrationIsNodeBoundAndSandboxSaysSo(t *testing.T) {
 	}
 	check("guest", tm.guestNode(t, guest, nk), guest, true)
 
-	// A guest whose runtime uses a separate node key: the manifest's
-	// trust_tier still makes it a sandbox.
+	// A guest whose runtime uses a separate node key is refused by the
+	// broker: Host fails rather than leaving an unregistered agent.
 	guest2 := agentKey(t)
-	check("guest with its own node key", tm.guestNode(t, guest2, nodeKey(t)), guest2, true)
-
-	if bare.len() != 0 {
-		t.Fatalf("%d registrations on the bare %s", bare.len(), protocol.SubjRegister)
+	n2 := tm.guestNode(t, guest2, nodeKey(t))
+	ctx, cancel := context.WithTimeout(t.Context(), 3*time.Second)
+	defer cancel()
+	if _, err := n2.Host(ctx, AgentConfig{Key: guest2, Name: "guest2", Sandbox: true, Handler: refuseAll}); err == nil {
+		t.Fatal("a guest registered under a node key other than its own")
 	}
 }
