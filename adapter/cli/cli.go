@@ -130,17 +130,19 @@ func hasHelpFlag(args []string) bool {
 	return false
 }
 
-// globalFlags are accepted before the command and after it.
+// globalFlags are accepted before the command and after it. Their
+// defaults are what is already set (by flags before the command), then the
+// environment: binding them again for a command must not undo those.
 func (e *Env) globalFlags(fs *flag.FlagSet) {
-	home := e.Getenv("MESH_ADAPTER_HOME")
+	home := firstNonEmpty(e.StateDir, e.Getenv("MESH_ADAPTER_HOME"))
 	if home == "" {
 		if h, err := os.UserHomeDir(); err == nil {
 			home = filepath.Join(h, ".mesh", "adapter")
 		}
 	}
 	fs.StringVar(&e.StateDir, "state-dir", home, "the adapter's state directory (env MESH_ADAPTER_HOME; default ~/.mesh/adapter)")
-	fs.StringVar(&e.ControlURL, "control-url", e.Getenv("MESH_CONTROL_URL"), "the mesh control plane (env MESH_CONTROL_URL; default: the one saved by `up`)")
-	fs.StringVar(&e.RegistrarURL, "registrar-url", e.Getenv("MESH_REGISTRAR_URL"), "the handle registrar (env MESH_REGISTRAR_URL; default: the one saved by `up`)")
+	fs.StringVar(&e.ControlURL, "control-url", firstNonEmpty(e.ControlURL, e.Getenv("MESH_CONTROL_URL")), "the mesh control plane (env MESH_CONTROL_URL; default: the one saved by `up`)")
+	fs.StringVar(&e.RegistrarURL, "registrar-url", firstNonEmpty(e.RegistrarURL, e.Getenv("MESH_REGISTRAR_URL")), "the handle registrar (env MESH_REGISTRAR_URL; default: the one saved by `up`)")
 }
 
 // parse parses a command's flags, which may appear before, between and

@@ -41,7 +41,10 @@ type Handler func(ctx context.Context, c *Call) error
 
 // AdmitFunc is budget admission, run before the accept. It returns nil to
 // admit, or the refusal that replaces the accept: build it with
-// protocol.BudgetInsufficient or protocol.DeadlineUnmeetable.
+// protocol.BudgetInsufficient or protocol.DeadlineUnmeetable. An attended
+// inbox returns Hold(inboxID) instead, having kept the request: the sender
+// gets the queued acknowledgement rather than an accept, no handler runs,
+// and the answer comes later through AnswerHeld or RefuseHeld.
 type AdmitFunc func(ctx context.Context, c *Call, budget *protocol.Budget) error
 
 // AgentConfig describes a hosted agent.

@@ -397,9 +397,14 @@ func (a *Agent) serve(c *Call) (err error) {
 		defer c.cancel()
 		return c.Reply(a.Manifest())
 	}
-	if e := a.admit(c); e != nil {
+	held, e := a.admit(c)
+	if e != nil {
 		defer c.cancel()
 		return c.fail(e)
+	}
+	if held != nil {
+		defer c.cancel()
+		return a.hold(c, held.InboxID)
 	}
 	live := c.o.src == protocol.SourceLive && c.o.reply != ""
 	if live {
@@ -468,20 +473,24 @@ func (a *Agent) runHandler(c *Call) (err error) {
 
 // admit is admission before the accept: a deadline already past (under the
 // protocol's skew tolerance) cannot be met; then the agent's AdmitFunc.
-func (a *Agent) admit(c *Call) *errs.Error {
+func (a *Agent) admit(c *Call) (*HeldError, *errs.Error) {
 	if c.Budget != nil {
 		if d, ok := c.Budget.DeadlineTime(); ok && protocol.DeadlinePast(d, a.n.now()) {
-			return protocol.DeadlineUnmeetable(a.n.now(), "the deadline has already passed")
+			return nil, protocol.DeadlineUnmeetable(a.n.now(), "the deadline has already passed")
 		}
 	}
 	if a.cfg.Admit == nil {
-		return nil
+		return nil, nil
 	}
 	err := a.cfg.Admit(c.ctx, c, c.Budget)
 	if err == nil {
-		return nil
+		return nil, nil
 	}
-	return errs.As(err)
+	var held *HeldError
+	if errors.As(err, &held) {
+		return held, nil
+	}
+	return nil, errs.As(err)
 }
 
 // serveCancel answers a task.cancel request (spec §3.4, bus.md "Cancel").

@@ -1,0 +1,301 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"agentmesh.dev/mesh/adapter/allowance"
+	"agentmesh.dev/mesh/adapter/control"
+	"agentmesh.dev/mesh/adapter/inbox"
+	"agentmesh.dev/mesh/adapter/node"
+	"agentmesh.dev/mesh/adapter/registrar"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// maxOutput bounds what a command may answer: above it the answer would
+// not fit in one envelope on the default transport.
+const maxOutput = 512 << 10
+
+// admit runs before the accept. Inbox mode keeps every admitted request in
+// the local queue and holds it: the sender gets the queued acknowledgement
+// now and the answer when someone replies.
+//
+// Command mode runs the owner's allowance first (spec §4.2 "Allowance
+// rules"): work that does not fit the tightest remaining ceiling is refused
+// with BUDGET_INSUFFICIENT quoting its price, or, under ask-owner, held in
+// the queue for the owner like an inbox message.
+func (a *adapter) admit(ctx context.Context, c *node.Call, _ *protocol.Budget) error {
+	if c.Offering != Offering {
+		return nil
+	}
+	if a.cfg.Mode == ModeCmd {
+		in, _ := a.input(c)
+		d := a.allow.Admit(c.Env.TaskID, c.Env.ContextID, len([]rune(in)), time.Now())
+		switch {
+		case d.Admit:
+			return nil
+		case !d.Hold:
+			return d.Decline()
+		}
+		a.log.Info("held for the owner: over the allowance", "from", c.Env.From)
+	}
+	m, err := a.keep(c)
+	if err != nil {
+		return errs.Wrap(errs.InternalError, "the message could not be kept", err)
+	}
+	return node.Hold(m.ID)
+}
+
+// input is what the command reads for c: the framed text, or with --raw
+// the bare sender text.
+func (a *adapter) input(c *node.Call) (string, bool) {
+	if a.cfg.Raw {
+		return c.SenderText, true
+	}
+	return textOf(c.Input)
+}
+
+// keep stores c in the local queue (once, however often it arrives).
+func (a *adapter) keep(c *node.Call) (inbox.Message, error) {
+	framed, _ := textOf(c.Input)
+	m := inbox.Message{ID: c.Env.ID, From: c.Env.From, Offering: c.Offering, Text: c.SenderText, Framed: framed,
+		TraceID: c.Env.Trace.TraceID, BudgetLine: c.BudgetLine, ReceivedAt: protocol.FormatTime(time.Now()),
+		Envelope: json.RawMessage(c.Env.Raw())}
+	if c.Budget != nil {
+		if b, err := json.Marshal(c.Budget); err == nil {
+			m.Budget = b
+		}
+	}
+	stored, added, err := a.queue.Put(m)
+	if err == nil && added {
+		a.log.Info("message kept", "seq", stored.Seq, "from", stored.From)
+	}
+	return stored, err
+}
+
+// textOf is the text member of an input or output ({text} or a string).
+func textOf(v any) (string, bool) {
+	switch x := v.(type) {
+	case string:
+		return x, true
+	case map[string]any:
+		s, ok := x["text"].(string)
+		return s, ok
+	}
+	return "", false
+}
+
+// handle runs command mode's command on one admitted request.
+func (a *adapter) handle(ctx context.Context, c *node.Call) error {
+	if a.cfg.Mode != ModeCmd {
+		return errs.New(errs.InternalError, "this adapter holds messages for its owner; it has no handler")
+	}
+	in, ok := a.input(c)
+	if !ok {
+		return errs.New(errs.InputInvalid, "send {\"text\": \"...\"}: this agent answers text messages")
+	}
+	out, err := a.run(ctx, in)
+	// Every invocation is metered, a failed one too: it may have spent.
+	if _, merr := a.allow.Meter(c.Env.TaskID, c.Env.ContextID, len([]rune(in)), len([]rune(out)), time.Now()); merr != nil && !errors.Is(merr, allowance.ErrFailsClosed) {
+		a.log.Warn("allowance: the invocation was not metered", "err", merr)
+	}
+	if err != nil {
+		return err
+	}
+	return c.Reply(map[string]any{"text": out})
+}
+
+// run pipes in to a fresh run of the command and returns its stdout. A
+// command that fails, times out or prints too much is an error answer the
+// sender can read, never silence.
+func (a *adapter) run(ctx context.Context, in string) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, a.cfg.CommandTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.cfg.Command)
+	cmd.Stdin = strings.NewReader(in)
+	var stdout, stderr limitedBuffer
+	stdout.max, stderr.max = maxOutput, 4<<10
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	cmd.WaitDelay = 5 * time.Second
+	err := cmd.Run()
+	switch {
+	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return "", errs.Newf(errs.InternalError, "the agent's command did not finish within %s", a.cfg.CommandTimeout)
+	case err != nil:
+		msg := strings.TrimSpace(stderr.String())
+		if msg == "" {
+			msg = "no error output"
+		}
+		a.log.Warn("command failed", "err", err)
+		return "", errs.Newf(errs.InternalError, "the agent's command failed (%v): %s", err, msg)
+	case stdout.over:
+		return "", errs.Newf(errs.InternalError, "the agent's command printed more than %d bytes", maxOutput)
+	case !utf8.Valid(stdout.Bytes()):
+		return "", errs.New(errs.InternalError, "the agent's command printed something that is not UTF-8 text")
+	}
+	return stdout.String(), nil
+}
+
+// limitedBuffer keeps the first max bytes and notes whether more came.
+type limitedBuffer struct {
+	bytes.Buffer
+	max  int
+	over bool
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	if room := b.max - b.Len(); len(p) > room {
+		b.over = true
+		if room > 0 {
+			b.Buffer.Write(p[:room])
+		}
+		return len(p), nil
+	}
+	return b.Buffer.Write(p)
+}
+
+// onReply receives answers no Request waits for any more: answers to held
+// requests (after a queued ack) and late ones.
+func (a *adapter) onReply(r *node.Result) {
+	a.repMu.Lock()
+	ch := a.replies[r.RequestID]
+	a.repMu.Unlock()
+	if ch != nil {
+		select {
+		case ch <- r:
+		default:
+		}
+		return
+	}
+	a.log.Info("a late answer arrived", "request", r.RequestID, "from", r.From, "status", r.Status)
+}
+
+// SendResult is the answer of the control socket's send.
+type SendResult struct {
+	RequestID string `json:"request_id"`
+	From      string `json:"from"`
+	Status    string `json:"status"`
+	Text      string `json:"text"`
+	// Queued is set when the recipient held the message and no answer
+	// came within the wait.
+	Queued bool `json:"queued,omitempty"`
+}
+
+// send sends text to an agent and waits up to wait for the answer.
+func (a *adapter) send(ctx context.Context, to, text string, wait time.Duration) (*SendResult, error) {
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	agentID, err := a.resolve(ctx, to)
+	if err != nil {
+		return nil, err
+	}
+	deadline := time.Now().Add(wait)
+	ctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	res, err := a.agent.Request(ctx, agentID, Offering, map[string]any{"text": text}, node.RequestOptions{Timeout: wait})
+	if err != nil && res == nil {
+		if errs.CodeOf(err) == errs.TransportTimeout {
+			return nil, fmt.Errorf("no answer from %s within %s: the recipient's adapter may not be running (the mesh keeps the message for it if it has a mailbox)", to, wait)
+		}
+		return nil, err
+	}
+	if res.Queued {
+		// Held by the recipient (inbox mode): the answer comes to our
+		// inbox when its owner replies.
+		ch := make(chan *node.Result, 1)
+		a.repMu.Lock()
+		a.replies[res.RequestID] = ch
+		a.repMu.Unlock()
+		defer func() {
+			a.repMu.Lock()
+			delete(a.replies, res.RequestID)
+			a.repMu.Unlock()
+		}()
+		select {
+		case r := <-ch:
+			res = r
+		case <-ctx.Done():
+			return &SendResult{RequestID: res.RequestID, From: res.From, Status: "queued", Queued: true}, nil
+		}
+	}
+	out := &SendResult{RequestID: res.RequestID, From: res.From, Status: res.Status}
+	out.Text, _ = textOf(res.Output)
+	if res.Error != nil {
+		return out, res.Error
+	}
+	return out, nil
+}
+
+// resolve turns an agent id or a handle into an agent id.
+func (a *adapter) resolve(ctx context.Context, to string) (string, error) {
+	if keys.IsUserPublicKey(to) {
+		return to, nil
+	}
+	if !strings.Contains(to, ".") || !strings.Contains(to, "@") {
+		return "", fmt.Errorf("%q is neither an agent id (U…, 56 characters) nor a handle (<name>.<email>)", to)
+	}
+	if a.cfg.RegistrarURL == "" {
+		return "", fmt.Errorf("resolving the handle %s needs the registrar: pass --registrar-url or set MESH_REGISTRAR_URL, or send to the agent id", to)
+	}
+	return registrar.New(a.cfg.RegistrarURL).ResolveAgent(ctx, to)
+}
+
+// serveControl executes the short commands.
+func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, error) {
+	switch r.Op {
+	case "status":
+		return map[string]any{"agent_id": a.id.AgentID, "name": a.id.Name, "mode": a.cfg.Mode, "node_id": a.node.ID(), "health": a.node.Health()}, nil
+	case "inbox":
+		return a.queue.List(r.All)
+	case "reply":
+		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.AnswerHeld(raw, map[string]any{"text": r.Text}) })
+	case "refuse":
+		est, err := allowance.ParseEstimate(r.Estimate, time.Now())
+		if err != nil {
+			return nil, err
+		}
+		refusal := est.Refusal(r.Text)
+		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.RefuseHeld(raw, refusal) })
+	case "ack":
+		var acked []inbox.Message
+		for _, ref := range r.Refs {
+			m, err := a.queue.Transition(ref, inbox.Acked, time.Now(), nil)
+			if err != nil {
+				return nil, err
+			}
+			acked = append(acked, m)
+		}
+		return acked, nil
+	case "send":
+		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)))
+	}
+	return nil, fmt.Errorf("unknown operation %q", r.Op)
+}
+
+// reply answers the held message ref with answer and marks it replied. The
+// answer goes out first: if the adapter stops between the two, the message
+// is still unread, and replying again finds the runtime's journal already
+// holding the answer.
+func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) error) (inbox.Message, error) {
+	m, err := a.queue.Get(ref)
+	if err != nil {
+		return inbox.Message{}, err
+	}
+	if m.State != inbox.Unread {
+		return inbox.Message{}, fmt.Errorf("message #%d is already %s", m.Seq, m.State)
+	}
+	if err := answer(m.Envelope); err != nil && !errors.Is(err, node.ErrAlreadyAnswered) {
+		return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, err)
+	}
+	return a.queue.Transition(ref, inbox.Replied, time.Now(), nil)
+}
