@@ -213,7 +213,7 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 	}
 	undo = append(undo, func() { _ = a.node.Close() })
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
-		Offerings: []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
+		Offerings:         []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",
 		Admit: a.admit, Handler: a.handle, OnReply: a.onReply}
 	if a.agent, err = a.node.Host(ctx, acfg); err != nil {

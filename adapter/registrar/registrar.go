@@ -28,7 +28,9 @@ type Error struct {
 	Message string
 }
 
-func (e *Error) Error() string { return fmt.Sprintf("the registrar refused: %s (HTTP %d)", e.Message, e.Status) }
+func (e *Error) Error() string {
+	return fmt.Sprintf("the registrar refused: %s (HTTP %d)", e.Message, e.Status)
+}
 
 // Client talks to one registrar.
 type Client struct {
