@@ -97,6 +97,9 @@ func runAllowance(_ context.Context, e *Env, args []string) error {
 	if len(pos) == 0 {
 		return usageError("say set, show or clear")
 	}
+	if a := pos[0]; a != "set" && a != "show" && a != "clear" {
+		return usageError("unknown allowance action %q: say set, show or clear", a)
+	}
 	dir, err := e.openState()
 	if err != nil {
 		return err

@@ -1,0 +1,512 @@
+package cli_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// The end-to-end tests run the built mesh-adapter binary against an
+// in-process mesh (devenv): real broker, real workers, real control plane.
+
+var (
+	binary     string
+	buildFlags []string
+)
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "mesh-adapter-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binary = filepath.Join(dir, "mesh-adapter")
+	args := append(append([]string{"build"}, buildFlags...), "-o", binary, "agentmesh.dev/mesh/adapter/cmd/mesh-adapter")
+	out, err := exec.Command("go", args...).CombinedOutput()
+	if err != nil {
+		fmt.Fprintf(os.Stderr, "build mesh-adapter: %v\n%s", err, out)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// world is a mesh and a short base directory for adapter state (unix
+// socket paths must stay short).
+type world struct {
+	t    *testing.T
+	m    *devenv.Mesh
+	base string
+	acct string
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	ob, err := mail.NewOutbox(t.TempDir(), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: t.TempDir(), Mail: ob})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	base, err := os.MkdirTemp("", "ma")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(base) })
+	a, _, err := m.Control().Accounts.CreateAccount(t.Context(), "ana@example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &world{t: t, m: m, base: base, acct: a.ID}
+}
+
+// agentKey mints a single-use am_ key on the account.
+func (w *world) agentKey(name string) string {
+	w.t.Helper()
+	g, err := w.m.Control().Accounts.AdminMintAgentKey(w.t.Context(), w.acct, name)
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	return g.Token
+}
+
+func (w *world) state(name string) string { return filepath.Join(w.base, name) }
+
+// run runs the adapter to completion.
+func (w *world) run(state string, args ...string) (stdout, stderr string, code int) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"--state-dir", state, "--control-url", w.m.URLs().Control}, args...)...)
+	cmd.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL=")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	code = 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		w.t.Fatalf("run %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// must runs the adapter and requires success.
+func (w *world) must(state string, args ...string) string {
+	w.t.Helper()
+	out, errOut, code := w.run(state, args...)
+	if code != 0 {
+		w.t.Fatalf("mesh-adapter %v: exit %d\nstdout: %s\nstderr: %s", args, code, out, errOut)
+	}
+	return out
+}
+
+// proc is a long-lived adapter.
+type proc struct {
+	cmd   *exec.Cmd
+	mu    sync.Mutex
+	lines []string
+	id    chan string
+	done  chan struct{}
+}
+
+// start runs a long-lived adapter command and waits for its agent id.
+func (w *world) start(state string, args ...string) (*proc, string) {
+	w.t.Helper()
+	cmd := exec.Command(binary, append([]string{"--state-dir", state, "--control-url", w.m.URLs().Control}, args...)...)
+	cmd.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL=")
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		w.t.Fatal(err)
+	}
+	cmd.Stderr = cmd.Stdout
+	p := &proc{cmd: cmd, id: make(chan string, 1), done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		w.t.Fatal(err)
+	}
+	go func() {
+		defer close(p.done)
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			line := sc.Text()
+			p.mu.Lock()
+			p.lines = append(p.lines, line)
+			p.mu.Unlock()
+			if id, ok := strings.CutPrefix(line, "agent id: "); ok {
+				select {
+				case p.id <- strings.TrimSpace(id):
+				default:
+				}
+			}
+		}
+		_ = cmd.Wait()
+	}()
+	w.t.Cleanup(func() { p.stop() })
+	select {
+	case id := <-p.id:
+		return p, id
+	case <-p.done:
+		w.t.Fatalf("mesh-adapter %v exited:\n%s", args, p.output())
+	case <-time.After(30 * time.Second):
+		w.t.Fatalf("mesh-adapter %v printed no agent id:\n%s", args, p.output())
+	}
+	return nil, ""
+}
+
+func (p *proc) output() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return strings.Join(p.lines, "\n")
+}
+
+// printed waits a little for a line containing s.
+func (p *proc) printed(s string) bool {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if strings.Contains(p.output(), s) {
+			return true
+		}
+	}
+	return false
+}
+
+// stop interrupts the adapter and waits for it to end.
+func (p *proc) stop() {
+	if p.cmd.Process == nil {
+		return
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case <-p.done:
+	case <-time.After(15 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// background runs a command that blocks (a send waiting for a reply).
+func (w *world) background(state string, args ...string) chan [3]string {
+	ch := make(chan [3]string, 1)
+	go func() {
+		o, e, code := w.run(state, args...)
+		ch <- [3]string{o, e, fmt.Sprint(code)}
+	}()
+	return ch
+}
+
+// inboxJSON is `inbox --json`.
+func (w *world) inboxJSON(state string, all bool) []map[string]any {
+	w.t.Helper()
+	args := []string{"inbox", "--json"}
+	if all {
+		args = append(args, "--all")
+	}
+	var msgs []map[string]any
+	if err := json.Unmarshal([]byte(w.must(state, args...)), &msgs); err != nil {
+		w.t.Fatal(err)
+	}
+	return msgs
+}
+
+// waitInbox waits until the inbox at state holds a message with text.
+func (w *world) waitInbox(state, text string) map[string]any {
+	w.t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		for _, m := range w.inboxJSON(state, false) {
+			if m["text"] == text {
+				return m
+			}
+		}
+		if time.Now().After(deadline) {
+			w.t.Fatalf("%q never reached the inbox at %s", text, state)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// Two adapters, one in inbox mode and one in command mode, exchange
+// messages with send --wait; the inbox side reads, replies, refuses on
+// budget (both kinds, checked on the wire) and acknowledges; a restart of
+// the inbox adapter keeps its identity and its unread messages, and picks
+// up what arrived while it was down.
+func TestTwoAdaptersTalk(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.state("a"), w.state("b")
+
+	// A: up with a minted key → inbox mode.
+	pa, idA := w.start(a, "up", w.agentKey("helper"))
+	if !pa.printed("saved agent " + idA + " (helper)") {
+		t.Fatalf("up output:\n%s", pa.output())
+	}
+	// B: up, then restarted in command mode (framed input).
+	pb, idB := w.start(b, "up", w.agentKey("echo"))
+	pb.stop()
+	cmd := `in=$(cat); case "$in" in *please-fail*) echo "the tool broke" >&2; exit 3;; esac; printf '%s' "$in" | tr a-z A-Z`
+	pb, idB2 := w.start(b, "start", "--cmd", cmd, "--name", "echo")
+	if idB2 != idB {
+		t.Fatalf("B's identity changed across a restart: %s → %s", idB, idB2)
+	}
+	if !pb.printed("also here: helper (" + idA) {
+		t.Errorf("B did not report A in the node discovery directory:\n%s", pb.output())
+	}
+
+	// A asks B: the command's stdout, framed input uppercased, is the reply.
+	out := w.must(a, "send", idB, "hello from a", "--wait", "20")
+	if !strings.Contains(out, "--- BEGIN SENDER MESSAGE ---\nHELLO FROM A\n--- END SENDER MESSAGE ---") ||
+		!strings.Contains(out, "FROM:      AGENT "+strings.ToUpper(idA)) {
+		t.Fatalf("reply from command mode:\n%s", out)
+	}
+	// A failing command is an error reply the sender sees.
+	_, errOut, code := w.run(a, "send", idB, "please-fail", "--wait", "20")
+	if code == 0 || !strings.Contains(errOut, "the tool broke") || !strings.Contains(errOut, "exit status 3") {
+		t.Fatalf("failing command: exit %d, stderr %s", code, errOut)
+	}
+
+	// The wire: a service connection watches A's outbox.
+	nc, err := w.m.ConnectService("test-wire")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	wire, err := nc.SubscribeSync(protocol.OutboxSubject(idA))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+	answerOf := func(requestFrom string) map[string]any {
+		t.Helper()
+		for {
+			m, err := wire.NextMsg(10 * time.Second)
+			if err != nil {
+				t.Fatalf("no answer on A's outbox: %v", err)
+			}
+			env, err := protocol.Decode(m.Data)
+			if err != nil {
+				t.Fatal(err)
+			}
+			v, _ := env.PayloadValue()
+			p := v.(map[string]any)
+			if _, queued := p["queued"]; queued || env.To != requestFrom {
+				continue
+			}
+			return p
+		}
+	}
+
+	// B asks A (inbox mode): held until A replies.
+	wait := w.background(b, "send", idA, "what is 2+2?", "--wait", "30")
+	m := w.waitInbox(a, "what is 2+2?")
+	if m["from"] != idB || m["budget_line"] != "" || !strings.Contains(m["framed"].(string), "from:      agent "+idB) {
+		t.Fatalf("inbox entry %v", m)
+	}
+	w.must(a, "reply", fmt.Sprint(m["seq"]), "four")
+	if r := <-wait; r[2] != "0" || strings.TrimSpace(r[0]) != "four" {
+		t.Fatalf("send waiting for the inbox reply: %v", r)
+	}
+	if p := answerOf(idB); p["status"] != "completed" || p["output"].(map[string]any)["text"] != "four" {
+		t.Fatalf("reply on the wire %v", p)
+	}
+	if _, errOut, code := w.run(a, "reply", fmt.Sprint(m["seq"]), "again"); code == 0 || !strings.Contains(errOut, "already replied") {
+		t.Fatalf("second reply: %d %s", code, errOut)
+	}
+
+	// Refusals on budget: money, then time; an ambiguous estimate is
+	// refused here and the message stays unread.
+	for _, tc := range []struct {
+		estimate string
+		code     errs.Code
+		check    func(details map[string]any) bool
+	}{
+		{"$12.50", errs.BudgetInsufficient, func(d map[string]any) bool {
+			e := d["estimate"].(map[string]any)
+			return e["amount_micro"] == 12_500_000.0 && e["currency"] == "USD"
+		}},
+		{"90m", errs.DeadlineUnmeetable, func(d map[string]any) bool {
+			at, err := protocol.ParseTime(d["earliest_completion"].(string))
+			return err == nil && time.Until(at) > 80*time.Minute && time.Until(at) < 100*time.Minute
+		}},
+	} {
+		text := "job for " + tc.estimate
+		wait := w.background(b, "send", idA, text, "--wait", "30")
+		m := w.waitInbox(a, text)
+		if _, errOut, code := w.run(a, "reply", fmt.Sprint(m["seq"]), "--refuse-budget", "5.00"); code == 0 || !strings.Contains(errOut, "ambiguous") {
+			t.Fatalf("ambiguous estimate: %d %s", code, errOut)
+		}
+		w.must(a, "reply", fmt.Sprint(m["seq"]), "--refuse-budget", tc.estimate, "not at that price")
+		r := <-wait
+		if r[2] == "0" || !strings.Contains(r[1], string(tc.code)) {
+			t.Fatalf("send refused on budget (%s): %v", tc.estimate, r)
+		}
+		p := answerOf(idB)
+		e := p["error"].(map[string]any)
+		if p["status"] != "failed" || e["code"] != string(tc.code) || !tc.check(e["details"].(map[string]any)) {
+			t.Fatalf("refusal on the wire (%s): %v", tc.estimate, p)
+		}
+	}
+
+	// ack: seen without a reply.
+	wait = w.background(b, "send", idA, "fyi", "--wait", "2")
+	m = w.waitInbox(a, "fyi")
+	<-wait
+	w.must(a, "ack", fmt.Sprint(m["seq"]))
+	if got := w.inboxJSON(a, false); len(got) != 0 {
+		t.Fatalf("unread after ack: %v", got)
+	}
+
+	// Restart: identity and unread messages survive, and what arrived
+	// while the adapter was down is delivered from the mailbox.
+	wait = w.background(b, "send", idA, "unread before restart", "--wait", "2")
+	w.waitInbox(a, "unread before restart")
+	<-wait
+	pa.stop()
+	if _, errOut, code := w.run(a, "inbox"); code == 0 || !strings.Contains(errOut, "no inbox-mode adapter running") {
+		t.Fatalf("inbox with no adapter: %d %s", code, errOut)
+	}
+	if _, errOut, code := w.run(b, "send", idA, "while you were out", "--wait", "2"); code == 0 || !strings.Contains(errOut, "may not be running") {
+		t.Fatalf("send to a stopped adapter: %d %s", code, errOut)
+	}
+	_, idA2 := w.start(a, "start", "--inbox", "--name", "helper")
+	if idA2 != idA {
+		t.Fatalf("A's identity changed across a restart: %s → %s", idA, idA2)
+	}
+	w.waitInbox(a, "unread before restart")
+	w.waitInbox(a, "while you were out")
+
+	// whoami needs no network.
+	var who map[string]any
+	if err := json.Unmarshal([]byte(w.must(a, "whoami", "--json")), &who); err != nil || who["agent_id"] != idA || who["handle"] != nil {
+		t.Fatalf("whoami: %v %v", who, err)
+	}
+	if fi, err := os.Stat(filepath.Join(a, "identity.json")); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("identity.json mode: %v %v", fi, err)
+	}
+}
+
+// The owner's allowance governs command mode: work over the tightest
+// ceiling is refused with BUDGET_INSUFFICIENT quoting its price; with
+// ask-owner it is held in the inbox for the owner; a tampered policy fails
+// closed.
+func TestAllowanceInCommandMode(t *testing.T) {
+	w := newWorld(t)
+	a, b := w.state("a"), w.state("b")
+	pb, idB := w.start(b, "up", w.agentKey("worker"))
+	pb.stop()
+	// $1 per 1,000 tokens; the framed prompt of a short message is ~600
+	// characters (~150 tokens, $0.15), prompt plus echoed output ~$0.30.
+	if _, errOut, code := w.run(b, "allowance", "set", "$0.20"); code == 0 || !strings.Contains(errOut, "per-1k-tokens") {
+		t.Fatalf("first set without a price: %d %s", code, errOut)
+	}
+	out := w.must(b, "allowance", "set", "$0.20", "--per-1k-tokens", "$1.00")
+	if !strings.Contains(out, "0.20") {
+		t.Fatalf("allowance set:\n%s", out)
+	}
+	w.start(b, "start", "--cmd", "cat", "--name", "worker")
+	w.start(a, "up", w.agentKey("caller"))
+
+	w.must(a, "send", idB, "first", "--wait", "20") // fits: admitted, then metered
+	if show := w.must(b, "allowance", "show"); !strings.Contains(show, "verified") && !strings.Contains(show, "signed") {
+		t.Logf("allowance show:\n%s", show)
+	}
+	_, errOut, code := w.run(a, "send", idB, "second", "--wait", "20")
+	if code == 0 || !strings.Contains(errOut, "BUDGET_INSUFFICIENT") {
+		t.Fatalf("over the day's ceiling: %d %s", code, errOut)
+	}
+
+	// ask-owner: held for the owner instead.
+	w.must(b, "allowance", "set", "$0.20", "--on-exhausted", "ask-owner")
+	wait := w.background(a, "send", idB, "third", "--wait", "20")
+	m := w.waitInbox(b, "third")
+	w.must(b, "reply", fmt.Sprint(m["seq"]), "approved by the owner")
+	if r := <-wait; r[2] != "0" || strings.TrimSpace(r[0]) != "approved by the owner" {
+		t.Fatalf("held then answered: %v", r)
+	}
+
+	// Tampered: every ceiling counts as exhausted, and nothing is held.
+	policy := filepath.Join(b, "allowance.json")
+	data, err := os.ReadFile(policy)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(policy, bytes.Replace(data, []byte(`"amount_micro":200000`), []byte(`"amount_micro":900000000`), 1), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if show := w.must(b, "allowance", "show"); !strings.Contains(strings.ToLower(show), "fail") {
+		t.Fatalf("show of a tampered policy:\n%s", show)
+	}
+	_, errOut, code = w.run(a, "send", idB, "fourth", "--wait", "20")
+	if code == 0 || !strings.Contains(errOut, "BUDGET_INSUFFICIENT") {
+		t.Fatalf("tampered policy: %d %s", code, errOut)
+	}
+	w.must(b, "allowance", "clear")
+	w.must(a, "send", idB, "fifth", "--wait", "20")
+}
+
+// Every command explains itself with an example; mistakes in the command
+// line exit 2 with the usage.
+func TestHelp(t *testing.T) {
+	out, err := exec.Command(binary, "--help").CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "Commands:") {
+		t.Fatalf("--help: %v\n%s", err, out)
+	}
+	for _, c := range []string{"start", "up", "join", "inbox", "reply", "ack", "pair", "send", "whoami", "allowance", "contacts", "room"} {
+		if !strings.Contains(string(out), "  "+c+" ") {
+			t.Errorf("--help does not list %s", c)
+		}
+		for _, args := range [][]string{{"help", c}, {c, "--help"}} {
+			h, err := exec.Command(binary, args...).CombinedOutput()
+			if err != nil || !strings.Contains(string(h), "usage: mesh-adapter "+c) || !strings.Contains(string(h), "Example:") {
+				t.Errorf("%v: %v\n%s", args, err, h)
+			}
+		}
+	}
+	dir := t.TempDir()
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"frobnicate"}, "unknown command"},
+		{[]string{"start"}, "choose one of --inbox or --cmd"},
+		{[]string{"start", "--inbox"}, "--inbox needs --name"},
+		{[]string{"up", "not-a-key"}, "not an agent key"},
+		{[]string{"reply", "1"}, "give the message id and the text"},
+		{[]string{"send", "x"}, "give the recipient and the text"},
+		{[]string{"allowance", "frob"}, "unknown allowance action"},
+	} {
+		cmd := exec.Command(binary, append([]string{"--state-dir", filepath.Join(dir, "s")}, tc.args...)...)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), tc.want) {
+			t.Errorf("%v: %v\n%s", tc.args, err, out)
+		}
+	}
+	// Errors a user can act on.
+	out, _ = exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "whoami").CombinedOutput()
+	if !strings.Contains(string(out), "mesh-adapter up") {
+		t.Errorf("whoami without an identity: %s", out)
+	}
+	out, _ = exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "room", "dossier").CombinedOutput()
+	if !strings.Contains(string(out), "no rooms service") {
+		t.Errorf("room dossier: %s", out)
+	}
+}
