@@ -335,14 +335,15 @@ func TestTwoAdaptersTalk(t *testing.T) {
 	// refused here and the message stays unread.
 	for _, tc := range []struct {
 		estimate string
+		says     string
 		code     errs.Code
 		check    func(details map[string]any) bool
 	}{
-		{"$12.50", errs.BudgetInsufficient, func(d map[string]any) bool {
+		{"$12.50", "their estimate: 12.5", errs.BudgetInsufficient, func(d map[string]any) bool {
 			e := d["estimate"].(map[string]any)
 			return e["amount_micro"] == 12_500_000.0 && e["currency"] == "USD"
 		}},
-		{"90m", errs.DeadlineUnmeetable, func(d map[string]any) bool {
+		{"90m", "earliest completion: ", errs.DeadlineUnmeetable, func(d map[string]any) bool {
 			at, err := protocol.ParseTime(d["earliest_completion"].(string))
 			return err == nil && time.Until(at) > 80*time.Minute && time.Until(at) < 100*time.Minute
 		}},
@@ -355,7 +356,7 @@ func TestTwoAdaptersTalk(t *testing.T) {
 		}
 		w.must(a, "reply", fmt.Sprint(m["seq"]), "--refuse-budget", tc.estimate, "not at that price")
 		r := <-wait
-		if r[2] == "0" || !strings.Contains(r[1], string(tc.code)) {
+		if r[2] == "0" || !strings.Contains(r[1], string(tc.code)) || !strings.Contains(r[1], tc.says) {
 			t.Fatalf("send refused on budget (%s): %v", tc.estimate, r)
 		}
 		p := answerOf(idB)

@@ -231,9 +231,27 @@ func (a *adapter) send(ctx context.Context, to, text string, wait time.Duration)
 	out := &SendResult{RequestID: res.RequestID, From: res.From, Status: res.Status}
 	out.Text, _ = textOf(res.Output)
 	if res.Error != nil {
-		return out, res.Error
+		return out, describe(res.Error)
 	}
 	return out, nil
+}
+
+// describe adds what a refusal's details tell a person: the price of a
+// budget refusal, the earliest completion of a deadline refusal.
+func describe(e *errs.Error) error {
+	switch e.Code {
+	case errs.BudgetInsufficient:
+		if est, ok := e.Details["estimate"].(map[string]any); ok {
+			if m, err := protocol.MoneyFromValue(est); err == nil {
+				return fmt.Errorf("%w (their estimate: %s)", e, m)
+			}
+		}
+	case errs.DeadlineUnmeetable:
+		if at, ok := e.Details["earliest_completion"].(string); ok {
+			return fmt.Errorf("%w (earliest completion: %s)", e, at)
+		}
+	}
+	return e
 }
 
 // resolve turns an agent id or a handle into an agent id.
