@@ -242,6 +242,8 @@ func runInbox(_ context.Context, e *Env, args []string) error {
 	if *asJSON {
 		type item struct {
 			Seq        uint64          `json:"seq"`
+			Kind       string          `json:"kind"`
+			InReplyTo  string          `json:"in_reply_to,omitempty"`
 			ID         string          `json:"id"`
 			From       string          `json:"from"`
 			Handle     string          `json:"handle,omitempty"`
@@ -255,7 +257,7 @@ func runInbox(_ context.Context, e *Env, args []string) error {
 		}
 		out := make([]item, 0, len(msgs))
 		for _, m := range msgs {
-			out = append(out, item{Seq: m.Seq, ID: m.ID, From: m.From, Handle: m.Handle, Text: m.Text, Framed: m.Framed,
+			out = append(out, item{Seq: m.Seq, Kind: m.Kind, InReplyTo: m.InReplyTo, ID: m.ID, From: m.From, Handle: m.Handle, Text: m.Text, Framed: m.Framed,
 				TraceID: m.TraceID, BudgetLine: m.BudgetLine, Budget: m.Budget, ReceivedAt: m.ReceivedAt, State: m.State})
 		}
 		enc := json.NewEncoder(e.Stdout)
@@ -271,7 +273,11 @@ func runInbox(_ context.Context, e *Env, args []string) error {
 		if m.Handle != "" {
 			from = m.Handle + "  (verified handle)"
 		}
-		fmt.Fprintf(e.Stdout, "#%d  %s  %s\n    from:  %s\n", m.Seq, m.ReceivedAt, m.State, from)
+		kind := ""
+		if m.Kind == inbox.KindReply {
+			kind = "  (a reply to your message " + m.InReplyTo + ")"
+		}
+		fmt.Fprintf(e.Stdout, "#%d  %s  %s%s\n    from:  %s\n", m.Seq, m.ReceivedAt, m.State, kind, from)
 		if m.BudgetLine != "" {
 			fmt.Fprintf(e.Stdout, "    %s\n", m.BudgetLine)
 		}

@@ -375,6 +375,21 @@ func TestTwoAdaptersTalk(t *testing.T) {
 		t.Fatalf("unread after ack: %v", got)
 	}
 
+	// A reply that comes after the sender stopped waiting is kept in the
+	// sender's inbox, as a reply; there is nothing to answer in it.
+	wait = w.background(b, "send", idA, "answer me later", "--wait", "1")
+	m = w.waitInbox(a, "answer me later")
+	<-wait
+	w.must(a, "reply", fmt.Sprint(m["seq"]), "here is the late answer")
+	late := w.waitInbox(b, "here is the late answer")
+	if late["kind"] != "reply" || late["from"] != idA || late["in_reply_to"] == "" {
+		t.Fatalf("late reply in the sender's inbox: %v", late)
+	}
+	if _, errOut, code := w.run(b, "reply", fmt.Sprint(late["seq"]), "thanks"); code == 0 || !strings.Contains(errOut, "nothing to answer") {
+		t.Fatalf("reply to a reply: %d %s", code, errOut)
+	}
+	w.must(b, "ack", fmt.Sprint(late["seq"]))
+
 	// Restart: identity and unread messages survive, and what arrived
 	// while the adapter was down is delivered from the mailbox.
 	wait = w.background(b, "send", idA, "unread before restart", "--wait", "2")

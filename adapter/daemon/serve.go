@@ -176,7 +176,17 @@ func (a *adapter) onReply(r *node.Result) {
 		}
 		return
 	}
-	a.log.Info("a late answer arrived", "request", r.RequestID, "from", r.From, "status", r.Status)
+	// Nobody waits any more (the send gave up, or the adapter restarted):
+	// keep it in the inbox so the person sees it.
+	text, _ := textOf(r.Output)
+	if r.Error != nil {
+		text = describe(r.Error).Error()
+	}
+	m := inbox.Message{Kind: inbox.KindReply, ID: r.Env.ID, InReplyTo: r.RequestID, From: r.From, Text: text,
+		TraceID: r.Env.Trace.TraceID, ReceivedAt: protocol.FormatTime(time.Now()), Envelope: json.RawMessage(r.Env.Raw())}
+	if _, _, err := a.queue.Put(m); err != nil {
+		a.log.Warn("a late answer could not be kept", "request", r.RequestID, "err", err)
+	}
 }
 
 // SendResult is the answer of the control socket's send.
@@ -308,6 +318,9 @@ func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) e
 	m, err := a.queue.Get(ref)
 	if err != nil {
 		return inbox.Message{}, err
+	}
+	if m.Kind == inbox.KindReply {
+		return inbox.Message{}, fmt.Errorf("message #%d is a reply to what this agent sent; there is nothing to answer (ack it)", m.Seq)
 	}
 	if m.State != inbox.Unread {
 		return inbox.Message{}, fmt.Errorf("message #%d is already %s", m.Seq, m.State)

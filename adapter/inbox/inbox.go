@@ -27,11 +27,22 @@ const (
 	Acked   = "acked"
 )
 
-// Message is one request held for the agent.
+// Kinds of message.
+const (
+	KindRequest = "request"
+	KindReply   = "reply"
+)
+
+// Message is one request held for the agent, or a late reply to it.
 type Message struct {
-	// Seq is the local number; ID the request envelope's id.
+	// Seq is the local number; ID the envelope's id.
 	Seq uint64 `json:"seq"`
 	ID  string `json:"id"`
+	// Kind is KindRequest (someone asks this agent) or KindReply (a late
+	// answer to something this agent sent, kept so it is not lost);
+	// InReplyTo names the request a reply answers.
+	Kind      string `json:"kind,omitempty"`
+	InReplyTo string `json:"in_reply_to,omitempty"`
 	// From is the sender's agent id; Handle its verified handle, when known.
 	From   string `json:"from"`
 	Handle string `json:"handle,omitempty"`
@@ -116,6 +127,9 @@ func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
 			return err
 		}
 		m.Seq, m.State = n, Unread
+		if m.Kind == "" {
+			m.Kind = KindRequest
+		}
 		b, err := json.Marshal(m)
 		if err != nil {
 			return err
