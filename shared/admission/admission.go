@@ -450,6 +450,16 @@ func validStance(v any) bool {
 // at registration and reads mesh_admission then. The stored state is read
 // again after the update so that two copies racing a guard and an unguard
 // leave the filter matching the last write.
+//
+// Changing the filter alone would be wrong both ways, because a consumer
+// resumes from its last delivery, not from the switch: messages stored on
+// the new subject before the switch would be delivered, and those waiting
+// on the old one would never be. So the switch carries the mail across
+// (switchMailbox): on guard, offline mail that arrived while the agent was
+// open moves to the guarded subject; on unguard, what was published to the
+// open inbox while guarded (blocked or held senders, and copies of what was
+// relayed) is purged, and relayed mail not yet drained moves to the open
+// inbox.
 func (w *Worker) applyFilter(ctx context.Context, agent string) error {
 	for range 4 {
 		rec, rev, err := w.read(ctx, agent)
@@ -467,15 +477,10 @@ func (w *Worker) applyFilter(ctx context.Context, agent string) error {
 		if err != nil {
 			return fmt.Errorf("mailbox consumer of %s: %w", agent, err)
 		}
-		cfg := cons.CachedInfo().Config
-		if cfg.FilterSubject != want || len(cfg.FilterSubjects) > 0 {
-			cfg.FilterSubject, cfg.FilterSubjects = want, nil
-			_, err := w.svc.JS.UpdateConsumer(ctx, protocol.MailboxStream, cfg)
-			if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
-				return nil
-			}
-			if err != nil {
-				return fmt.Errorf("update mailbox consumer of %s: %w", agent, err)
+		info := cons.CachedInfo()
+		if cfg := info.Config; cfg.FilterSubject != want || len(cfg.FilterSubjects) > 0 {
+			if err := w.switchMailbox(ctx, agent, info, want); err != nil {
+				return err
 			}
 		}
 		_, again, err := w.read(ctx, agent)
@@ -487,6 +492,91 @@ func (w *Worker) applyFilter(ctx context.Context, agent string) error {
 		}
 	}
 	return fmt.Errorf("mailbox consumer of %s: guard state keeps changing", agent)
+}
+
+// switchMailbox moves the consumer described by info to the subject want,
+// carrying its mail as applyFilter says. Every step is idempotent (moved
+// copies carry a Nats-Msg-Id, purges are bounded by a sequence), so a copy
+// that fails half way, or two copies switching at once, converge.
+func (w *Worker) switchMailbox(ctx context.Context, agent string, info *jetstream.ConsumerInfo, want string) error {
+	stream, err := w.svc.JS.Stream(ctx, protocol.MailboxStream)
+	if err != nil {
+		return fmt.Errorf("mailbox stream: %w", err)
+	}
+	last := stream.CachedInfo().State.LastSeq
+	open, guarded := protocol.InboxSubject(agent), protocol.GuardedInboxSubject(agent)
+	from := info.AckFloor.Stream + 1
+	if want == guarded {
+		// Guard: offline mail accepted while open keeps its delivery.
+		if err := w.moveMail(ctx, open, guarded, from, last); err != nil {
+			return err
+		}
+	} else {
+		// Unguard: relayed mail not yet drained keeps its delivery; what
+		// reached the open inbox while guarded is dropped before the
+		// consumer can see it.
+		if err := w.moveMail(ctx, guarded, open, from, last); err != nil {
+			return err
+		}
+		if last > 0 {
+			if err := stream.Purge(ctx, jetstream.WithPurgeSubject(open), jetstream.WithPurgeSequence(last+1)); err != nil {
+				return fmt.Errorf("mailbox of %s: purge the open inbox: %w", agent, err)
+			}
+		}
+	}
+	cfg := info.Config
+	cfg.FilterSubject, cfg.FilterSubjects = want, nil
+	_, err = w.svc.JS.UpdateConsumer(ctx, protocol.MailboxStream, cfg)
+	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("update mailbox consumer of %s: %w", agent, err)
+	}
+	return nil
+}
+
+// moveMail republishes the messages stored on subject src with sequence in
+// [from, to] onto dst, unchanged (they are signed envelopes). The copies are
+// deduplicated by the stream on moved:<dst>:<sequence>.
+func (w *Worker) moveMail(ctx context.Context, src, dst string, from, to uint64) error {
+	if to < from {
+		return nil
+	}
+	cons, err := w.svc.JS.OrderedConsumer(ctx, protocol.MailboxStream, jetstream.OrderedConsumerConfig{
+		FilterSubjects: []string{src}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
+	if err != nil {
+		return fmt.Errorf("mailbox: read %s: %w", src, err)
+	}
+	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
+		return nil
+	}
+	it, err := cons.Messages(jetstream.PullMaxMessages(100))
+	if err != nil {
+		return fmt.Errorf("mailbox: read %s: %w", src, err)
+	}
+	defer it.Stop()
+	for {
+		m, err := it.Next(jetstream.NextContext(ctx))
+		if err != nil {
+			return fmt.Errorf("mailbox: read %s: %w", src, err)
+		}
+		meta, err := m.Metadata()
+		if err != nil {
+			return fmt.Errorf("mailbox: read %s: %w", src, err)
+		}
+		if meta.Sequence.Stream > to {
+			return nil
+		}
+		msg := &nats.Msg{Subject: dst, Data: m.Data(), Header: nats.Header{}}
+		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("moved:%s:%d", dst, meta.Sequence.Stream))
+		if err := w.svc.NC.PublishMsg(msg); err != nil {
+			return fmt.Errorf("mailbox: move to %s: %w", dst, err)
+		}
+		if meta.Sequence.Stream >= to || meta.NumPending == 0 {
+			return w.svc.NC.FlushWithContext(ctx)
+		}
+	}
 }
 
 // read returns the stored record (nil when none) and its revision.

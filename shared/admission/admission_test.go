@@ -732,3 +732,75 @@ func TestRelaySlotsRefuseInsteadOfBlocking(t *testing.T) {
 	completed(other)
 	accepted(greedy) // its slots are free again (its node still only accepts)
 }
+
+// Switching the guard carries the mailbox across (review M1): offline mail
+// that arrived while the agent was open is still delivered after a guard;
+// after an unguard, relayed mail not yet drained is delivered and what a
+// blocked sender published to the open inbox while guarded is not; mail
+// after the unguard is delivered as usual.
+func TestGuardSwitchCarriesTheMailbox(t *testing.T) {
+	h := start(t, admission.Config{})
+	agent, owner, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	h.mailbox(a)
+	cons, err := h.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pull := func() []string {
+		t.Helper()
+		var ids []string
+		deadline := time.Now().Add(2 * time.Second)
+		for {
+			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(200*time.Millisecond))
+			if err != nil {
+				t.Fatal(err)
+			}
+			n := 0
+			for m := range batch.Messages() {
+				n++
+				env, err := protocol.Decode(m.Data())
+				if err != nil {
+					t.Fatal(err)
+				}
+				ids = append(ids, env.ID)
+				_ = m.Ack()
+			}
+			if n == 0 && (len(ids) > 0 || time.Now().After(deadline)) {
+				return ids
+			}
+		}
+	}
+	publish := func(subject string, from *keys.Agent) string {
+		t.Helper()
+		data, env := signedRequest(t, from, a)
+		if err := h.nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+		_ = h.nc.Flush()
+		return env.ID
+	}
+
+	// Offline mail while open, then a guard.
+	before := publish(protocol.InboxSubject(a), stranger)
+	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, nil)})
+	if got := pull(); len(got) != 1 || got[0] != before {
+		t.Fatalf("after the guard the mailbox delivered %v, want the mail from before it", got)
+	}
+
+	// While guarded: a stranger (anonymous: blocked) on the open inbox,
+	// and a relayed message on the guarded inbox that is not drained.
+	publish(protocol.InboxSubject(a), stranger) // blocked
+	relayed := publish(protocol.GuardedInboxSubject(a), bustest.Agent(t))
+
+	if _, err := h.call(agent, protocol.SubjAdmissionUnguard, map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := pull(); len(got) != 1 || got[0] != relayed {
+		t.Fatalf("after the unguard the mailbox delivered %v, want only the relayed message %s", got, relayed)
+	}
+	after := publish(protocol.InboxSubject(a), stranger)
+	if got := pull(); len(got) != 1 || got[0] != after {
+		t.Fatalf("after the unguard, new mail: %v", got)
+	}
+}
