@@ -129,7 +129,7 @@ func TestConsoleHandlesPage(t *testing.T) {
 		t.Fatalf("claim: %d %q %q", a.status, a.location, alert(a))
 	}
 	page = b.get(a.location)
-	if !strings.Contains(page.body, `role="status">You claimed coder.ana@example.org.`) || !strings.Contains(page.body, "<td>coder.ana@example.org</td>") {
+	if !strings.Contains(page.body, `role="status">You claimed coder.ana@example.org.`) || !strings.Contains(page.body, `data-label="Handle">coder.ana@example.org</td>`) {
 		t.Errorf("after claiming:\n%s", page.body)
 	}
 	if a := b.post("handles/claim", url.Values{"name": {"coder"}, "csrf": {tok}}); a.status != http.StatusConflict || alert(a) != "Taken." {

@@ -35,7 +35,7 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	if email, err := account.NormalizeEmail(q.Get("email")); err == nil {
 		v.Title, v.Form["email"] = "Enter your sign-in code", email
 		if q.Get("sent") == "1" {
-			v.Notice = "We mailed a 6-digit code to " + email + ". It works once, for 15 minutes."
+			v.Notice = "Code sent. It can take a minute to arrive; look in your spam folder too."
 		}
 		s.render(w, r, http.StatusOK, "code", v)
 		return

@@ -100,7 +100,16 @@
     if (err && err.name === 'NotAllowedError') return 'The passkey request was cancelled or timed out. Try again.';
     if (err && err.name === 'InvalidStateError') return 'This device already holds a passkey for your account.';
     if (err && err.name === 'SecurityError') return 'The browser refused the passkey for this address. Open the console at the address meshd printed.';
-    return (err && err.message) || String(err);
+    return sentence((err && err.message) || String(err));
+  }
+
+  // sentence starts a message with a capital and ends it with a full stop,
+  // as the pages show the server's messages.
+  function sentence(msg) {
+    msg = String(msg).trim();
+    if (!msg) return msg;
+    msg = msg.charAt(0).toUpperCase() + msg.slice(1);
+    return /[.!?]$/.test(msg) ? msg : msg + '.';
   }
 
   function say(id, text) {
@@ -168,10 +177,13 @@
       });
     }
 
-    // A page that shows a secret answers a form post; reloading it must not
-    // post again (and mint a second key), so the entry becomes a plain GET.
-    if (document.querySelector('.secret') && window.history.replaceState) {
-      window.history.replaceState(null, '', window.location.pathname);
+    // A page that shows a secret answers a form post: move the focus to it,
+    // and since reloading must not post again (and mint a second key),
+    // turn the history entry into a plain GET of the page.
+    var secret = document.querySelector('.secret h2');
+    if (secret) {
+      secret.focus();
+      if (window.history.replaceState) window.history.replaceState(null, '', window.location.pathname);
     }
   });
 })();
