@@ -265,9 +265,11 @@ func (p *page) createToken(name string) string {
 	return tok
 }
 
-// up runs `mesh-adapter ... up <key>` exactly as the page printed it
-// (with a state directory of its own) and returns the agent id it prints.
-func up(t *testing.T, bin, command string) string {
+// up runs `mesh-adapter ... up <key>` exactly as the page printed it, with
+// a state directory of its own, until it prints its agent id; it returns
+// that id and the state directory (which later commands, such as `pair`,
+// use as the agent's).
+func up(t *testing.T, bin, command string) (agentID, state string) {
 	t.Helper()
 	args := strings.Fields(command)
 	if len(args) < 2 || args[0] != "mesh-adapter" {
@@ -320,14 +322,14 @@ func up(t *testing.T, bin, command string) string {
 	defer stop()
 	select {
 	case id := <-ids:
-		return id
+		return id, state
 	case <-done:
 	case <-time.After(30 * time.Second):
 	}
 	mu.Lock()
 	defer mu.Unlock()
 	t.Fatalf("%s printed no agent id:\n%s", command, strings.Join(lines, "\n"))
-	return ""
+	return "", ""
 }
 
 // The console in a real browser, end to end: sign in with the mailed
@@ -342,9 +344,10 @@ func up(t *testing.T, bin, command string) string {
 // page says the registrar is not configured. Once it is, replace
 // handlesNotConfigured below with the steps (each a page method like the
 // ones above): claim "coder" with an operator name, start pairing and read
-// #pairing-code and #pair-command, run that command with the same state
-// directory as `up` (the adapter signs the code with its key), then
-// resolve the handle at the registrar and check it names the agent id.
+// #pairing-code and #pair-command, run that command with the built adapter
+// and the state directory `up` returned (the adapter signs the code with
+// the agent's key), then resolve the handle at the registrar and check it
+// names the agent id.
 func TestConsoleInBrowser(t *testing.T) {
 	adapter := buildAdapter(t) // in the background, while the browser starts
 	w := startWorld(t)
@@ -364,7 +367,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("command %q, want %q", command, want)
 	}
 
-	agentID := up(t, adapter(), command)
+	agentID, _ := up(t, adapter(), command)
 	if !strings.HasPrefix(agentID, "U") {
 		t.Fatalf("agent id %q", agentID)
 	}
