@@ -69,6 +69,7 @@ func buildAdapter(t *testing.T) func() string {
 		defer close(done)
 		out, err = exec.Command("go", "build", "-o", bin, "agentmesh.dev/mesh/adapter/cmd/mesh-adapter").CombinedOutput()
 	}()
+	t.Cleanup(func() { <-done }) // before the temporary directory goes
 	return func() string {
 		t.Helper()
 		<-done
@@ -90,7 +91,9 @@ type page struct {
 	n     int
 }
 
-func openPage(t *testing.T, w *world) *page {
+// needBrowser finds the browser, or skips the test saying why; with CI set
+// a missing browser fails it instead.
+func needBrowser(t *testing.T) string {
 	t.Helper()
 	exe := findBrowser()
 	if exe == "" {
@@ -100,6 +103,11 @@ func openPage(t *testing.T, w *world) *page {
 		}
 		t.Skip("skipping the console's browser test: " + msg)
 	}
+	return exe
+}
+
+func openPage(t *testing.T, w *world, exe string) *page {
+	t.Helper()
 	var output bytes.Buffer
 	var outMu sync.Mutex
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(),
@@ -349,9 +357,10 @@ func up(t *testing.T, bin, command string) (agentID, state string) {
 // the agent's key), then resolve the handle at the registrar and check it
 // names the agent id.
 func TestConsoleInBrowser(t *testing.T) {
+	exe := needBrowser(t)
 	adapter := buildAdapter(t) // in the background, while the browser starts
 	w := startWorld(t)
-	p := openPage(t, w)
+	p := openPage(t, w, exe)
 
 	p.signIn("ana@example.org")
 	p.mintRefusedWithoutPasskey()

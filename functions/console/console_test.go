@@ -3,12 +3,14 @@ package console_test
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
+	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/passkey/passkeytest"
 )
@@ -347,4 +349,45 @@ func bootstrap(t *testing.T, w *world, key string) (int, map[string]any) {
 	var out map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&out)
 	return resp.StatusCode, out
+}
+
+// After signing in, the visitor lands on the page they were sent from;
+// a "next" that leaves the console is ignored.
+func TestConsoleSignInReturnsToThePage(t *testing.T) {
+	w := startWorld(t)
+	for next, want := range map[string]string{"/console/tokens": "/console/tokens", "//evil.example/x": "/console/", "https://evil.example/console/": "/console/"} {
+		b := newBrowser(t, w.console)
+		page := b.get("login?next=" + url.QueryEscape(next))
+		a := b.post("login", url.Values{"email": {"ana@example.org"}, "csrf": {csrf(t, page)}, "next": {next}})
+		page = b.get(a.location)
+		a = b.post("login/verify", url.Values{"email": {"ana@example.org"}, "code": {w.mailedCode("ana@example.org")}, "csrf": {csrf(t, page)}, "next": {next}})
+		if a.status != http.StatusSeeOther || a.location != want {
+			t.Errorf("next %q: %d → %q, want %q", next, a.status, a.location, want)
+		}
+	}
+}
+
+// On an https console the cookies are Secure, and a post is accepted only
+// from that exact origin.
+func TestConsoleOnHTTPS(t *testing.T) {
+	s := console.New(console.Config{ConsoleURL: "https://mesh.example.org/console/"})
+	rec := httptest.NewRecorder()
+	s.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "https://mesh.example.org/console/login", nil))
+	c := rec.Header().Get("Set-Cookie")
+	if !strings.HasPrefix(c, "mesh_console_signin=") || !strings.Contains(c, "; Secure") || !strings.Contains(c, "HttpOnly") {
+		t.Errorf("sign-in cookie on https: %q", c)
+	}
+	for origin, want := range map[string]int{"http://mesh.example.org": http.StatusForbidden, "https://evil.example": http.StatusForbidden,
+		"https://mesh.example.org": http.StatusForbidden /* passes the origin check; then the missing cookie */} {
+		req := httptest.NewRequest(http.MethodPost, "https://mesh.example.org/console/login", strings.NewReader("email=a%40b.org&csrf=x"))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Origin", origin)
+		rec := httptest.NewRecorder()
+		s.ServeHTTP(rec, req)
+		body := rec.Body.String()
+		foreign := strings.Contains(body, "sent from another site")
+		if rec.Code != want || foreign != (origin != "https://mesh.example.org") {
+			t.Errorf("post from %s: %d, refused as another site: %v", origin, rec.Code, foreign)
+		}
+	}
 }
