@@ -7,6 +7,7 @@ package mesh
 
 import (
 	_ "agentmesh.dev/mesh/functions/accounts"
+	_ "agentmesh.dev/mesh/functions/console"
 	_ "agentmesh.dev/mesh/functions/credentials"
 	_ "agentmesh.dev/mesh/functions/guest"
 	_ "agentmesh.dev/mesh/functions/health"

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
@@ -68,6 +69,10 @@ func New(cfg Config) *Service {
 	return &Service{cfg: cfg, st: cfg.Store, now: cfg.Now, log: cfg.Log,
 		mailRate: httpx.NewLimiter(cfg.MailPerAddress, cfg.MailWindow, cfg.Now)}
 }
+
+// ConsoleURL is where the web console is served, as configured (mail links
+// point there); "" when none is.
+func (s *Service) ConsoleURL() string { return s.cfg.ConsoleURL }
 
 const storeDown = "the account store is unavailable; retry shortly"
 
@@ -163,7 +168,7 @@ func (s *Service) StartLogin(ctx context.Context, email string, create bool) (st
 	}
 	link := ""
 	if s.cfg.ConsoleURL != "" {
-		link = fmt.Sprintf("\nOr open %s/login?email=%s and enter it there.\n", strings.TrimRight(s.cfg.ConsoleURL, "/"), email)
+		link = fmt.Sprintf("\nOr open %s/login?email=%s and enter it there.\n", strings.TrimRight(s.cfg.ConsoleURL, "/"), url.QueryEscape(email))
 	}
 	body := fmt.Sprintf("Your sign-in code is %s\n\nIt works once, for %d minutes.%s\nIf you did not ask to sign in, ignore this message.\n",
 		code, int(s.cfg.CodeTTL/time.Minute), link)

@@ -11,6 +11,7 @@ import (
 
 	"agentmesh.dev/mesh/functions/accounts"
 	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/functions/credentials"
 	guestfn "agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
@@ -45,7 +46,7 @@ type Control struct {
 }
 
 // Groups are every HTTP function group, in the order they are mounted.
-var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group}
+var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group, console.Group}
 
 // startControlPlane opens the store, builds the services and mounts every
 // function group on the mux, the same handlers the cloud runs one per

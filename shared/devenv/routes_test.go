@@ -16,8 +16,9 @@ import (
 
 // The route tables are the single source for meshd's mux and the Cloud
 // Function entry points: entry points and patterns are unique, every route
-// is mounted (it answers JSON, not the mux's plain-text 404), and deploy.go
-// imports every function group so each entry point is registered.
+// is mounted (it answers JSON, or HTML for a page route, not the mux's
+// plain-text 404), and deploy.go imports every function group so each entry
+// point is registered.
 func TestRouteTablesAgree(t *testing.T) {
 	entry, pattern := map[string]bool{}, map[string]bool{}
 	var all []httpx.Route
@@ -43,7 +44,11 @@ func TestRouteTablesAgree(t *testing.T) {
 			t.Fatal(err)
 		}
 		resp.Body.Close()
-		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, "application/json") {
+		want := "application/json"
+		if rt.HTML {
+			want = "text/html"
+		}
+		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, want) {
 			t.Errorf("%s answered %d %q: not mounted", rt.Pattern(), resp.StatusCode, ct)
 		}
 	}

@@ -11,12 +11,21 @@ import (
 // Function registrations and Terraform's function map.
 type Route struct {
 	EntryPoint string
-	Method     string
+	Method     string // "" answers every method (a site such as the console)
 	Path       string // Go 1.22 pattern path, e.g. /v1/accounts/{id}/apps
+	// HTML marks a route that serves pages to people (text/html) rather
+	// than JSON.
+	HTML bool
 }
 
-// Pattern is the ServeMux pattern "METHOD /path".
-func (r Route) Pattern() string { return r.Method + " " + r.Path }
+// Pattern is the ServeMux pattern "METHOD /path", or "/path" for a route
+// that answers every method.
+func (r Route) Pattern() string {
+	if r.Method == "" {
+		return r.Path
+	}
+	return r.Method + " " + r.Path
+}
 
 // SingleRoute serves h behind a mux that knows only this route, so path
 // values ({id}) resolve the same way in a Cloud Function, which receives

@@ -1,0 +1,56 @@
+// Package console is the web console for people (spec §1, {console_url}):
+// sign in with a mailed code, register a passkey, mint single-use agent keys
+// (am_) after a fresh passkey check, manage API tokens (amt_), and claim
+// handles and start pairing through the registrar.
+//
+// It is one function group with one route, /console/ for every method: the
+// pages share their templates, static files, session cookie and CSRF
+// handling, so they are served by one Cloud Function ("Console") rather
+// than one per page, and meshd mounts the same handler on its mux. Like
+// every group under functions/, it holds no business logic: each handler
+// reads a form, calls one method of shared/account (or of the registrar),
+// and renders a server-side html/template page. The only script is a small
+// hand-written file for the WebAuthn calls (navigator.credentials.create and
+// .get), served from the binary. docs/console.md describes the pages, the
+// cookie and the CSRF protection.
+package console
+
+import (
+	"net/http"
+
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/cloud"
+	"agentmesh.dev/mesh/shared/httpx"
+)
+
+// Prefix is the path the console is served under, on every host.
+const Prefix = "/console/"
+
+// Routes is the group's route table: the whole console is one route.
+var Routes = []httpx.Route{
+	{EntryPoint: "Console", Path: Prefix, HTML: true},
+}
+
+// Group is the function group.
+var Group = api.Group{Routes: Routes, Handler: handler}
+
+// The console is its own Cloud Function, built on its first request.
+func init() { Group.RegisterFunctions(cloud.Deps) }
+
+func handler(d *api.Deps, _ httpx.Route) httpx.HandlerFunc {
+	if d.Accounts == nil {
+		return api.NotConfigured("the account service (and with it the console)")
+	}
+	s := New(Config{
+		Accounts:   d.Accounts,
+		ConsoleURL: d.Accounts.ConsoleURL(),
+		Log:        d.Log,
+		// The registrar is wired when shared/registrar lands: until then
+		// the Handles page says it is not configured (docs/console.md).
+		Registrar: nil,
+	})
+	return func(w http.ResponseWriter, r *http.Request) error {
+		s.ServeHTTP(w, r)
+		return nil
+	}
+}
