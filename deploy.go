@@ -11,4 +11,5 @@ import (
 	_ "agentmesh.dev/mesh/functions/credentials"
 	_ "agentmesh.dev/mesh/functions/guest"
 	_ "agentmesh.dev/mesh/functions/health"
+	_ "agentmesh.dev/mesh/functions/registrar"
 )

@@ -78,12 +78,17 @@ Example:
 Example:
   mesh-adapter ack 1 2`,
 		run: runAck})
-	register(&command{name: "send", usage: `<handle-or-agent-id> "<text>" [--wait <seconds>]`,
+	register(&command{name: "send", usage: `<handle-or-agent-id> "<text>" [--wait <seconds>] [--accept-new-binding]`,
 		summary: "send a message and print the reply",
 		help: `Sends a text message to an agent (its id, or a handle resolved through the
 registrar) and prints the reply. --wait is how long to wait (30 s). Through
 the running adapter when there is one; otherwise the agent comes up just
 for this.
+
+A handle's card must carry the registrar's signature, checked with the
+registrar key pinned in pins.json on first use. The agent a handle
+resolves to is pinned too: when it changes, send prints a warning and
+sends nothing. --accept-new-binding sends to the new agent and pins it.
 
 Example:
   mesh-adapter send UAB3...XYZ "what time is it?" --wait 60
@@ -342,6 +347,7 @@ func runAck(_ context.Context, e *Env, args []string) error {
 func runSend(ctx context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("send", flag.ContinueOnError)
 	wait := fs.Float64("wait", 30, "seconds to wait for the reply")
+	accept := fs.Bool("accept-new-binding", false, "send even though the handle's agent changed since it was pinned, and pin the new one")
 	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
@@ -353,15 +359,15 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 		return usageError("--wait must be a positive number of seconds")
 	}
 	var res daemon.SendResult
-	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
+	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait, AcceptNewBinding: *accept}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
 	if errors.Is(err, control.ErrNotRunning) {
 		dir, derr := e.openState()
 		if derr != nil {
 			return derr
 		}
 		var r *daemon.SendResult
-		r, err = daemon.Send(ctx, daemon.Config{Dir: dir, ControlURL: e.ControlURL, RegistrarURL: e.RegistrarURL, Log: e.logger()},
-			pos[0], pos[1], time.Duration(*wait*float64(time.Second)))
+		r, err = daemon.Send(ctx, daemon.Config{Dir: dir, ControlURL: e.ControlURL, RegistrarURL: e.RegistrarURL, Out: e.Stderr, Log: e.logger()},
+			pos[0], pos[1], time.Duration(*wait*float64(time.Second)), daemon.SendOptions{AcceptNewBinding: *accept})
 		if r != nil {
 			res = *r
 		}

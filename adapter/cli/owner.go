@@ -75,9 +75,10 @@ Example:
 	register(&command{name: "join", usage: "[--email <address>] [--name <name>] [--operator <name>]",
 		summary: "claim a handle by email and bind this agent to it",
 		help: `Interactive: asks for your email, sends a code to it, asks for the code,
-claims <name>.<email> (asking for an operator name the first time), then
-pairs this agent with the new handle. Needs the registrar (--registrar-url)
-and an identity (run "up" first).
+asks for the name (an empty answer keeps the agent's own name), claims
+<name>.<email> (asking for an operator name the first time), then pairs
+this agent with the new handle. Needs the registrar (--registrar-url) and
+an identity (run "up" first).
 
 Example:
   mesh-adapter join --email ana@example.org --name helper`,
@@ -292,6 +293,8 @@ func runPair(ctx context.Context, e *Env, args []string) error {
 	}
 	if handle == "" {
 		handle = pos[0]
+	} else if !strings.EqualFold(strings.TrimSpace(handle), strings.TrimSpace(pos[0])) {
+		fmt.Fprintf(e.Stdout, "note: that code was for %s, not %s\n", handle, pos[0])
 	}
 	id.Handle = handle
 	if err := dir.SaveIdentity(id); err != nil {
@@ -370,8 +373,17 @@ func runJoin(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *name, err = ask("Agent name (the handle will be <name>."+*email+"): ", firstNonEmpty(*name, id.Name)); err != nil {
-		return err
+	if *name == "" {
+		// The agent's own name is the default: an empty answer keeps it.
+		prompt := "Agent name (the handle will be <name>." + *email + "): "
+		if id.Name != "" {
+			prompt = "Agent name [" + id.Name + "] (the handle will be <name>." + *email + "): "
+		}
+		fmt.Fprint(e.Stdout, prompt)
+		line, rerr := in.ReadString('\n')
+		if *name = firstNonEmpty(strings.TrimSpace(line), id.Name); *name == "" && rerr != nil {
+			return fmt.Errorf("no answer to %q", strings.TrimSpace(prompt))
+		}
 	}
 	handle, err := rc.Claim(ctx, token, *name, *operator)
 	if errors.Is(err, registrar.ErrOperatorRequired) {

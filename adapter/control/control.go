@@ -35,6 +35,9 @@ type Request struct {
 	// send
 	To          string  `json:"to,omitempty"`
 	WaitSeconds float64 `json:"wait_seconds,omitempty"`
+	// AcceptNewBinding accepts a handle's new agent (send
+	// --accept-new-binding).
+	AcceptNewBinding bool `json:"accept_new_binding,omitempty"`
 }
 
 // Answer is the reply to a Request: OK with a result, or an error message.

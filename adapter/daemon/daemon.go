@@ -108,15 +108,26 @@ func Run(ctx context.Context, cfg Config) error {
 
 // Send sends one message without a running adapter: it brings the agent
 // up for the length of the wait (in inbox mode, so a message arriving
-// meanwhile is kept), sends, and waits for the answer.
-func Send(ctx context.Context, cfg Config, to, text string, wait time.Duration) (*SendResult, error) {
+// meanwhile is kept), sends, and waits for the answer. A handle is
+// resolved before the agent comes up, so a refused one changes nothing.
+func Send(ctx context.Context, cfg Config, to, text string, wait time.Duration, opt SendOptions) (*SendResult, error) {
 	cfg.Mode = ModeInbox
+	conf, err := cfg.Dir.Config()
+	if err != nil {
+		return nil, err
+	}
+	rcfg := cfg
+	rcfg.RegistrarURL = firstNonEmpty(cfg.RegistrarURL, conf.RegistrarURL)
+	agentID, err := resolveRecipient(ctx, rcfg, to, opt)
+	if err != nil {
+		return nil, err
+	}
 	a, closeAll, err := open(ctx, cfg)
 	if err != nil {
 		return nil, err
 	}
 	defer closeAll()
-	return a.send(ctx, to, text, wait)
+	return a.deliver(ctx, agentID, to, text, wait)
 }
 
 // open connects the node and hosts the agent; closeAll undoes it all.

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"os/exec"
 	"strings"
 	"time"
@@ -200,14 +201,28 @@ type SendResult struct {
 	Queued bool `json:"queued,omitempty"`
 }
 
-// send sends text to an agent and waits up to wait for the answer.
-func (a *adapter) send(ctx context.Context, to, text string, wait time.Duration) (*SendResult, error) {
-	if wait <= 0 {
-		wait = 30 * time.Second
-	}
-	agentID, err := a.resolve(ctx, to)
+// SendOptions tune a send.
+type SendOptions struct {
+	// AcceptNewBinding sends to a handle whose agent changed since it was
+	// pinned, and pins the new agent (`send --accept-new-binding`).
+	AcceptNewBinding bool
+}
+
+// send sends text to an agent (its id or a handle) and waits up to wait
+// for the answer.
+func (a *adapter) send(ctx context.Context, to, text string, wait time.Duration, opt SendOptions) (*SendResult, error) {
+	agentID, err := resolveRecipient(ctx, a.cfg, to, opt)
 	if err != nil {
 		return nil, err
+	}
+	return a.deliver(ctx, agentID, to, text, wait)
+}
+
+// deliver sends text to agentID (named to for people) and waits up to wait
+// for the answer.
+func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait time.Duration) (*SendResult, error) {
+	if wait <= 0 {
+		wait = 30 * time.Second
 	}
 	deadline := time.Now().Add(wait)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
@@ -264,18 +279,42 @@ func describe(e *errs.Error) error {
 	return e
 }
 
-// resolve turns an agent id or a handle into an agent id.
-func (a *adapter) resolve(ctx context.Context, to string) (string, error) {
+// resolveRecipient turns an agent id or a handle into an agent id. A
+// handle's card is verified with the registrar key pinned in pins.json,
+// and its agent checked against the handle's pin there: a changed binding
+// is refused with a loud warning on cfg.Out unless the user accepted it
+// (SendOptions.AcceptNewBinding), which re-pins it.
+func resolveRecipient(ctx context.Context, cfg Config, to string, opt SendOptions) (string, error) {
 	if keys.IsUserPublicKey(to) {
 		return to, nil
 	}
 	if !strings.Contains(to, ".") || !strings.Contains(to, "@") {
 		return "", fmt.Errorf("%q is neither an agent id (U…, 56 characters) nor a handle (<name>.<email>)", to)
 	}
-	if a.cfg.RegistrarURL == "" {
+	if cfg.RegistrarURL == "" {
 		return "", fmt.Errorf("resolving the handle %s needs the registrar: pass --registrar-url or set MESH_REGISTRAR_URL, or send to the agent id", to)
 	}
-	return registrar.New(a.cfg.RegistrarURL).ResolveAgent(ctx, to)
+	rc := registrar.New(cfg.RegistrarURL)
+	if cfg.HTTP != nil {
+		rc.HTTP = cfg.HTTP
+	}
+	rc.Pins = registrar.OpenPins(cfg.Dir.File(registrar.PinsFile))
+	out := cfg.Out
+	if out == nil {
+		out = io.Discard
+	}
+	r, err := rc.Resolve(ctx, to, registrar.ResolveOptions{AcceptNewBinding: opt.AcceptNewBinding})
+	var changed *registrar.BindingChangedError
+	if errors.As(err, &changed) {
+		fmt.Fprint(out, changed.Warning())
+	}
+	if err != nil {
+		return "", err
+	}
+	if r.Previous != "" {
+		fmt.Fprintf(out, "note: %s is now pinned to agent %s (was %s), as --accept-new-binding asked\n", to, r.AgentID, r.Previous)
+	}
+	return r.AgentID, nil
 }
 
 // serveControl executes the short commands.
@@ -305,7 +344,7 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		}
 		return acked, nil
 	case "send":
-		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)))
+		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)), SendOptions{AcceptNewBinding: r.AcceptNewBinding})
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }

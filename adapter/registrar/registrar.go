@@ -1,6 +1,10 @@
 // Package registrar is the adapter's client of the handle registrar (spec
 // §4.1, upstream-notes §12): claiming a handle by email, pairing an agent
-// with it, and resolving a handle to its agent.
+// with it, and resolving a handle to its agent. A resolved card is
+// verified offline against the registrar's signing key, and both that key
+// and each handle's agent are pinned (Pins): a binding that changes is
+// refused until the user accepts it, a registrar key that changes is
+// refused outright.
 package registrar
 
 import (
@@ -11,7 +15,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"strings"
 	"time"
 
@@ -36,6 +39,12 @@ func (e *Error) Error() string {
 type Client struct {
 	Base string
 	HTTP *http.Client
+	// Pins remembers the registrar's key and each handle's agent
+	// (pins.json in the state directory); nil verifies every card against
+	// the registrar's published key set and remembers nothing.
+	Pins *Pins
+	// Now is the clock cards are checked against (time.Now when nil).
+	Now func() time.Time
 }
 
 // New returns a client of the registrar at base.
@@ -138,54 +147,17 @@ func (c *Client) CompletePairing(ctx context.Context, code string, agent *keys.A
 	var out struct {
 		Handle string `json:"handle"`
 	}
-	body := map[string]any{"code": strings.ToUpper(strings.TrimSpace(code)), "agent_id": agent.Public(), "signature": protocol.SignPair(agent, code)}
+	code = strings.ToUpper(strings.TrimSpace(code))
+	body := map[string]any{"code": code, "agent_id": agent.Public(), "signature": protocol.SignPair(agent, code)}
 	if err := c.do(ctx, http.MethodPost, "/api/pair/complete", "", body, &out); err != nil {
 		var re *Error
 		if errors.As(err, &re) && (re.Status == http.StatusNotFound || re.Status == http.StatusGone || re.Status == http.StatusConflict) {
-			return "", fmt.Errorf("the pairing code %s is unknown, used or expired: request a new one (%s)", code, re.Message)
+			if strings.Contains(re.Message, "unknown, used or expired") {
+				return "", fmt.Errorf("the pairing code %s is unknown, used or expired: request a new one", code)
+			}
+			return "", fmt.Errorf("the pairing code %s: %s", code, re.Message)
 		}
 		return "", err
 	}
 	return out.Handle, nil
-}
-
-// Card is a resolved handle (spec §2.2).
-type Card struct {
-	Handle   string `json:"handle"`
-	Reserved bool   `json:"reserved"`
-	Operator struct {
-		Name string `json:"name"`
-	} `json:"operator"`
-	Endpoints []struct {
-		Protocol string `json:"protocol"`
-		AgentID  string `json:"agent_id"`
-	} `json:"endpoints"`
-}
-
-// ResolveAgent returns the agent bound to handle.
-func (c *Client) ResolveAgent(ctx context.Context, handle string) (string, error) {
-	var wrapped struct {
-		Card *Card `json:"card"`
-	}
-	err := c.do(ctx, http.MethodGet, "/api/resolve?handle="+url.QueryEscape(handle), "", nil, &wrapped)
-	var re *Error
-	if errors.As(err, &re) && re.Status == http.StatusNotFound {
-		return "", fmt.Errorf("no agent is bound to the handle %s", handle)
-	}
-	if err != nil {
-		return "", err
-	}
-	if wrapped.Card == nil {
-		return "", fmt.Errorf("the registrar's answer for %s has no card", handle)
-	}
-	card := wrapped.Card
-	if card.Reserved || len(card.Endpoints) == 0 {
-		return "", fmt.Errorf("the handle %s is claimed but no agent is bound to it yet (reserved)", handle)
-	}
-	for _, e := range card.Endpoints {
-		if (e.Protocol == "mesh" || e.Protocol == "agentmesh") && keys.IsUserPublicKey(e.AgentID) {
-			return e.AgentID, nil
-		}
-	}
-	return "", fmt.Errorf("the card for %s has no mesh endpoint", handle)
 }

@@ -12,6 +12,7 @@
 //	inbox.db        the local message queue (package inbox)
 //	journal.log     requests already answered (the runtime's FileJournal)
 //	allowance.json  the owner-signed allowance policy
+//	pins.json       registrar keys and handle → agent pins (adapter/registrar.Pins)
 //	control.sock    the running adapter's control socket (0600)
 //
 // Beside it, <dir>/../nodes is the node discovery directory (Nodes).

@@ -17,6 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/registrar"
 )
 
 // Deps are the services behind the routes. A nil service makes its routes
@@ -26,6 +27,7 @@ type Deps struct {
 	Accounts    *account.Service
 	Credentials *credential.Service
 	Guests      *guest.Service
+	Registrar   *registrar.Service
 	// Views answers the account routes that ask the bus (live status,
 	// activity, subscriptions); nil without a bus connection.
 	Views *accountview.Service

@@ -29,17 +29,26 @@ import (
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registrar"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
 )
 
 // Config is the function binary's configuration.
 type Config struct {
-	ProjectID  string   // GOOGLE_CLOUD_PROJECT
-	MeshName   string   // MESH_NAME
-	ControlURL string   // MESH_CONTROL_URL, e.g. https://api.example.org
-	ConsoleURL string   // MESH_CONSOLE_URL, e.g. https://console.example.org/
-	NATSURLs   []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
-	WSURLs     []string // MESH_WS_URLS, comma-separated wss:// URLs
+	ProjectID  string // GOOGLE_CLOUD_PROJECT
+	MeshName   string // MESH_NAME
+	ControlURL string // MESH_CONTROL_URL, e.g. https://api.example.org
+	ConsoleURL string // MESH_CONSOLE_URL, e.g. https://console.example.org/
+	// RegistrarURL is the registrar's public base, named in every card
+	// (MESH_REGISTRAR_URL; the control URL when unset).
+	RegistrarURL string
+	// RegistrarKeyFile is the registrar's card-signing seed, mounted from
+	// Secret Manager as a file, mode 0600 (MESH_REGISTRAR_KEY_FILE).
+	// Without it (or when it cannot be read) resolve answers 503: a
+	// registrar never serves an unsigned card.
+	RegistrarKeyFile string
+	NATSURLs         []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
+	WSURLs           []string // MESH_WS_URLS, comma-separated wss:// URLs
 	// TrustDir holds the operator and account seed files, mounted from
 	// Secret Manager as files (MESH_TRUST_DIR).
 	TrustDir string
@@ -80,6 +89,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		ControlURL: getenv("MESH_CONTROL_URL"), ConsoleURL: getenv("MESH_CONSOLE_URL"),
 		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"), TrustDir: getenv("MESH_TRUST_DIR"),
 		ServicesKeyFile: getenv("MESH_SERVICES_KEY_FILE"),
+		RegistrarURL:    getenv("MESH_REGISTRAR_URL"), RegistrarKeyFile: getenv("MESH_REGISTRAR_KEY_FILE"),
 		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
 			Password: getenv("SMTP_PASSWORD"), TLS: mail.TLSPolicy(getenv("SMTP_TLS"))},
 		NoExpiry: getenv("MESH_NODE_CREDENTIAL_NO_EXPIRY") == "true",
@@ -109,6 +119,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	if c.MeshName == "" {
 		c.MeshName = c.ProjectID
+	}
+	if c.RegistrarURL == "" {
+		c.RegistrarURL = c.ControlURL
 	}
 	return c, nil
 }
@@ -180,7 +193,19 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if caller != nil {
 		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}
 	}
-	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests, Views: views,
+	// A registrar without its key still takes claims and pairings; only
+	// resolution (which must be signed) answers 503. So a bad key file is
+	// logged, not fatal to every function of the binary.
+	var cardKey keys.Signer
+	if c.RegistrarKeyFile != "" {
+		if k, err := keys.ReadSeedFile[keys.RegistrarRole](c.RegistrarKeyFile); err != nil {
+			log.Error("registrar key: cards cannot be signed", "err", err)
+		} else {
+			cardKey = k
+		}
+	}
+	reg := registrar.New(registrar.Config{Store: st, Mail: smtp, Signer: cardKey, URL: c.RegistrarURL, Log: log})
+	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests, Views: views, Registrar: reg,
 		RateLimit: httpx.NewLimiter(c.RateLimit, time.Minute, nil), TrustedProxyHops: c.TrustedProxyHops,
 		Capabilities: map[string]any{"protocol": protocol.Version, "mesh": c.MeshName, "markup_pct": c.MarkupPct,
 			"clearing_service": false, "credentials": []string{"guest", "bootstrap", "node", "app", "job"},

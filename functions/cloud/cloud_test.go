@@ -22,7 +22,8 @@ func TestFromEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 {
+	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 ||
+		c.RegistrarURL != "https://api.example.org" || c.RegistrarKeyFile != "" {
 		t.Errorf("defaults: %+v", c)
 	}
 	for name, over := range map[string]map[string]string{
@@ -39,8 +40,9 @@ func TestFromEnv(t *testing.T) {
 			t.Errorf("the error must name what is missing: %v", err)
 		}
 	}
-	c, _ = FromEnv(env(map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "0", "MESH_NODE_CREDENTIAL_NO_EXPIRY": "true"}))
-	if c.MarkupPct != 0 || !c.NoExpiry {
+	c, _ = FromEnv(env(map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "0", "MESH_NODE_CREDENTIAL_NO_EXPIRY": "true",
+		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_REGISTRAR_KEY_FILE": "/secrets/registrar.nk"}))
+	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.RegistrarKeyFile != "/secrets/registrar.nk" {
 		t.Errorf("explicit values: %+v", c)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"unicode"
 
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/secret"
 )
 
 // Collections of the control-plane store this package owns. The handle
@@ -74,10 +75,8 @@ type emailIndex struct {
 }
 
 type loginCode struct {
-	CodeHash     string `json:"code_hash"`
-	Email        string `json:"email"`
-	ExpiresAt    int64  `json:"expires_at"`
-	AttemptsLeft int    `json:"attempts_left"`
+	secret.Code
+	Email string `json:"email"`
 }
 
 // Session is a signed-in browser or CLI session.
@@ -120,7 +119,8 @@ func (k AgentKey) Usable(now time.Time) bool {
 	return k.ClaimedAt == 0 && k.RevokedAt == 0 && now.UnixMilli() < k.ExpiresAt
 }
 
-// Handle is a claimed `<name>.<email>` handle (shared with the registrar).
+// Handle is a claimed `<name>.<email>` handle (shared with the registrar,
+// shared/registrar, which documents the card it becomes).
 type Handle struct {
 	Handle       string `json:"handle"` // as claimed (display case)
 	AccountID    string `json:"account_id"`
@@ -129,11 +129,28 @@ type Handle struct {
 	AgentID      string `json:"agent_id,omitempty"` // empty while reserved
 	ClaimedAt    int64  `json:"claimed_at"`
 	BoundAt      int64  `json:"bound_at,omitempty"`
+	// ClaimedVia is how the email was proven ("email": a code at the
+	// registrar; "console": the console's signed-in account); empty for
+	// a handle claimed by an agent key's exchange (read as "account").
+	ClaimedVia string `json:"claimed_via,omitempty"`
+	// Binding is how the agent was bound ("agent-key": a signed pairing
+	// code); empty for the agent key exchange (read as "agent-token").
+	Binding string `json:"binding,omitempty"`
 }
 
 // HandleID is the store key of a handle: uniqueness is on the case-folded
-// whole string.
-func HandleID(h string) string { return strings.ToLower(strings.TrimSpace(h)) }
+// whole string. A name may hold '/', which no store id may, and a handle
+// may look like Firestore's reserved __…__ ids, so '%', '/' and a leading
+// '_' are percent-escaped ('%' first, which keeps the mapping one to one).
+func HandleID(h string) string {
+	id := handleIDEscaper.Replace(strings.ToLower(strings.TrimSpace(h)))
+	if strings.HasPrefix(id, "_") {
+		id = "%5F" + id[1:]
+	}
+	return id
+}
+
+var handleIDEscaper = strings.NewReplacer("%", "%25", "/", "%2F")
 
 // NormalizeEmail trims and lower-cases an address and checks its shape:
 // one '@', a non-empty local part, a dotted domain, at most 254 bytes, no

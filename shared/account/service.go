@@ -162,7 +162,7 @@ func (s *Service) StartLogin(ctx context.Context, email string, create bool) (st
 	}
 	code := secret.Digits(6)
 	now := s.now()
-	rec := loginCode{CodeHash: secret.HashCode(email, code), Email: email, ExpiresAt: ms(now.Add(s.cfg.CodeTTL)), AttemptsLeft: CodeAttempts}
+	rec := loginCode{Code: secret.NewCode(email, code, now.Add(s.cfg.CodeTTL), CodeAttempts), Email: email}
 	if err := s.st.RunTx(ctx, func(tx store.Tx) error { return tx.Set(CollCodes, codeID(email), rec) }); err != nil {
 		return email, unavailable(err)
 	}
@@ -208,18 +208,18 @@ func (s *Service) VerifyLogin(ctx context.Context, email, code string) (token st
 		if err := tx.Get(CollAccounts, idx.AccountID, &acct); err != nil {
 			return err
 		}
-		switch {
-		case now.UnixMilli() >= rec.ExpiresAt:
+		switch rec.Check(email, code, now) {
+		case secret.CodeExpired:
 			outcome = errs.New(errs.Unauthorized, "that sign-in code has expired; request a new one")
 			return tx.Delete(CollCodes, codeID(email))
-		case !secret.Equal(rec.CodeHash, secret.HashCode(email, code)):
-			rec.AttemptsLeft--
-			if rec.AttemptsLeft <= 0 {
-				outcome = errs.New(errs.Unauthorized, "wrong code, and that was the last try; request a new one")
-				return tx.Delete(CollCodes, codeID(email))
-			}
+		case secret.CodeBurned:
+			outcome = errs.New(errs.Unauthorized, "wrong code, and that was the last try; request a new one")
+			return tx.Delete(CollCodes, codeID(email))
+		case secret.CodeWrong:
 			outcome = errs.Newf(errs.Unauthorized, "wrong code; %d tries left", rec.AttemptsLeft)
 			return tx.Set(CollCodes, codeID(email), rec)
+		}
+		switch {
 		case acct.Disabled:
 			outcome = errs.New(errs.Forbidden, "this account is disabled")
 			return nil

@@ -15,6 +15,7 @@ import (
 	"agentmesh.dev/mesh/functions/credentials"
 	guestfn "agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
+	registrarfn "agentmesh.dev/mesh/functions/registrar"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/bus"
@@ -25,6 +26,7 @@ import (
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registrar"
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
 )
@@ -42,11 +44,12 @@ type Control struct {
 	Accounts    *account.Service
 	Credentials *credential.Service
 	Guests      *guest.Service
+	Registrar   *registrar.Service
 	Deps        *api.Deps
 }
 
 // Groups are every HTTP function group, in the order they are mounted.
-var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group, console.Group}
+var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group, registrarfn.Group, console.Group}
 
 // startControlPlane opens the store, builds the services and mounts every
 // function group on the mux, the same handlers the cloud runs one per
@@ -108,6 +111,10 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 			"nats_endpoints":  []string{m.urls.MeshTCP, m.urls.MeshWS},
 		}}
 	c.Deps.Views = &accountview.Service{Store: st, Credentials: c.Credentials, Bus: cpBus, Now: cfg.Now}
+	if c.Registrar, err = m.startRegistrar(dataDir, cfg, st, mailer); err != nil {
+		return err
+	}
+	c.Deps.Registrar = c.Registrar
 	m.control = c
 	for _, g := range Groups {
 		g.Mount(m.mux, c.Deps)

@@ -450,9 +450,10 @@ func TestDataDirLayoutAndModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The four trust-chain seeds and the bus workers' services key.
-	if len(entries) != 5 {
-		t.Errorf("keys dir has %d entries, want 5", len(entries))
+	// The four trust-chain seeds, the bus workers' services key and the
+	// registrar's card-signing key.
+	if len(entries) != 6 {
+		t.Errorf("keys dir has %d entries, want 6", len(entries))
 	}
 	for _, e := range entries {
 		info, err := e.Info()

@@ -73,6 +73,11 @@ const (
 	Unavailable      Code = "UNAVAILABLE"
 	InvalidRequest   Code = "INVALID_REQUEST"
 
+	// Registrar.
+	// OperatorRequired: a handle's first claim for an address must name
+	// the operator (spec §2.1); the adapter asks for it and claims again.
+	OperatorRequired Code = "OPERATOR_REQUIRED"
+
 	// Local-only codes an SDK surfaces to its caller; never sent on the wire.
 	RequestQueued Code = "REQUEST_QUEUED"
 )
@@ -136,6 +141,8 @@ var table = map[Code]Spec{
 	NotImplemented:   {false, http.StatusNotImplemented},
 	Unavailable:      {true, http.StatusServiceUnavailable},
 	InvalidRequest:   {false, http.StatusBadRequest},
+
+	OperatorRequired: {false, http.StatusBadRequest},
 
 	RequestQueued: {false, http.StatusAccepted},
 }

@@ -44,6 +44,8 @@ type (
 	CredentialRole struct{}
 	OperatorRole   struct{}
 	AccountRole    struct{}
+	// RegistrarRole signs the registrar's cards (upstream-notes §12.4).
+	RegistrarRole struct{}
 )
 
 func (AgentRole) prefix() nkeys.PrefixByte      { return nkeys.PrefixByteUser }
@@ -56,6 +58,8 @@ func (OperatorRole) prefix() nkeys.PrefixByte   { return nkeys.PrefixByteOperato
 func (OperatorRole) name() string               { return "operator" }
 func (AccountRole) prefix() nkeys.PrefixByte    { return nkeys.PrefixByteAccount }
 func (AccountRole) name() string                { return "account" }
+func (RegistrarRole) prefix() nkeys.PrefixByte  { return nkeys.PrefixByteUser }
+func (RegistrarRole) name() string              { return "registrar" }
 
 // The key types of the mesh.
 type (
@@ -64,6 +68,7 @@ type (
 	Credential = Key[CredentialRole]
 	Operator   = Key[OperatorRole]
 	Account    = Key[AccountRole]
+	Registrar  = Key[RegistrarRole]
 )
 
 // Key is an Ed25519 keypair of one role. The decoded ed25519 private key is

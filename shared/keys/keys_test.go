@@ -28,6 +28,7 @@ func TestRoundTripPerRole(t *testing.T) {
 		{"credential", 'U', roundTrip[CredentialRole]},
 		{"operator", 'O', roundTrip[OperatorRole]},
 		{"account", 'A', roundTrip[AccountRole]},
+		{"registrar", 'U', roundTrip[RegistrarRole]},
 	}
 	for _, tc := range tests {
 		t.Run(tc.role, func(t *testing.T) { tc.run(t, tc.role, tc.prefix) })

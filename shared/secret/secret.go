@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math/big"
 	"strings"
+	"time"
 )
 
 // Token returns prefix + 32 random bytes in base64url (43 characters).
@@ -64,3 +65,51 @@ func HashCode(context, code string) string { return Hash(context + "\x00" + code
 
 // Equal compares two secrets (or hashes) in constant time.
 func Equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
+
+// Code is a mailed one-time code as a store keeps it: the hash of the code
+// with its context (HashCode), its deadline, and the wrong tries it still
+// allows. The account service's sign-in codes and the registrar's email
+// codes are both this.
+type Code struct {
+	CodeHash     string `json:"code_hash"`
+	ExpiresAt    int64  `json:"expires_at"` // Unix ms
+	AttemptsLeft int    `json:"attempts_left"`
+}
+
+// NewCode records code (issued for context) until expires, allowing
+// attempts wrong tries.
+func NewCode(context, code string, expires time.Time, attempts int) Code {
+	return Code{CodeHash: HashCode(context, code), ExpiresAt: expires.UnixMilli(), AttemptsLeft: attempts}
+}
+
+// CodeVerdict is what checking a presented code found.
+type CodeVerdict int
+
+const (
+	// CodeMatch: the code is right and still valid.
+	CodeMatch CodeVerdict = iota
+	// CodeExpired: the deadline passed (the code is not compared).
+	CodeExpired
+	// CodeWrong: a wrong code; AttemptsLeft was decremented and is above 0.
+	CodeWrong
+	// CodeBurned: a wrong code, and that was the last try.
+	CodeBurned
+)
+
+// Check compares presented (issued for context) with c in constant time at
+// now. A wrong code costs one try (c is updated); the caller writes c back,
+// or deletes it when the verdict is CodeBurned, CodeExpired or CodeMatch
+// (a code works once).
+func (c *Code) Check(context, presented string, now time.Time) CodeVerdict {
+	if now.UnixMilli() >= c.ExpiresAt {
+		return CodeExpired
+	}
+	if Equal(c.CodeHash, HashCode(context, presented)) {
+		return CodeMatch
+	}
+	c.AttemptsLeft--
+	if c.AttemptsLeft <= 0 {
+		return CodeBurned
+	}
+	return CodeWrong
+}

@@ -1,0 +1,283 @@
+package registrar
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"time"
+
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
+	"agentmesh.dev/mesh/shared/secret"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// operator is the operator display name of one address, set by its first
+// claim and inherited by the later ones (spec §2.1).
+type operator struct {
+	Email string `json:"email"`
+	Name  string `json:"name"`
+	SetAt int64  `json:"set_at"`
+}
+
+// Claimed is the answer of Claim.
+type Claimed struct {
+	Handle       string `json:"handle"`
+	OperatorName string `json:"operator_name"`
+	// Existing is set when the session's address already held the handle
+	// (claiming it again is not an error).
+	Existing bool `json:"-"`
+}
+
+// errTaken is the refusal of a handle someone else holds.
+func errTaken(handle string) error {
+	return errs.Newf(errs.Conflict, "taken: the handle %s is already claimed; pick another name", handle).WithDetail("reason", "taken")
+}
+
+// Claim claims `<name>.<email>` for the session's address (POST
+// /api/handles/claim). Uniqueness is on the case-folded whole handle, first
+// come first served, decided in one transaction. The first claim of an
+// address must name its operator (OPERATOR_REQUIRED otherwise); later
+// claims inherit that name, and an operator_name given with them is
+// ignored. A handle the same address already holds is answered as claimed
+// again.
+func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (Claimed, error) {
+	if token == "" {
+		return Claimed{}, errNoToken
+	}
+	name, err := CheckName(name)
+	if err != nil {
+		return Claimed{}, err
+	}
+	if operatorName, err = CheckOperatorName(operatorName); err != nil {
+		return Claimed{}, err
+	}
+	now := s.now()
+	var out Claimed
+	var handle string
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		out = Claimed{}
+		sess, err := s.sessionIn(tx, token, now)
+		if err != nil {
+			return err
+		}
+		handle = HandleOf(name, sess.Email)
+		id := HandleID(handle)
+		var h account.Handle
+		exists, err := getOptional(tx, account.CollHandles, id, &h)
+		if err != nil {
+			return err
+		}
+		if exists {
+			if h.Email != sess.Email {
+				return errTaken(h.Handle)
+			}
+			out = Claimed{Handle: h.Handle, OperatorName: h.OperatorName, Existing: true}
+			return nil
+		}
+		var op operator
+		opKnown, err := getOptional(tx, CollOperators, sess.Email, &op)
+		if err != nil {
+			return err
+		}
+		acct, err := verifiedAccount(tx, sess.Email)
+		if err != nil {
+			return err
+		}
+		switch {
+		case opKnown:
+		case acct != nil && acct.OperatorName != "":
+			op = operator{Email: sess.Email, Name: acct.OperatorName, SetAt: ms(now)}
+		case operatorName != "":
+			op = operator{Email: sess.Email, Name: operatorName, SetAt: ms(now)}
+		default:
+			return errs.New(errs.OperatorRequired, "the first handle of an address needs an operator name: send operator_name (the person or organisation running the agent, at most 80 characters; later handles inherit it)")
+		}
+		h = account.Handle{Handle: handle, Email: sess.Email, OperatorName: op.Name, ClaimedAt: ms(now), ClaimedVia: sess.Provenance}
+		if acct != nil {
+			h.AccountID = acct.ID
+		}
+		if !opKnown {
+			if err := tx.Create(CollOperators, sess.Email, op); err != nil {
+				return err
+			}
+		}
+		out = Claimed{Handle: handle, OperatorName: op.Name}
+		return tx.Create(account.CollHandles, id, h)
+	})
+	if errors.Is(err, store.ErrExists) {
+		// Another claim of the same handle committed first (a store
+		// whose transactions conflict at commit reports it so).
+		return Claimed{}, errTaken(handle)
+	}
+	if err != nil {
+		return Claimed{}, txErr(err)
+	}
+	if !out.Existing {
+		s.log.Info("handle claimed", "handle", out.Handle)
+	}
+	return out, nil
+}
+
+// verifiedAccount is the control plane's account of email when it has one
+// whose address is verified: a handle claimed for that address belongs to
+// the account too (so the account's agent key exchange may bind it), and
+// the account's operator name counts as the address's.
+func verifiedAccount(tx store.Tx, email string) (*account.Account, error) {
+	var idx struct {
+		AccountID string `json:"account_id"`
+	}
+	found, err := getOptional(tx, account.CollEmails, email, &idx)
+	if err != nil || !found {
+		return nil, err
+	}
+	var a account.Account
+	found, err = getOptional(tx, account.CollAccounts, idx.AccountID, &a)
+	if err != nil || !found || !a.Verified || a.Disabled {
+		return nil, err
+	}
+	return &a, nil
+}
+
+// pairing is a pairing code as stored, under the hash of the code.
+type pairing struct {
+	HandleID  string `json:"handle_id"`
+	Handle    string `json:"handle"`
+	Email     string `json:"email"`
+	CreatedAt int64  `json:"created_at"`
+	ExpiresAt int64  `json:"expires_at"`
+}
+
+func pairingID(code string) string { return secret.HashCode("pan-pair", code) }
+
+// PairingStarted is the answer of StartPairing.
+type PairingStarted struct {
+	Code      string
+	Handle    string
+	ExpiresAt time.Time
+}
+
+// StartPairing issues a single-use pairing code for a handle the session's
+// address holds (POST /api/pair/start). It lives ten minutes.
+func (s *Service) StartPairing(ctx context.Context, token, handle string) (PairingStarted, error) {
+	if token == "" {
+		return PairingStarted{}, errNoToken
+	}
+	if strings.TrimSpace(handle) == "" {
+		return PairingStarted{}, errs.New(errs.InvalidRequest, "handle is required: the handle to bind, e.g. coder.ana@example.org")
+	}
+	id := HandleID(handle)
+	now := s.now()
+	var out PairingStarted
+	// A fresh code colliding with a live one is a 1-in-a-billion event;
+	// try a few times rather than fail.
+	for range 3 {
+		code := NewPairingCode()
+		err := s.st.RunTx(ctx, func(tx store.Tx) error {
+			sess, err := s.sessionIn(tx, token, now)
+			if err != nil {
+				return err
+			}
+			var h account.Handle
+			found, err := getOptional(tx, account.CollHandles, id, &h)
+			switch {
+			case err != nil:
+				return err
+			case !found:
+				return errs.Newf(errs.NotFound, "no handle %s: claim it first with POST /api/handles/claim", strings.TrimSpace(handle))
+			case h.Email != sess.Email:
+				return errs.Newf(errs.Forbidden, "the handle %s belongs to another address; only its holder can pair an agent with it", h.Handle)
+			}
+			out = PairingStarted{Code: code, Handle: h.Handle, ExpiresAt: now.Add(PairingTTL)}
+			return tx.Create(CollPairing, pairingID(code), pairing{HandleID: id, Handle: h.Handle, Email: h.Email,
+				CreatedAt: ms(now), ExpiresAt: ms(now.Add(PairingTTL))})
+		})
+		if errors.Is(err, store.ErrExists) {
+			continue
+		}
+		if err != nil {
+			return PairingStarted{}, txErr(err)
+		}
+		return out, nil
+	}
+	return PairingStarted{}, errs.New(errs.Unavailable, "no free pairing code could be drawn; retry")
+}
+
+// errPairingGone is the one answer for a code that is not (or no longer)
+// usable: the spec's "pairing code unknown, used or expired".
+var errPairingGone = errs.New(errs.NotFound, "pairing code unknown, used or expired: request a new one")
+
+// CompletePairing binds the agent to the handle of a pairing code (POST
+// /api/pair/complete; no session: the code is the capability and the
+// signature proves the agent key). signature is standard base64 Ed25519
+// over `pan-pair-v1:<CODE>:<agent_id>`, checked before the code is touched,
+// so a bad signature never spends it. The code is consumed in the
+// transaction that binds the handle. Limited to 60 an hour per client IP.
+func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature, ip string) (string, error) {
+	now := s.now()
+	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		return ratelimit.Take(tx, CollRateLimits, now,
+			ratelimit.Limit{Name: "pair-per-ip", Key: ip, Max: s.limits.PairingPerIP, Window: s.limits.Window})
+	}); err != nil {
+		return "", s.limited(err)
+	}
+	norm, err := NormalizePairingCode(code)
+	if err != nil {
+		return "", err
+	}
+	if !keys.IsUserPublicKey(agentID) {
+		return "", errs.New(errs.InvalidRequest, "agent_id must be the agent's public key (U followed by 55 characters)")
+	}
+	if signature == "" {
+		return "", errs.New(errs.InvalidRequest, "signature is required: standard base64 Ed25519 over pan-pair-v1:<CODE>:<agent_id> by the agent key")
+	}
+	// The signer may have signed the code as typed (upper-cased) or in its
+	// canonical form; both name the same code.
+	typed := strings.ToUpper(strings.TrimSpace(code))
+	if protocol.VerifyPair(typed, agentID, signature) != nil && protocol.VerifyPair(norm, agentID, signature) != nil {
+		return "", errs.Newf(errs.IdentityMismatch, "the signature does not verify: sign pan-pair-v1:%s:%s with that agent's key (standard base64); the code was not used", norm, agentID)
+	}
+	var handle string
+	var outcome error
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		handle, outcome = "", nil
+		var p pairing
+		found, err := getOptional(tx, CollPairing, pairingID(norm), &p)
+		if err != nil {
+			return err
+		}
+		if !found {
+			outcome = errPairingGone
+			return nil
+		}
+		var h account.Handle
+		hFound, err := getOptional(tx, account.CollHandles, p.HandleID, &h)
+		if err != nil {
+			return err
+		}
+		switch {
+		case now.UnixMilli() >= p.ExpiresAt:
+			outcome = errPairingGone
+			return tx.Delete(CollPairing, pairingID(norm))
+		case !hFound || h.Email != p.Email:
+			outcome = errs.Newf(errs.NotFound, "the handle %s of that pairing code is no longer held; the code was withdrawn", p.Handle)
+			return tx.Delete(CollPairing, pairingID(norm))
+		}
+		if err := tx.Delete(CollPairing, pairingID(norm)); err != nil {
+			return err
+		}
+		handle = h.Handle
+		return tx.Update(account.CollHandles, p.HandleID, map[string]any{"agent_id": agentID, "bound_at": ms(now), "binding": "agent-key"})
+	})
+	if err != nil {
+		return "", txErr(err)
+	}
+	if outcome != nil {
+		return "", outcome
+	}
+	s.log.Info("handle bound", "handle", handle, "agent", agentID)
+	return handle, nil
+}

@@ -1,0 +1,159 @@
+// Package registrar is the handle registrar (spec §1, §2.1–2.2, §3.1, §4.1;
+// upstream-notes §12): a person proves an email address with a mailed
+// code, claims `<name>.<email>` handles with the session that gives, and
+// binds an agent to a handle with a single-use pairing code the agent
+// signs; anyone resolves a handle (or an agent id) to a card signed by the
+// registrar's key.
+//
+// Every secret (email codes, session tokens, pairing codes) is stored only
+// as its SHA-256. Everything single use is consumed in the transaction that
+// checks it, and every rate limit is kept in the store so it holds across
+// replicas. docs/registrar.md is the reference of the HTTP surface.
+package registrar
+
+import (
+	"errors"
+	"log/slog"
+	"strings"
+	"time"
+
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// Collections of the control-plane store this package owns. Handles live
+// in account.CollHandles ("handles"), shared with the control plane, whose
+// agent key exchange may bind a handle too.
+const (
+	CollCodes      = "registrar_email_codes"   // id: hash of the address → its pending codes
+	CollSessions   = "registrar_sessions"      // id: hash of the session token
+	CollPairing    = "registrar_pairing_codes" // id: hash of the normalised pairing code
+	CollOperators  = "registrar_operators"     // id: the address → its operator name
+	CollRateLimits = "registrar_rate_limits"   // id: hash of (limit, key); see shared/ratelimit
+)
+
+// Defaults (upstream-notes §12–13).
+const (
+	CodeTTL         = 15 * time.Minute
+	CodeAttempts    = 5
+	SessionTTL      = 8 * time.Hour
+	PairingTTL      = 10 * time.Minute
+	CardTTL         = time.Hour
+	MaxName         = 64 // bytes, after trimming
+	MaxOperatorName = 80 // characters
+	// SessionPrefix starts every registrar session token.
+	SessionPrefix = "rgs_"
+	// Protocol is the endpoint protocol of a mesh agent on a card. The
+	// specification (§2.2) says "mesh"; upstream says "agentmesh". The
+	// specification wins; the adapter accepts both.
+	Protocol = "mesh"
+	// KeyUse is the use of every key in the key set.
+	KeyUse = "pan-card-signing"
+)
+
+// Limits are the registrar's rate limits; zero fields take the defaults of
+// upstream-notes §12.2–12.3.
+type Limits struct {
+	CodesPerAddress int // verification codes mailed per address per window (5)
+	CodesPerIP      int // per client IP (15)
+	CodesOverall    int // for the whole registrar (500)
+	PairingPerIP    int // pairing completions per client IP (60)
+	Window          time.Duration
+}
+
+func (l Limits) withDefaults() Limits {
+	def := func(v *int, d int) {
+		if *v <= 0 {
+			*v = d
+		}
+	}
+	def(&l.CodesPerAddress, 5)
+	def(&l.CodesPerIP, 15)
+	def(&l.CodesOverall, 500)
+	def(&l.PairingPerIP, 60)
+	if l.Window <= 0 {
+		l.Window = time.Hour
+	}
+	return l
+}
+
+// Config is what the service needs: its dependencies and its settings.
+type Config struct {
+	// Store is the control-plane store.
+	Store store.Store
+	// Mail delivers the verification codes.
+	Mail mail.Sender
+	// Signer is the registrar's card-signing key. Nil: this registrar
+	// cannot sign, so resolve and the key set answer 503 (never an
+	// unsigned card) while claiming and pairing still work.
+	Signer keys.Signer
+	// URL is the registrar's public base URL: the `registrar` of every
+	// card, and the base of WebFinger links.
+	URL string
+	// Now is the clock (time.Now when nil).
+	Now func() time.Time
+	// Log receives what happened; never a code, token or seed.
+	Log *slog.Logger
+	// Limits are the rate limits.
+	Limits Limits
+	// CardTTL is how long a signed card is valid (1 h; clamped to
+	// 60 s–24 h as upstream does).
+	CardTTL time.Duration
+}
+
+// Service is the registrar.
+type Service struct {
+	st      store.Store
+	mail    mail.Sender
+	signer  keys.Signer
+	url     string
+	now     func() time.Time
+	log     *slog.Logger
+	limits  Limits
+	cardTTL time.Duration
+}
+
+// New builds the service.
+func New(cfg Config) *Service {
+	s := &Service{st: cfg.Store, mail: cfg.Mail, signer: cfg.Signer, url: strings.TrimRight(cfg.URL, "/"),
+		now: cfg.Now, log: cfg.Log, limits: cfg.Limits.withDefaults(), cardTTL: cfg.CardTTL}
+	if s.now == nil {
+		s.now = time.Now
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	switch {
+	case s.cardTTL <= 0:
+		s.cardTTL = CardTTL
+	case s.cardTTL < time.Minute:
+		s.cardTTL = time.Minute
+	case s.cardTTL > 24*time.Hour:
+		s.cardTTL = 24 * time.Hour
+	}
+	return s
+}
+
+// URL is the registrar's base URL as cards name it.
+func (s *Service) URL() string { return s.url }
+
+const storeDown = "the registrar's store is unavailable; retry shortly"
+
+// txErr passes protocol errors through and turns store failures into 503.
+func txErr(err error) error { return errs.OrUnavailable(err, storeDown) }
+
+// getOptional reads coll/id into dst and reports whether it was there.
+func getOptional(tx store.Tx, coll, id string, dst any) (bool, error) {
+	err := tx.Get(coll, id, dst)
+	switch {
+	case err == nil:
+		return true, nil
+	case errors.Is(err, store.ErrNotFound):
+		return false, nil
+	}
+	return false, err
+}
+
+func ms(t time.Time) int64 { return t.UnixMilli() }
