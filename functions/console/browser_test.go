@@ -4,7 +4,10 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -348,14 +351,11 @@ func up(t *testing.T, bin, command string) (agentID, state string) {
 // agent id, which the page then lists. Screenshots of each page are left
 // in test-output/console (or $MESH_SCREENSHOTS_DIR).
 //
-// Handles: until shared/registrar is wired into the console, the Handles
-// page says the registrar is not configured. Once it is, replace
-// handlesNotConfigured below with the steps (each a page method like the
-// ones above): claim "coder" with an operator name, start pairing and read
-// #pairing-code and #pair-command, run that command with the built adapter
-// and the state directory `up` returned (the adapter signs the code with
-// the agent's key), then resolve the handle at the registrar and check it
-// names the agent id.
+// Handles: claim "helper" (the operator name is inherited from the key's
+// claim), start pairing, read the code and the command the page shows, run
+// that command with the built adapter on the agent's state directory (the
+// adapter signs the code with the agent key), and resolve the handle at the
+// registrar: its card names the agent.
 func TestConsoleInBrowser(t *testing.T) {
 	exe := needBrowser(t)
 	adapter := buildAdapter(t) // in the background, while the browser starts
@@ -376,7 +376,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Fatalf("command %q, want %q", command, want)
 	}
 
-	agentID, _ := up(t, adapter(), command)
+	agentID, state := up(t, adapter(), command)
 	if !strings.HasPrefix(agentID, "U") {
 		t.Fatalf("agent id %q", agentID)
 	}
@@ -391,7 +391,7 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("API token %q", tok)
 	}
 
-	handlesNotConfigured(p)
+	p.pairHandle("helper", adapter(), state, agentID)
 
 	// The same list on a phone-sized screen: nothing may overflow the page.
 	p.do("phone-sized", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.w.console+"agent-keys"), chromedp.WaitVisible(chromedp.CSS(`table`)))
@@ -401,13 +401,53 @@ func TestConsoleInBrowser(t *testing.T) {
 	p.shot("agent-keys-phone")
 }
 
-// handlesNotConfigured is the Handles page as it is until the registrar is
-// wired: it says so.
-func handlesNotConfigured(p *page) {
+// pairHandle claims name on the Handles page, starts pairing, runs the
+// pairing command the page shows with the agent's adapter, and checks the
+// registrar resolves the handle to the agent.
+func (p *page) pairHandle(name, bin, state, agentID string) {
 	p.t.Helper()
-	p.do("open handles", chromedp.Navigate(p.w.console+"handles"), chromedp.WaitVisible(chromedp.CSS(`h1`)))
-	if got := p.text("#registrar-missing"); !strings.Contains(got, "registrar is not configured") {
-		p.t.Errorf("handles page: %q", got)
+	p.do("open handles", chromedp.Navigate(p.w.console+"handles"), chromedp.WaitVisible(chromedp.CSS(`#handle-name`)))
+	p.do("claim a handle", chromedp.SendKeys(chromedp.CSS(`#handle-name`), name),
+		chromedp.Click(chromedp.CSS(`form[action="/console/handles/claim"] button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`tbody tr`)))
+	handle := name + ".ana@example.org"
+	if rows := p.text("tbody"); !strings.Contains(rows, handle) {
+		p.t.Fatalf("handles after the claim: %q (error: %q)", rows, p.text("#claim-error"))
+	}
+	p.do("start pairing", chromedp.Click(chromedp.CSS(`button[aria-label="Start pairing an agent with `+handle+`"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#pairing-code`)))
+	code, command := p.text("#pairing-code"), p.text("#pair-command")
+	if want := "mesh-adapter pair " + handle + " " + code; command != want {
+		p.t.Fatalf("pairing command %q, want %q", command, want)
 	}
 	p.shot("handles")
+	args := strings.Fields(command)[1:]
+	cmd := exec.Command(bin, append([]string{"--state-dir", state, "--registrar-url", p.w.m.URLs().Registrar}, args...)...)
+	cmd.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL=")
+	if out, err := cmd.CombinedOutput(); err != nil || !strings.Contains(string(out), "is now bound to agent "+agentID) {
+		p.t.Fatalf("%s: %v\n%s", command, err, out)
+	}
+	resp, err := http.Get(p.w.m.URLs().Registrar + "/api/resolve?handle=" + url.QueryEscape(handle))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var got struct {
+		Card struct {
+			Reserved  bool `json:"reserved"`
+			Endpoints []struct {
+				Protocol string `json:"protocol"`
+				AgentID  string `json:"agent_id"`
+			} `json:"endpoints"`
+		} `json:"card"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&got); err != nil || resp.StatusCode != 200 || got.Card.Reserved ||
+		len(got.Card.Endpoints) != 1 || got.Card.Endpoints[0].AgentID != agentID {
+		p.t.Fatalf("resolve %s: %d %+v %v", handle, resp.StatusCode, got, err)
+	}
+	p.do("reload handles", chromedp.Navigate(p.w.console+"handles"), chromedp.WaitVisible(chromedp.CSS(`tbody tr`)))
+	if rows := p.text("tbody"); !strings.Contains(rows, agentID) {
+		p.t.Errorf("the handles page does not show %s paired: %q", handle, rows)
+	}
+	p.shot("handle-paired")
 }

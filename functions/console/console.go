@@ -41,14 +41,14 @@ func handler(d *api.Deps, _ httpx.Route) httpx.HandlerFunc {
 	if d.Accounts == nil {
 		return api.NotConfigured("the account service (and with it the console)")
 	}
-	s := New(Config{
-		Accounts:   d.Accounts,
-		ConsoleURL: d.Accounts.ConsoleURL(),
-		Log:        d.Log,
-		// The registrar is wired when shared/registrar lands: until then
-		// the Handles page says it is not configured (docs/console.md).
-		Registrar: nil,
-	})
+	cfg := Config{Accounts: d.Accounts, ConsoleURL: d.Accounts.ConsoleURL(), Log: d.Log}
+	// Without a registrar the Handles page says it is not configured. The
+	// nil check is on the pointer: a nil *Service inside the interface
+	// would not compare equal to nil.
+	if d.Registrar != nil {
+		cfg.Registrar = NewRegistrar(d.Registrar)
+	}
+	s := New(cfg)
 	return func(w http.ResponseWriter, r *http.Request) error {
 		s.ServeHTTP(w, r)
 		return nil

@@ -18,8 +18,8 @@ import (
 // registrarDouble stands in for shared/registrar in the Handles page's own
 // tests: it checks what the page sends through console.Registrar and
 // answers as the registrar's contract says (spec §4.1). It is a test
-// double of the interface, not a registrar; the concrete one is wired when
-// shared/registrar lands.
+// double of the interface, not a registrar; the real one is exercised by
+// the browser test.
 type registrarDouble struct {
 	mu       sync.Mutex
 	sessions map[string]string // token → email
@@ -145,21 +145,5 @@ func TestConsoleHandlesPage(t *testing.T) {
 	defer reg.mu.Unlock()
 	if len(reg.calls) == 0 || reg.calls[0] != "session ana@example.org email" {
 		t.Errorf("registrar calls: %q", reg.calls)
-	}
-}
-
-// Without a registrar (meshd until shared/registrar is wired) the page
-// says so, and its forms answer 501 in words.
-func TestConsoleHandlesWithoutRegistrar(t *testing.T) {
-	w := startWorld(t)
-	b := newBrowser(t, w.console)
-	b.signIn(w, "ana@example.org")
-	page := b.get("handles")
-	if page.status != 200 || !strings.Contains(page.body, "The handle registrar is not configured on this instance") {
-		t.Fatalf("handles page: %d\n%s", page.status, page.body)
-	}
-	a := b.post("handles/claim", url.Values{"name": {"coder"}, "csrf": {csrf(t, page)}})
-	if a.status != http.StatusNotImplemented || alert(a) != "The handle registrar is not configured on this instance." {
-		t.Errorf("claim without a registrar: %d %q", a.status, alert(a))
 	}
 }

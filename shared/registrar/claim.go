@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"errors"
+	"sort"
 	"strings"
 	"time"
 
@@ -280,4 +281,26 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 	}
 	s.log.Info("handle bound", "handle", handle, "agent", agentID)
 	return handle, nil
+}
+
+// Mine lists the handles the session's address holds, oldest first (the
+// console's Handles page; upstream's GET /api/handles/mine).
+func (s *Service) Mine(ctx context.Context, token string) ([]account.Handle, error) {
+	var out []account.Handle
+	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		sess, err := s.sessionIn(tx, token, s.now())
+		if err != nil {
+			return err
+		}
+		out = nil
+		return tx.Query(account.CollHandles, store.Where("email", sess.Email), &out)
+	})
+	if err != nil {
+		if errs.CodeOf(err) != "" {
+			return nil, err
+		}
+		return nil, errs.Wrap(errs.Unavailable, "the registrar cannot list handles right now; retry shortly", err)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ClaimedAt < out[j].ClaimedAt })
+	return out, nil
 }
