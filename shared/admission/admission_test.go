@@ -402,7 +402,8 @@ func TestRelayWithRoster(t *testing.T) {
 	h.mailbox(a)
 	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, map[string]string{
 		contact.Public(): "allow", blockedContact.Public(): "block"})})
-	n := serve(t, bustest.Client(t, h.m), agent)
+	nodeConn := bustest.Client(t, h.m)
+	n := serve(t, nodeConn, agent)
 
 	// Allowed: relayed once, both answers forwarded byte for byte.
 	data, req := signedRequest(t, contact, a)
@@ -466,7 +467,10 @@ func TestRelayWithRoster(t *testing.T) {
 	// The node goes offline: the allowed sender gets the queued ack after
 	// the relay timeout and the relayed copy waits in the mailbox on the
 	// guarded subject, where the agent's consumer reads.
+	// Flushed, so the broker has dropped the interest before the next
+	// request: otherwise the relay may still find it and wait it out.
 	_ = n.sub.Unsubscribe()
+	_ = nodeConn.Flush()
 	data2, req2 := signedRequest(t, contact, a)
 	queuedAck(t, h, req2, send(t, h.nc, a, data2, 3*time.Second))
 	cons, err := h.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(a))
@@ -502,7 +506,8 @@ func TestRelayWithoutRoster(t *testing.T) {
 	registered, anonymous := bustest.Agent(t), bustest.Agent(t)
 	h.register(registered.Public(), false)
 	h.guard(agent, map[string]any{})
-	n := serve(t, bustest.Client(t, h.m), agent)
+	nodeConn := bustest.Client(t, h.m)
+	n := serve(t, nodeConn, agent)
 
 	data, _ := signedRequest(t, registered, a)
 	if got := send(t, h.nc, a, data, 3*time.Second); len(got) != 2 || protocol.ResponseStatus(got[1]) != "completed" {
@@ -515,7 +520,10 @@ func TestRelayWithoutRoster(t *testing.T) {
 	}
 
 	// Offline without a mailbox: no responders, the ack comes at once.
+	// Flushed, so the broker has dropped the interest before the next
+	// request: otherwise the relay may still find it and wait it out.
 	_ = n.sub.Unsubscribe()
+	_ = nodeConn.Flush()
 	begin := time.Now()
 	d3, r3 := signedRequest(t, registered, a)
 	queuedAck(t, h, r3, send(t, h.nc, a, d3, 3*time.Second))
@@ -580,7 +588,8 @@ func TestRelayExactlyOnce(t *testing.T) {
 	sender := bustest.Agent(t)
 	h.register(sender.Public(), false)
 	h.guard(agent, map[string]any{})
-	n := serve(t, bustest.Client(t, h.m), agent)
+	nodeConn := bustest.Client(t, h.m)
+	n := serve(t, nodeConn, agent)
 	const N = 30
 	var wg sync.WaitGroup
 	for range N {
