@@ -181,6 +181,23 @@ func (e *Env) openState() (*state.Dir, error) {
 	return state.Open(e.StateDir)
 }
 
+// identity opens the state directory and decodes its agent's keys.
+func (e *Env) identity() (*state.Dir, state.Identity, state.Keys, error) {
+	dir, err := e.openState()
+	if err != nil {
+		return nil, state.Identity{}, state.Keys{}, err
+	}
+	id, err := dir.Identity()
+	if err != nil {
+		return nil, state.Identity{}, state.Keys{}, err
+	}
+	ks, err := id.Keys()
+	if err != nil {
+		return nil, state.Identity{}, state.Keys{}, err
+	}
+	return dir, id, ks, nil
+}
+
 func printUsage(w io.Writer) {
 	fmt.Fprint(w, `mesh-adapter gives an agent an inbound address on the mesh.
 

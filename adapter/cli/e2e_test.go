@@ -64,7 +64,13 @@ func newWorld(t *testing.T) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: t.TempDir(), Mail: ob})
+	return newWorldWith(t, ob)
+}
+
+// newWorldWith starts the mesh with sender as its mail, and an account.
+func newWorldWith(t *testing.T, sender mail.Sender) *world {
+	t.Helper()
+	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: t.TempDir(), Mail: sender})
 	if err != nil {
 		t.Fatal(err)
 	}

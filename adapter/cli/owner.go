@@ -101,15 +101,7 @@ func runAllowance(_ context.Context, e *Env, args []string) error {
 	if a := pos[0]; a != "set" && a != "show" && a != "clear" {
 		return usageError("unknown allowance action %q: say set, show or clear", a)
 	}
-	dir, err := e.openState()
-	if err != nil {
-		return err
-	}
-	id, err := dir.Identity()
-	if err != nil {
-		return err
-	}
-	ks, err := id.Keys()
+	dir, id, ks, err := e.identity()
 	if err != nil {
 		return err
 	}
@@ -190,15 +182,7 @@ func runContacts(_ context.Context, e *Env, args []string) error {
 	if len(pos) != 1 || pos[0] != "export" {
 		return usageError("say export")
 	}
-	dir, err := e.openState()
-	if err != nil {
-		return err
-	}
-	id, err := dir.Identity()
-	if err != nil {
-		return err
-	}
-	ks, err := id.Keys()
+	dir, _, ks, err := e.identity()
 	if err != nil {
 		return err
 	}
@@ -279,11 +263,7 @@ func runPair(ctx context.Context, e *Env, args []string) error {
 	if len(pos) != 2 {
 		return usageError("give the handle and the code")
 	}
-	dir, rc, id, err := e.registrarClient()
-	if err != nil {
-		return err
-	}
-	ks, err := id.Keys()
+	dir, rc, id, ks, err := e.registrarClient()
 	if err != nil {
 		return err
 	}
@@ -304,25 +284,22 @@ func runPair(ctx context.Context, e *Env, args []string) error {
 	return nil
 }
 
-// registrarClient opens the state and the registrar it names.
-func (e *Env) registrarClient() (*state.Dir, *registrar.Client, state.Identity, error) {
-	dir, err := e.openState()
+// registrarClient opens the state, its identity and the registrar it
+// names.
+func (e *Env) registrarClient() (*state.Dir, *registrar.Client, state.Identity, state.Keys, error) {
+	dir, id, ks, err := e.identity()
 	if err != nil {
-		return nil, nil, state.Identity{}, err
-	}
-	id, err := dir.Identity()
-	if err != nil {
-		return nil, nil, state.Identity{}, err
+		return nil, nil, state.Identity{}, state.Keys{}, err
 	}
 	conf, err := dir.Config()
 	if err != nil {
-		return nil, nil, state.Identity{}, err
+		return nil, nil, state.Identity{}, state.Keys{}, err
 	}
 	url := firstNonEmpty(e.RegistrarURL, conf.RegistrarURL)
 	if url == "" {
-		return nil, nil, state.Identity{}, usageError("no registrar: pass --registrar-url (meshd prints it) or set MESH_REGISTRAR_URL")
+		return nil, nil, state.Identity{}, state.Keys{}, usageError("no registrar: pass --registrar-url (meshd prints it) or set MESH_REGISTRAR_URL")
 	}
-	return dir, registrar.New(url), id, nil
+	return dir, registrar.New(url), id, ks, nil
 }
 
 func runJoin(ctx context.Context, e *Env, args []string) error {
@@ -337,11 +314,7 @@ func runJoin(ctx context.Context, e *Env, args []string) error {
 	if len(pos) > 0 {
 		return usageError("unexpected argument %q", pos[0])
 	}
-	dir, rc, id, err := e.registrarClient()
-	if err != nil {
-		return err
-	}
-	ks, err := id.Keys()
+	dir, rc, id, ks, err := e.registrarClient()
 	if err != nil {
 		return err
 	}

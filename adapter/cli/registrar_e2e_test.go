@@ -17,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mail/mailtest"
 )
@@ -36,21 +35,7 @@ func newMailWorld(t *testing.T) *mailWorld {
 	if err != nil {
 		t.Fatal(err)
 	}
-	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: t.TempDir(), Mail: sender})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	base, err := os.MkdirTemp("", "ma")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
-	a, _, err := m.Control().Accounts.CreateAccount(t.Context(), "ana@example.org")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &mailWorld{world: &world{t: t, m: m, base: base, acct: a.ID}, smtp: srv}
+	return &mailWorld{world: newWorldWith(t, sender), smtp: srv}
 }
 
 var handleCodeRE = regexp.MustCompile(`\b(\d{6})\b`)
