@@ -9,33 +9,18 @@ import (
 	"net/url"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mail/mailtest"
+	"agentmesh.dev/mesh/shared/testclock"
 )
 
-// clock is the control plane's clock: real time plus an offset a test can
-// move forward (passkey checks and codes expire on it).
-type clock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.off += d
-	c.mu.Unlock()
-}
+// clock is the control plane's clock in tests: real time plus an offset
+// the test can move forward (the broker keeps real time).
+type clock = testclock.Clock
 
 // world is a whole in-process mesh (meshd's handlers, workers and broker)
 // whose mail goes to a real SMTP server in the test.

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"regexp"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,27 +18,12 @@ import (
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mail/mailtest"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/testclock"
 )
 
 // clock is the control plane's clock in tests: real time plus an offset
-// the test can move forward (leases, codes and sessions expire on it; the
-// broker keeps real time).
-type clock struct {
-	mu  sync.Mutex
-	off time.Duration
-}
-
-func (c *clock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return time.Now().Add(c.off)
-}
-
-func (c *clock) Advance(d time.Duration) {
-	c.mu.Lock()
-	c.off += d
-	c.mu.Unlock()
-}
+// the test can move forward (the broker keeps real time).
+type clock = testclock.Clock
 
 // cp is a running mesh with a real SMTP server receiving its mail.
 type cp struct {
