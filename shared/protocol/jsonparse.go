@@ -187,7 +187,10 @@ func (p *parser) str() (string, error) {
 	for p.pos < len(p.data) {
 		c := p.data[p.pos]
 		if c == '"' {
-			s := string(p.data[start:p.pos])
+			s, ok := wellKnown(p.data[start:p.pos])
+			if !ok {
+				s = string(p.data[start:p.pos])
+			}
 			p.pos++
 			return s, nil
 		}
@@ -350,4 +353,78 @@ func (p *parser) number() (any, error) {
 		return nil, p.errorf("number %s is outside the range of a double", text)
 	}
 	return f, nil
+}
+
+// wellKnown returns the envelope's member names and most frequent values as
+// constants, so parsing them allocates nothing: every envelope carries the
+// same dozen names, and every verification parses one. The switch on
+// string(b) does not allocate.
+func wellKnown(b []byte) (string, bool) {
+	switch string(b) {
+	case "v":
+		return "v", true
+	case "id":
+		return "id", true
+	case "type":
+		return "type", true
+	case "ts":
+		return "ts", true
+	case "from":
+		return "from", true
+	case "to":
+		return "to", true
+	case "sig":
+		return "sig", true
+	case "trace":
+		return "trace", true
+	case "trace_id":
+		return "trace_id", true
+	case "span_id":
+		return "span_id", true
+	case "parent_span_id":
+		return "parent_span_id", true
+	case "payload":
+		return "payload", true
+	case "in_reply_to":
+		return "in_reply_to", true
+	case "task_id":
+		return "task_id", true
+	case "context_id":
+		return "context_id", true
+	case "budget":
+		return "budget", true
+	case "meta":
+		return "meta", true
+	case "status":
+		return "status", true
+	case "output":
+		return "output", true
+	case "input":
+		return "input", true
+	case "offering":
+		return "offering", true
+	case "text":
+		return "text", true
+	case "error":
+		return "error", true
+	case "code":
+		return "code", true
+	case "message":
+		return "message", true
+	case "request":
+		return "request", true
+	case "respond":
+		return "respond", true
+	case "emit":
+		return "emit", true
+	case "completed":
+		return "completed", true
+	case "accepted":
+		return "accepted", true
+	case "failed":
+		return "failed", true
+	case Version:
+		return Version, true
+	}
+	return "", false
 }
