@@ -79,7 +79,8 @@ func ok(w http.ResponseWriter, v map[string]any) error {
 	return nil
 }
 
-func (h *handlers) ip(r *http.Request) string { return httpx.ClientIP(r, h.d.TrustedProxyHops) }
+// ip is the client's key for the per-IP limits (an IPv6 client by its /64).
+func (h *handlers) ip(r *http.Request) string { return httpx.ClientKey(r, h.d.TrustedProxyHops) }
 
 func (h *handlers) start(w http.ResponseWriter, r *http.Request) error {
 	var b struct {

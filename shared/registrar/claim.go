@@ -9,6 +9,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/ratelimit"
@@ -216,8 +217,10 @@ var errPairingGone = errs.New(errs.NotFound, "pairing code unknown, used or expi
 // signature proves the agent key). signature is standard base64 Ed25519
 // over `pan-pair-v1:<CODE>:<agent_id>`, checked before the code is touched,
 // so a bad signature never spends it. The code is consumed in the
-// transaction that binds the handle. Limited to 60 an hour per client IP.
+// transaction that binds the handle. Limited to 60 an hour per client IP
+// (an IPv6 client by its /64).
 func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature, ip string) (string, error) {
+	ip = httpx.LimitKey(ip)
 	now := s.now()
 	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
 		return ratelimit.Take(tx, CollRateLimits, now,

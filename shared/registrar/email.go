@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/secret"
@@ -47,13 +48,15 @@ type Started struct {
 
 // StartEmail mails a 6-digit code to email (POST /api/handles/start). The
 // code lives 15 minutes and allows 5 tries. Codes are limited per address
-// (5 an hour), per client IP (15) and for the whole registrar (500); the
-// counters are in the store, so the limits hold across replicas.
+// (5 an hour), per client IP (15; an IPv6 client by its /64, see
+// httpx.LimitKey) and for the whole registrar (500); the counters are in the
+// store, so the limits hold across replicas.
 func (s *Service) StartEmail(ctx context.Context, email, ip string) (Started, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return Started{}, err
 	}
+	ip = httpx.LimitKey(ip)
 	now := s.now()
 	code := secret.Digits(6)
 	l := s.limits

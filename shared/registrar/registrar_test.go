@@ -282,6 +282,30 @@ func TestRateLimits(t *testing.T) {
 			t.Fatalf("the IP's third code: %v", err)
 		}
 	})
+	t.Run("an IPv6 /64 is one client", func(t *testing.T) {
+		e := newEnv(t, small)
+		for i, ip := range []string{"2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff:ffff:ffff:ffff"} {
+			if _, err := e.svc.StartEmail(ctx, fmt.Sprintf("u%d@example.org", i), ip); err != nil {
+				t.Fatalf("%s: %v", ip, err)
+			}
+		}
+		_, err := e.svc.StartEmail(ctx, "u9@example.org", "2001:db8:1:2::abcd")
+		wantErr(t, "a fourth address of the /64", err, errs.RateLimited, 429, "verification codes from your address")
+		if errs.As(err).Details["limit"] != "code-per-ip" {
+			t.Fatalf("limit %v", errs.As(err).Details)
+		}
+		if _, err := e.svc.StartEmail(ctx, "u9@example.org", "2001:db8:1:3::1"); err != nil {
+			t.Fatalf("another /64: %v", err)
+		}
+		agent := newAgent(t)
+		sig := protocol.SignPair(agent, "ABC-DEF")
+		for _, ip := range []string{"2001:db8:9::1", "2001:db8:9::2"} {
+			_, err := e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), sig, ip)
+			wantErr(t, "unknown code", err, errs.NotFound, 404, "unknown, used or expired")
+		}
+		_, err = e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), sig, "2001:db8:9::3")
+		wantErr(t, "a third pairing from the /64", err, errs.RateLimited, 429, "pairing attempts")
+	})
 	t.Run("pairing per IP", func(t *testing.T) {
 		e := newEnv(t, small)
 		agent := newAgent(t)
