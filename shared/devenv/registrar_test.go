@@ -230,3 +230,32 @@ func TestRegistrarRefusals(t *testing.T) {
 		t.Fatalf("sixth code: %d %v %v", resp.StatusCode, resp.Header, lim)
 	}
 }
+
+// Behind a reverse proxy (TrustedProxyHops 1, meshd's
+// --trusted-proxy-hops) the per-IP limits key on the address the proxy
+// appended to X-Forwarded-For, not on the proxy's own socket address.
+func TestTrustedProxyHops(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) { cfg.RateLimit = 2; cfg.TrustedProxyHops = 1 })
+	get := func(xff string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, c.base+"/api/registrar-key", nil)
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, xff := range []string{"203.0.113.5, 192.0.2.1", "192.0.2.1"} {
+		if st := get(xff); st != 200 {
+			t.Fatalf("request %d: %d", i, st)
+		}
+	}
+	if st := get("198.51.100.7, 192.0.2.1"); st != 429 {
+		t.Fatalf("the client's third request: %d, want 429 (the left-most entry is the client's to forge)", st)
+	}
+	if st := get("192.0.2.2"); st != 200 {
+		t.Fatalf("another client behind the same proxy: %d (every client would share the proxy's limit)", st)
+	}
+}
