@@ -218,16 +218,12 @@ var errPairingGone = errs.New(errs.NotFound, "pairing code unknown, used or expi
 // over `pan-pair-v1:<CODE>:<agent_id>`, checked before the code is touched,
 // so a bad signature never spends it. The code is consumed in the
 // transaction that binds the handle. Limited to 60 an hour per client IP
-// (an IPv6 client by its /64).
+// (an IPv6 client by its /64), counting only well-formed, verifying
+// attempts.
 func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature, ip string) (string, error) {
-	ip = httpx.LimitKey(ip)
-	now := s.now()
-	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
-		return ratelimit.Take(tx, CollRateLimits, now,
-			ratelimit.Limit{Name: "pair-per-ip", Key: ip, Max: s.limits.PairingPerIP, Window: s.limits.Window})
-	}); err != nil {
-		return "", s.limited(err)
-	}
+	// The body is checked, and the signature verified, before the per-IP
+	// limit is taken: a malformed or unsigned request costs a store write
+	// nobody, and only a request that could spend a code is counted.
 	norm, err := NormalizePairingCode(code)
 	if err != nil {
 		return "", err
@@ -238,11 +234,22 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 	if signature == "" {
 		return "", errs.New(errs.InvalidRequest, "signature is required: standard base64 Ed25519 over pan-pair-v1:<CODE>:<agent_id> by the agent key")
 	}
+	if _, err := protocol.Base64Std.Decode(signature); err != nil {
+		return "", errs.Newf(errs.InvalidRequest, "signature must be a standard base64 Ed25519 signature (64 bytes) over pan-pair-v1:<CODE>:<agent_id>: %v", err)
+	}
 	// The signer may have signed the code as typed (upper-cased) or in its
 	// canonical form; both name the same code.
 	typed := strings.ToUpper(strings.TrimSpace(code))
 	if protocol.VerifyPair(typed, agentID, signature) != nil && protocol.VerifyPair(norm, agentID, signature) != nil {
 		return "", errs.Newf(errs.IdentityMismatch, "the signature does not verify: sign pan-pair-v1:%s:%s with that agent's key (standard base64); the code was not used", norm, agentID)
+	}
+	ip = httpx.LimitKey(ip)
+	now := s.now()
+	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		return ratelimit.Take(tx, CollRateLimits, now,
+			ratelimit.Limit{Name: "pair-per-ip", Key: ip, Max: s.limits.PairingPerIP, Window: s.limits.Window})
+	}); err != nil {
+		return "", s.limited(err)
 	}
 	var handle string
 	var outcome error

@@ -540,3 +540,54 @@ func TestConcurrentClaims(t *testing.T) {
 		t.Fatalf("stored %+v %v, winner %s", h, err, winner)
 	}
 }
+
+// count is the number of documents in coll.
+func (e *env) count(coll string) int {
+	e.t.Helper()
+	var docs []map[string]any
+	if err := store.List(e.t.Context(), e.st, coll, store.Query{}, &docs); err != nil {
+		e.t.Fatal(err)
+	}
+	return len(docs)
+}
+
+// A pairing completion that could not spend a code (a malformed body, a
+// signature that does not verify) is refused before the per-IP limit is
+// taken, so it writes nothing: a flood of garbage from many addresses
+// leaves the store as it was.
+func TestPairingRefusalsWriteNothing(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t)
+	agent, other := newAgent(t), newAgent(t)
+	good := protocol.SignPair(agent, "ABC-DEF")
+	for i, tc := range []struct {
+		code, agent, sig string
+		status           int
+	}{
+		{"", "", "", 400},
+		{"ABC-DEF", "", "", 400},
+		{"ABC-DE0", agent.Public(), good, 400},          // 0 is not in the alphabet
+		{"ABC-DEF", "Unot-a-key", good, 400},            // not a public key
+		{"ABC-DEF", agent.Public(), "", 400},            // no signature
+		{"ABC-DEF", agent.Public(), "not base64!", 400}, // not base64
+		{"ABC-DEF", agent.Public(), "AAAA", 400},        // not 64 bytes
+		{"ABC-DEF", agent.Public(), protocol.SignPair(other, "ABC-DEF"), 401},
+	} {
+		for j := range 5 {
+			_, err := e.svc.CompletePairing(ctx, tc.code, tc.agent, tc.sig, fmt.Sprintf("2001:db8:%x::%x", i, j))
+			if err == nil || errs.As(err).HTTPStatus() != tc.status {
+				t.Fatalf("case %d: %v, want %d", i, err, tc.status)
+			}
+		}
+	}
+	if n := e.count(registrar.CollRateLimits); n != 0 {
+		t.Fatalf("refused pairings wrote %d rate-limit counters", n)
+	}
+	// A well-formed, verifying attempt is counted.
+	if _, err := e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), good, "192.0.2.1"); errs.CodeOf(err) != errs.NotFound {
+		t.Fatalf("unknown code: %v", err)
+	}
+	if n := e.count(registrar.CollRateLimits); n != 1 {
+		t.Fatalf("%d counters, want 1", n)
+	}
+}
