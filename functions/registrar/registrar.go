@@ -104,7 +104,7 @@ func (h *handlers) verify(w http.ResponseWriter, r *http.Request) error {
 	if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 		return err
 	}
-	v, err := h.svc.Verify(r.Context(), b.Email, b.Code)
+	v, err := h.svc.Verify(r.Context(), b.Email, b.Code, h.ip(r))
 	if err != nil {
 		return err
 	}

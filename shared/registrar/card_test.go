@@ -187,7 +187,7 @@ func TestSecretsStoredHashed(t *testing.T) {
 	}
 	code := e.mail.lastCode(t, "ana@example.org")
 	assertNoSecret(t, e, code, "ana@example.org\",\"ip", "192.0.2.1")
-	v, err := e.svc.Verify(t.Context(), "ana@example.org", code)
+	v, err := e.svc.Verify(t.Context(), "ana@example.org", code, "192.0.2.1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -105,6 +105,7 @@ func (s *Service) limited(err error) error {
 		"code-per-ip":      "verification codes from your address",
 		"code-overall":     "verification codes on this registrar",
 		"pair-per-ip":      "pairing attempts from your address",
+		"verify-per-ip":    "wrong or unknown verification codes from your address",
 	}[ex.Limit.Name]
 	after := ex.RetryAfter.Milliseconds()
 	if after < 1 {
@@ -123,8 +124,11 @@ type Verified struct {
 // Verify exchanges a mailed code for a session token that lives 8 hours
 // (POST /api/handles/verify). A right code deletes every code pending for
 // the address; a wrong one costs a try; an unknown, used or expired code is
-// a 401 that says which.
-func (s *Service) Verify(ctx context.Context, email, code string) (Verified, error) {
+// a 401 that says which. Every such refusal counts against the client IP's
+// verify-per-ip limit (30 an hour; an IPv6 client by its /64); over it,
+// verify answers 429 before comparing the code, so a client cannot burn
+// other people's pending codes (five wrong tries each) cheaply.
+func (s *Service) Verify(ctx context.Context, email, code, ip string) (Verified, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return Verified{}, err
@@ -135,6 +139,7 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 	}
 	now := s.now()
 	token := secret.Token(SessionPrefix)
+	lim := ratelimit.Limit{Name: "verify-per-ip", Key: httpx.LimitKey(ip), Max: s.limits.VerifyFailuresPerIP, Window: s.limits.Window}
 	var outcome error
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		outcome = nil
@@ -143,9 +148,19 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 		if err != nil {
 			return err
 		}
+		// Over the limit nothing is compared, so no try is spent and a
+		// refusal tells nothing about the code.
+		if err := ratelimit.Check(tx, CollRateLimits, now, lim); err != nil {
+			return err
+		}
+		// refuse records a refused try against the IP; it must come before
+		// the transaction's other writes.
+		refuse := func(e error) error {
+			outcome = e
+			return ratelimit.Take(tx, CollRateLimits, now, lim)
+		}
 		if !found || len(rec.Codes) == 0 {
-			outcome = errs.New(errs.Unauthorized, "no code is pending for that address (unknown or already used): request a new one")
-			return nil
+			return refuse(errs.New(errs.Unauthorized, "no code is pending for that address (unknown or already used): request a new one"))
 		}
 		matched, expired := false, 0
 		live := rec.Codes[:0]
@@ -167,22 +182,28 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 			return tx.Create(CollSessions, secret.Hash(token), session{Email: email, Provenance: "email",
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(SessionTTL))})
 		case len(live) == 0 && expired == len(rec.Codes):
-			outcome = errs.New(errs.Unauthorized, "that code has expired (codes last 15 minutes): request a new one")
+			if err := refuse(errs.New(errs.Unauthorized, "that code has expired (codes last 15 minutes): request a new one")); err != nil {
+				return err
+			}
 			return tx.Delete(CollCodes, codesID(email))
 		case len(live) == 0:
-			outcome = errs.New(errs.Unauthorized, "wrong code, and that was the last try: request a new one")
+			if err := refuse(errs.New(errs.Unauthorized, "wrong code, and that was the last try: request a new one")); err != nil {
+				return err
+			}
 			return tx.Delete(CollCodes, codesID(email))
 		}
 		left := 0
 		for _, c := range live {
 			left = max(left, c.AttemptsLeft)
 		}
-		outcome = errs.Newf(errs.Unauthorized, "wrong code; %d tries left", left).WithDetail("attempts_left", left)
+		if err := refuse(errs.Newf(errs.Unauthorized, "wrong code; %d tries left", left).WithDetail("attempts_left", left)); err != nil {
+			return err
+		}
 		rec.Codes = live
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
-		return Verified{}, txErr(err)
+		return Verified{}, s.limited(err)
 	}
 	if outcome != nil {
 		return Verified{}, outcome

@@ -60,7 +60,10 @@ type Limits struct {
 	CodesPerIP      int // per client IP (15)
 	CodesOverall    int // for the whole registrar (500)
 	PairingPerIP    int // pairing completions per client IP (60)
-	Window          time.Duration
+	// VerifyFailuresPerIP bounds the refused verification tries (wrong,
+	// expired or no code pending) per client IP (30; not in upstream).
+	VerifyFailuresPerIP int
+	Window              time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -73,6 +76,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.CodesPerIP, 15)
 	def(&l.CodesOverall, 500)
 	def(&l.PairingPerIP, 60)
+	def(&l.VerifyFailuresPerIP, 30)
 	if l.Window <= 0 {
 		l.Window = time.Hour
 	}

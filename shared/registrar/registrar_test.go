@@ -117,7 +117,7 @@ func (e *env) session(addr string) string {
 	if _, err := e.svc.StartEmail(e.t.Context(), addr, ip); err != nil {
 		e.t.Fatalf("start %s: %v", addr, err)
 	}
-	v, err := e.svc.Verify(e.t.Context(), addr, e.mail.lastCode(e.t, addr))
+	v, err := e.svc.Verify(e.t.Context(), addr, e.mail.lastCode(e.t, addr), ip)
 	if err != nil {
 		e.t.Fatalf("verify %s: %v", addr, err)
 	}
@@ -172,14 +172,14 @@ func TestEmailCodes(t *testing.T) {
 			t.Fatalf("mail: %+v", e.mail.sent[0])
 		}
 		// The first mail's code still works after the second was sent.
-		v, err := e.svc.Verify(ctx, "ANA@example.org", first)
+		v, err := e.svc.Verify(ctx, "ANA@example.org", first, "192.0.2.1")
 		if err != nil || !strings.HasPrefix(v.Token, registrar.SessionPrefix) || !v.ExpiresAt.Equal(e.clock.Now().Add(8*time.Hour)) {
 			t.Fatalf("verify: %+v %v", v, err)
 		}
 		// Every code of the address was deleted with that success.
-		_, err = e.svc.Verify(ctx, "ana@example.org", second)
+		_, err = e.svc.Verify(ctx, "ana@example.org", second, "192.0.2.1")
 		wantErr(t, "second code after success", err, errs.Unauthorized, 401, "no code is pending")
-		_, err = e.svc.Verify(ctx, "ana@example.org", first)
+		_, err = e.svc.Verify(ctx, "ana@example.org", first, "192.0.2.1")
 		wantErr(t, "reused code", err, errs.Unauthorized, 401, "unknown or already used")
 	})
 	t.Run("wrong codes count, the fifth burns", func(t *testing.T) {
@@ -193,15 +193,15 @@ func TestEmailCodes(t *testing.T) {
 			wrong = "111111"
 		}
 		for left := 4; left >= 1; left-- {
-			_, err := e.svc.Verify(ctx, "bo@example.org", wrong)
+			_, err := e.svc.Verify(ctx, "bo@example.org", wrong, "192.0.2.1")
 			wantErr(t, "wrong code", err, errs.Unauthorized, 401, "tries left")
 			if got := errs.As(err).Details["attempts_left"]; got != left {
 				t.Fatalf("attempts_left = %v, want %d", got, left)
 			}
 		}
-		_, err := e.svc.Verify(ctx, "bo@example.org", wrong)
+		_, err := e.svc.Verify(ctx, "bo@example.org", wrong, "192.0.2.1")
 		wantErr(t, "fifth wrong code", err, errs.Unauthorized, 401, "last try")
-		_, err = e.svc.Verify(ctx, "bo@example.org", right)
+		_, err = e.svc.Verify(ctx, "bo@example.org", right, "192.0.2.1")
 		wantErr(t, "right code after it burned", err, errs.Unauthorized, 401, "no code is pending")
 	})
 	t.Run("a code expires after 15 minutes", func(t *testing.T) {
@@ -211,16 +211,16 @@ func TestEmailCodes(t *testing.T) {
 		}
 		code := e.mail.lastCode(t, "cy@example.org")
 		e.clock.Advance(15 * time.Minute)
-		_, err := e.svc.Verify(ctx, "cy@example.org", code)
+		_, err := e.svc.Verify(ctx, "cy@example.org", code, "192.0.2.1")
 		wantErr(t, "expired code", err, errs.Unauthorized, 401, "expired")
 	})
 	t.Run("refusals", func(t *testing.T) {
 		e := newEnv(t)
 		_, err := e.svc.StartEmail(ctx, "not-an-address", "192.0.2.1")
 		wantErr(t, "bad address", err, errs.InvalidRequest, 400, "email must be an address")
-		_, err = e.svc.Verify(ctx, "nobody@example.org", "123456")
+		_, err = e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.1")
 		wantErr(t, "unknown address", err, errs.Unauthorized, 401, "no code is pending")
-		_, err = e.svc.Verify(ctx, "nobody@example.org", " ")
+		_, err = e.svc.Verify(ctx, "nobody@example.org", " ", "192.0.2.1")
 		wantErr(t, "empty code", err, errs.InvalidRequest, 400, "code is required")
 		e.mail.fail = true
 		_, err = e.svc.StartEmail(ctx, "dee@example.org", "192.0.2.1")
@@ -589,5 +589,59 @@ func TestPairingRefusalsWriteNothing(t *testing.T) {
 	}
 	if n := e.count(registrar.CollRateLimits); n != 1 {
 		t.Fatalf("%d counters, want 1", n)
+	}
+}
+
+// Refused verification tries are limited per client IP (a /64 for IPv6):
+// past the limit nothing is compared, so an attacker cannot go on burning
+// another person's pending code, and the owner's right code still works.
+func TestVerifyLimitPerIP(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{VerifyFailuresPerIP: 3} })
+	if _, err := e.svc.StartEmail(ctx, "victim@example.org", "198.51.100.1"); err != nil {
+		t.Fatal(err)
+	}
+	right := e.mail.lastCode(t, "victim@example.org")
+	wrong := "000000"
+	if right == wrong {
+		wrong = "111111"
+	}
+	for i := range 3 {
+		_, err := e.svc.Verify(ctx, "victim@example.org", wrong, fmt.Sprintf("2001:db8:a::%d", i+1))
+		wantErr(t, "wrong code", err, errs.Unauthorized, 401, "tries left")
+	}
+	for i := range 5 {
+		_, err := e.svc.Verify(ctx, "victim@example.org", wrong, fmt.Sprintf("2001:db8:a:0:%d::1", i+1))
+		wantErr(t, "over the limit", err, errs.RateLimited, 429, "wrong or unknown verification codes from your address")
+		if got := errs.As(err); got.Details["limit"] != "verify-per-ip" || got.RetryAfterMS <= 0 {
+			t.Fatalf("refusal %+v", got)
+		}
+	}
+	// Over the limit even a right code is refused: answering it would let
+	// the client tell right from wrong with no limit at all.
+	_, err := e.svc.Verify(ctx, "victim@example.org", right, "2001:db8:a::9")
+	wantErr(t, "right code over the limit", err, errs.RateLimited, 429, "verification codes")
+	// The refused tries cost the code nothing: two tries are left, and the
+	// owner's own verify works.
+	if v, err := e.svc.Verify(ctx, "victim@example.org", right, "198.51.100.1"); err != nil || v.Token == "" {
+		t.Fatalf("the owner's verify: %v", err)
+	}
+	// A try at an address with no code pending counts too.
+	for range 3 {
+		_, err := e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.50")
+		wantErr(t, "no code", err, errs.Unauthorized, 401, "no code is pending")
+	}
+	_, err = e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.50")
+	wantErr(t, "no code, over the limit", err, errs.RateLimited, 429, "verification codes")
+	// A right code is not a refusal and counts nothing.
+	e2 := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{VerifyFailuresPerIP: 1} })
+	for i := range 3 {
+		addr := fmt.Sprintf("u%d@example.org", i)
+		if _, err := e2.svc.StartEmail(ctx, addr, "192.0.2.60"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e2.svc.Verify(ctx, addr, e2.mail.lastCode(t, addr), "192.0.2.60"); err != nil {
+			t.Fatalf("right code %d: %v", i, err)
+		}
 	}
 }
