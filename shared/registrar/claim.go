@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -146,6 +147,9 @@ func verifiedAccount(tx store.Tx, email string) (*account.Account, error) {
 
 // pairing is a pairing code as stored, under the hash of the code.
 type pairing struct {
+	// ID is the document's own id, so that a query (the per-address cap,
+	// the sweep) can delete it.
+	ID        string `json:"id"`
 	HandleID  string `json:"handle_id"`
 	Handle    string `json:"handle"`
 	Email     string `json:"email"`
@@ -163,7 +167,9 @@ type PairingStarted struct {
 }
 
 // StartPairing issues a single-use pairing code for a handle the session's
-// address holds (POST /api/pair/start). It lives ten minutes.
+// address holds (POST /api/pair/start). It lives ten minutes. An address
+// has at most ten live codes (429 pair-codes-per-address beyond): the
+// console opens a session per request, so a cap per session would not hold.
 func (s *Service) StartPairing(ctx context.Context, token, handle string) (PairingStarted, error) {
 	if token == "" {
 		return PairingStarted{}, errNoToken
@@ -193,8 +199,34 @@ func (s *Service) StartPairing(ctx context.Context, token, handle string) (Pairi
 			case h.Email != sess.Email:
 				return errs.Newf(errs.Forbidden, "the handle %s belongs to another address; only its holder can pair an agent with it", h.Handle)
 			}
+			// At most LivePairingCodes live codes per address; its expired
+			// ones are deleted on the way.
+			var pending []pairing
+			if err := tx.Query(CollPairing, store.Where("email", h.Email), &pending); err != nil {
+				return err
+			}
+			var live []int64
+			var expired []string
+			for _, p := range pending {
+				switch {
+				case now.UnixMilli() < p.ExpiresAt:
+					live = append(live, p.ExpiresAt)
+				case p.ID != "":
+					expired = append(expired, p.ID)
+				}
+			}
+			if limit := s.limits.LivePairingCodes; len(live) >= limit {
+				after := slices.Min(live) - now.UnixMilli()
+				return errs.Newf(errs.RateLimited, "this address already has %d live pairing codes (at most %d; each lasts %d minutes): use one, or retry in %d s",
+					len(live), limit, int(PairingTTL/time.Minute), (after+999)/1000).WithRetryAfter(after).WithDetail("limit", "pair-codes-per-address")
+			}
+			for _, id := range expired {
+				if err := tx.Delete(CollPairing, id); err != nil {
+					return err
+				}
+			}
 			out = PairingStarted{Code: code, Handle: h.Handle, ExpiresAt: now.Add(PairingTTL)}
-			return tx.Create(CollPairing, pairingID(code), pairing{HandleID: id, Handle: h.Handle, Email: h.Email,
+			return tx.Create(CollPairing, pairingID(code), pairing{ID: pairingID(code), HandleID: id, Handle: h.Handle, Email: h.Email,
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(PairingTTL))})
 		})
 		if errors.Is(err, store.ErrExists) {

@@ -63,7 +63,10 @@ type Limits struct {
 	// VerifyFailuresPerIP bounds the refused verification tries (wrong,
 	// expired or no code pending) per client IP (30; not in upstream).
 	VerifyFailuresPerIP int
-	Window              time.Duration
+	// LivePairingCodes is how many unexpired pairing codes one address may
+	// hold at once (10; not in upstream).
+	LivePairingCodes int
+	Window           time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -77,6 +80,7 @@ func (l Limits) withDefaults() Limits {
 	def(&l.CodesOverall, 500)
 	def(&l.PairingPerIP, 60)
 	def(&l.VerifyFailuresPerIP, 30)
+	def(&l.LivePairingCodes, 10)
 	if l.Window <= 0 {
 		l.Window = time.Hour
 	}

@@ -645,3 +645,45 @@ func TestVerifyLimitPerIP(t *testing.T) {
 		}
 	}
 }
+
+// An address holds at most LivePairingCodes live pairing codes, whatever
+// session asks (the console opens one per request); expired ones make room
+// and are deleted when the next code is issued.
+func TestLivePairingCodesCap(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{LivePairingCodes: 3} })
+	tok := e.session("ana@example.org")
+	h := e.claim(tok, "coder", "Ana")
+	for i := range 3 {
+		if _, err := e.svc.StartPairing(ctx, tok, h); err != nil {
+			t.Fatalf("code %d: %v", i+1, err)
+		}
+		e.clock.Advance(time.Minute)
+	}
+	_, err := e.svc.StartPairing(ctx, tok, h)
+	wantErr(t, "fourth live code", err, errs.RateLimited, 429, "already has 3 live pairing codes")
+	if got := errs.As(err); got.Details["limit"] != "pair-codes-per-address" || got.RetryAfterMS != (7*time.Minute).Milliseconds() {
+		t.Fatalf("refusal %+v (the first code lapses in 7 minutes)", got)
+	}
+	// Another session of the same address meets the same cap,
+	other, err := e.svc.SessionFor(ctx, "ana@example.org", "console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.svc.StartPairing(ctx, other.Token, h)
+	wantErr(t, "another session", err, errs.RateLimited, 429, "live pairing codes")
+	// another address does not.
+	bo := e.session("bo@example.org")
+	if _, err := e.svc.StartPairing(ctx, bo, e.claim(bo, "coder", "Bo")); err != nil {
+		t.Fatalf("another address: %v", err)
+	}
+	// Once the first code lapses there is room again, and the lapsed code
+	// is gone from the store.
+	e.clock.Advance(7 * time.Minute)
+	if _, err := e.svc.StartPairing(ctx, tok, h); err != nil {
+		t.Fatalf("after the first code lapsed: %v", err)
+	}
+	if n := e.count(registrar.CollPairing); n != 4 { // ana's 2 live + 1 new, bo's 1
+		t.Fatalf("%d pairing codes stored, want 4", n)
+	}
+}
