@@ -43,11 +43,14 @@ func (e *Exceeded) Error() string {
 
 // counter is the stored state of one (limit, key).
 type counter struct {
-	Start int64 `json:"start"` // Unix ms of the current fixed window
-	Cur   int   `json:"cur"`
-	Prev  int   `json:"prev"`
+	// ID is the document's own id (ID(name, key)), so that a sweep that
+	// lists the collection can delete it.
+	ID    string `json:"id"`
+	Start int64  `json:"start"` // Unix ms of the current fixed window
+	Cur   int    `json:"cur"`
+	Prev  int    `json:"prev"`
 	// ExpiresAt is when the counter no longer matters (two windows after
-	// Start), for whoever sweeps the collection.
+	// Start), for whoever sweeps the collection (registrar.Service.Sweep).
 	ExpiresAt int64 `json:"expires_at"`
 }
 
@@ -67,7 +70,8 @@ func Take(tx store.Tx, coll string, now time.Time, limits ...Limit) error {
 	}
 	for i, l := range limits {
 		cs[i].Cur++
-		if err := tx.Set(coll, ID(l.Name, l.Key), cs[i]); err != nil {
+		cs[i].ID = ID(l.Name, l.Key)
+		if err := tx.Set(coll, cs[i].ID, cs[i]); err != nil {
 			return err
 		}
 	}

@@ -19,12 +19,27 @@ import (
 // one (so a second mail does not void the first); a wrong try costs every
 // pending code one of its five tries; a right one deletes them all.
 type emailCodes struct {
-	Email string        `json:"email"`
-	Codes []secret.Code `json:"codes"`
+	// ID is the document's own id (codesID), and ExpiresAt the latest of
+	// its codes' deadlines: what the sweep needs (see Sweep).
+	ID        string        `json:"id"`
+	Email     string        `json:"email"`
+	Codes     []secret.Code `json:"codes"`
+	ExpiresAt int64         `json:"expires_at"`
+}
+
+// with sets rec's codes, and its id and deadline to match.
+func (rec emailCodes) with(codes []secret.Code) emailCodes {
+	rec.ID, rec.Codes, rec.ExpiresAt = codesID(rec.Email), codes, 0
+	for _, c := range codes {
+		rec.ExpiresAt = max(rec.ExpiresAt, c.ExpiresAt)
+	}
+	return rec
 }
 
 // session is a registrar session, stored under the hash of its token.
 type session struct {
+	// ID is the document's own id (the hash of the token), for the sweep.
+	ID    string `json:"id"`
 	Email string `json:"email"`
 	// Provenance is how the address was proven: "email" (a code mailed
 	// by this registrar) or what the caller of SessionFor named
@@ -78,7 +93,7 @@ func (s *Service) StartEmail(ctx context.Context, email, ip string) (Started, er
 				live = append(live, c)
 			}
 		}
-		rec = emailCodes{Email: email, Codes: append(live, secret.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts))}
+		rec = emailCodes{Email: email}.with(append(live, secret.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts)))
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
@@ -179,7 +194,7 @@ func (s *Service) Verify(ctx context.Context, email, code, ip string) (Verified,
 			if err := tx.Delete(CollCodes, codesID(email)); err != nil {
 				return err
 			}
-			return tx.Create(CollSessions, secret.Hash(token), session{Email: email, Provenance: "email",
+			return tx.Create(CollSessions, secret.Hash(token), session{ID: secret.Hash(token), Email: email, Provenance: "email",
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(SessionTTL))})
 		case len(live) == 0 && expired == len(rec.Codes):
 			if err := refuse(errs.New(errs.Unauthorized, "that code has expired (codes last 15 minutes): request a new one")); err != nil {
@@ -199,7 +214,7 @@ func (s *Service) Verify(ctx context.Context, email, code, ip string) (Verified,
 		if err := refuse(errs.Newf(errs.Unauthorized, "wrong code; %d tries left", left).WithDetail("attempts_left", left)); err != nil {
 			return err
 		}
-		rec.Codes = live
+		rec = emailCodes{Email: email}.with(live)
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
@@ -228,7 +243,7 @@ func (s *Service) SessionFor(ctx context.Context, email, provenance string) (Ver
 	now := s.now()
 	token := secret.Token(SessionPrefix)
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
-		return tx.Create(CollSessions, secret.Hash(token), session{Email: email, Provenance: provenance,
+		return tx.Create(CollSessions, secret.Hash(token), session{ID: secret.Hash(token), Email: email, Provenance: provenance,
 			CreatedAt: ms(now), ExpiresAt: ms(now.Add(SessionTTL))})
 	})
 	if err != nil {
