@@ -111,6 +111,7 @@ func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (
 		out = Claimed{Handle: handle, OperatorName: op.Name}
 		return tx.Create(account.CollHandles, id, h)
 	})
+	s.dropExpiredSession(ctx, token, err)
 	if errors.Is(err, store.ErrExists) {
 		// Another claim of the same handle committed first (a store
 		// whose transactions conflict at commit reports it so).
@@ -233,6 +234,7 @@ func (s *Service) StartPairing(ctx context.Context, token, handle string) (Pairi
 			continue
 		}
 		if err != nil {
+			s.dropExpiredSession(ctx, token, err)
 			return PairingStarted{}, txErr(err)
 		}
 		return out, nil
@@ -338,6 +340,7 @@ func (s *Service) Mine(ctx context.Context, token string) ([]account.Handle, err
 		return tx.Query(account.CollHandles, store.Where("email", sess.Email), &out)
 	})
 	if err != nil {
+		s.dropExpiredSession(ctx, token, err)
 		if errs.CodeOf(err) != "" {
 			return nil, err
 		}

@@ -255,9 +255,14 @@ func (s *Service) SessionFor(ctx context.Context, email, provenance string) (Ver
 var (
 	errNoToken = errs.New(errs.Unauthorized, "a session is required: send Authorization: Bearer <token> from POST /api/handles/verify")
 	errSession = errs.New(errs.Unauthorized, "session unknown or expired (sessions last 8 hours): verify your email again with POST /api/handles/start")
+	// errSessionExpired reads as errSession to the caller; it tells
+	// dropExpiredSession that there is a document to delete.
+	errSessionExpired = errs.New(errs.Unauthorized, errSession.Message)
 )
 
-// sessionIn reads the session of token inside tx.
+// sessionIn reads the session of token inside tx. An expired session is
+// refused with errSessionExpired; the caller's transaction rolls back, so
+// the caller then deletes it with dropExpiredSession.
 func (s *Service) sessionIn(tx store.Tx, token string, now time.Time) (session, error) {
 	if token == "" {
 		return session{}, errNoToken
@@ -267,8 +272,30 @@ func (s *Service) sessionIn(tx store.Tx, token string, now time.Time) (session, 
 	switch {
 	case err != nil:
 		return session{}, err
-	case !found, now.UnixMilli() >= sess.ExpiresAt:
+	case !found:
 		return session{}, errSession
+	case now.UnixMilli() >= sess.ExpiresAt:
+		return session{}, errSessionExpired
 	}
 	return sess, nil
+}
+
+// dropExpiredSession deletes the session of token when err says it was
+// presented expired (the sweep would delete it later anyway). A failure is
+// only logged: the caller's answer stays the 401.
+func (s *Service) dropExpiredSession(ctx context.Context, token string, err error) {
+	if !errors.Is(err, errSessionExpired) {
+		return
+	}
+	id, now := secret.Hash(token), s.now()
+	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		var sess session
+		found, err := getOptional(tx, CollSessions, id, &sess)
+		if err != nil || !found || now.UnixMilli() < sess.ExpiresAt {
+			return err
+		}
+		return tx.Delete(CollSessions, id)
+	}); err != nil {
+		s.log.Warn("expired registrar session not deleted", "err", err)
+	}
 }

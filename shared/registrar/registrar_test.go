@@ -330,12 +330,31 @@ func TestSessions(t *testing.T) {
 	e.clock.Advance(time.Second)
 	_, err := e.svc.Claim(ctx, tok, "late", "")
 	wantErr(t, "expired session", err, errs.Unauthorized, 401, "expired")
+	// An expired session is deleted when it is presented.
+	if n := e.count(registrar.CollSessions); n != 0 {
+		t.Fatalf("%d sessions left after the expired one was presented", n)
+	}
 	_, err = e.svc.Claim(ctx, "", "x", "Ana")
 	wantErr(t, "no token", err, errs.Unauthorized, 401, "Bearer")
 	_, err = e.svc.Claim(ctx, "rgs_forged", "x", "Ana")
 	wantErr(t, "unknown token", err, errs.Unauthorized, 401, "unknown or expired")
 	_, err = e.svc.StartPairing(ctx, tok, "early.ana@example.org")
 	wantErr(t, "pairing with an expired session", err, errs.Unauthorized, 401, "expired")
+	// So are sessions presented expired to pair/start and to the list.
+	for i, present := range []func(string) error{
+		func(tok string) error { _, err := e.svc.StartPairing(ctx, tok, "early.ana@example.org"); return err },
+		func(tok string) error { _, err := e.svc.Mine(ctx, tok); return err },
+	} {
+		v, err := e.svc.SessionFor(ctx, "ana@example.org", "console")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(8 * time.Hour)
+		wantErr(t, "expired session", present(v.Token), errs.Unauthorized, 401, "expired")
+		if n := e.count(registrar.CollSessions); n != 0 {
+			t.Fatalf("route %d: %d sessions left after the expired one was presented", i, n)
+		}
+	}
 
 	// The console's session for an address it proved.
 	v, err := e.svc.SessionFor(ctx, "Ana@Example.org", "console")
