@@ -163,9 +163,11 @@ func (h *handlers) resolve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", cardCache)
-	// The card goes out as the exact canonical bytes that were signed.
-	return ok(w, map[string]any{"card": json.RawMessage(res.CardJSON),
+	// The card goes out as the exact canonical bytes that were signed: no
+	// HTML escaping of & < > (or U+2028/9) inside it.
+	httpx.WriteJSONExact(w, http.StatusOK, map[string]any{"ok": true, "card": json.RawMessage(res.CardJSON),
 		"registrar_key": res.Key, "registrar_kid": res.Kid, "registrar_sig": res.Sig})
+	return nil
 }
 
 func (h *handlers) keySet(w http.ResponseWriter, r *http.Request) error {

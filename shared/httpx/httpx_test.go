@@ -190,3 +190,19 @@ func TestRoutes(t *testing.T) {
 		t.Error("helpers")
 	}
 }
+
+func TestWriteJSONExactKeepsRawBytes(t *testing.T) {
+	raw := json.RawMessage(`{"a":"x & y <z> \u2028"}`)
+	raw = json.RawMessage(strings.Replace(string(raw), `\u2028`, "\u2028", 1))
+	rec := httptest.NewRecorder()
+	WriteJSONExact(rec, 200, map[string]any{"v": raw, "s": "<&>"})
+	want := `{"s":"<&>","v":` + string(raw) + "}\n"
+	if rec.Body.String() != want || rec.Header().Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("got %q, want %q (%v)", rec.Body.String(), want, rec.Header())
+	}
+	rec = httptest.NewRecorder()
+	WriteJSON(rec, 200, map[string]any{"s": "<&>"})
+	if rec.Body.String() != `{"s":"\u003c\u0026\u003e"}`+"\n" {
+		t.Fatalf("WriteJSON keeps escaping: %q", rec.Body.String())
+	}
+}
