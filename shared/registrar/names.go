@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	netmail "net/mail"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -37,10 +38,23 @@ func CheckName(name string) (string, error) {
 	return n, nil
 }
 
-// NormalizeEmail trims, lower-cases and checks an address (the account
-// service's rule: one '@', a non-empty local part, a dotted domain, at most
-// 254 bytes).
-func NormalizeEmail(email string) (string, error) { return account.NormalizeEmail(email) }
+// NormalizeEmail trims, lower-cases and checks an address: the account
+// service's rule (one '@', a non-empty local part, a dotted domain, at most
+// 254 bytes), and it must be a bare address as a mail header reads it —
+// net/mail parses it, with no display name, to the very same string. Else
+// the code could be mailed to another address than the one it proves
+// ("ana<eve@evil.org>" is mailed to eve@evil.org), or the mail could not be
+// sent at all after the limits were counted ("a,b@example.org").
+func NormalizeEmail(email string) (string, error) {
+	e, err := account.NormalizeEmail(email)
+	if err != nil {
+		return "", err
+	}
+	if a, err := netmail.ParseAddress(e); err != nil || a.Name != "" || a.Address != e {
+		return "", errs.New(errs.InvalidRequest, "email must be a bare address like ana@example.org: no display name, angle brackets, quotes, commas, parentheses or consecutive dots")
+	}
+	return e, nil
+}
 
 // HandleOf is the handle `<name>.<email>` for a checked name and a
 // normalised address.

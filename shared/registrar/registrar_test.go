@@ -706,3 +706,39 @@ func TestLivePairingCodesCap(t *testing.T) {
 		t.Fatalf("%d pairing codes stored, want 4", n)
 	}
 }
+
+// Only a bare address is accepted: one a mail header reads as exactly that
+// address. Anything else is a 400 before any limit is counted or any mail
+// sent, so the code always goes to the address it proves.
+func TestEmailMustBeABareAddress(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t)
+	for _, addr := range []string{
+		"ana<attacker@evil.org>", // mailed to attacker@evil.org, proving the whole string
+		"<attacker@evil.org>",
+		"a,b@example.org",
+		"a(b@example.org",
+		`"a b"@example.org`,
+		`"ana"@example.org`,
+		"ana@example.org (Ana)",
+		"a..b@example.org",
+		"ana@example.org>",
+	} {
+		_, err := e.svc.StartEmail(ctx, addr, "192.0.2.1")
+		wantErr(t, addr, err, errs.InvalidRequest, 400, "email must be")
+		_, err = e.svc.Verify(ctx, addr, "123456", "192.0.2.1")
+		wantErr(t, "verify "+addr, err, errs.InvalidRequest, 400, "email must be")
+		_, err = e.svc.SessionFor(ctx, addr, "console")
+		wantErr(t, "session for "+addr, err, errs.InvalidRequest, 400, "email must be")
+	}
+	_, err := e.svc.StartEmail(ctx, "ana<attacker@evil.org>", "192.0.2.1")
+	wantErr(t, "display name", err, errs.InvalidRequest, 400, "bare address like ana@example.org: no display name, angle brackets")
+	if len(e.mail.sent) != 0 || e.count(registrar.CollRateLimits) != 0 || e.count(registrar.CollCodes) != 0 {
+		t.Fatalf("refused addresses sent %d mails and wrote %d counters", len(e.mail.sent), e.count(registrar.CollRateLimits))
+	}
+	for _, addr := range []string{"Ana@Example.org", "a.b+tag@sub.example.org", "o'brien@example.org", "jörg@exämple.org"} {
+		if _, err := e.svc.StartEmail(ctx, addr, "192.0.2.1"); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
+	}
+}
