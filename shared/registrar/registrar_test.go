@@ -453,6 +453,11 @@ func TestNames(t *testing.T) {
 		{"at@sign", "'@'"},
 		{"bell\x07", "control"},
 		{"del\x7f", "control"},
+		{"coder\u202e", "invisible formatting characters (here U+202E)"},
+		{"co\u200bder", "invisible formatting characters (here U+200B)"},
+		{"a\u2066b", "invisible formatting characters (here U+2066)"},
+		{"x\ufeff", "invisible formatting characters (here U+FEFF)"},
+		{"soft\u00adhyphen", "invisible formatting characters (here U+00AD)"},
 		{"bad\xffutf8", "UTF-8"},
 	} {
 		_, err := e.svc.Claim(ctx, tok, tc.name, "")
@@ -478,7 +483,7 @@ func TestNames(t *testing.T) {
 		t.Fatalf("resolve: %+v %v", r.Card, err)
 	}
 	other := e.session("bo@example.org")
-	for _, op := range []string{strings.Repeat("o", 81), "line\nbreak"} {
+	for _, op := range []string{strings.Repeat("o", 81), "line\nbreak", "Ana\u202eX", "An\u200ba", "\ufeffAna"} {
 		_, err := e.svc.Claim(ctx, other, "x", op)
 		wantErr(t, "operator "+op, err, errs.InvalidRequest, 400, "operator_name")
 	}
@@ -733,6 +738,8 @@ func TestEmailMustBeABareAddress(t *testing.T) {
 	}
 	_, err := e.svc.StartEmail(ctx, "ana<attacker@evil.org>", "192.0.2.1")
 	wantErr(t, "display name", err, errs.InvalidRequest, 400, "bare address like ana@example.org: no display name, angle brackets")
+	_, err = e.svc.StartEmail(ctx, "ana\u202e@example.org", "192.0.2.1")
+	wantErr(t, "a format character", err, errs.InvalidRequest, 400, "invisible formatting characters (here U+202E)")
 	if len(e.mail.sent) != 0 || e.count(registrar.CollRateLimits) != 0 || e.count(registrar.CollCodes) != 0 {
 		t.Fatalf("refused addresses sent %d mails and wrote %d counters", len(e.mail.sent), e.count(registrar.CollRateLimits))
 	}
