@@ -14,7 +14,6 @@ import (
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/ratelimit"
-	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -158,7 +157,8 @@ type pairing struct {
 	ExpiresAt int64  `json:"expires_at"`
 }
 
-func pairingID(code string) string { return secret.HashCode("pan-pair", code) }
+// pairingID is the store id of a pairing code: its keyed hash (codeHasher).
+func (s *Service) pairingID(code string) string { return s.codes.Hash("pan-pair", code) }
 
 // PairingStarted is the answer of StartPairing.
 type PairingStarted struct {
@@ -227,7 +227,7 @@ func (s *Service) StartPairing(ctx context.Context, token, handle string) (Pairi
 				}
 			}
 			out = PairingStarted{Code: code, Handle: h.Handle, ExpiresAt: now.Add(PairingTTL)}
-			return tx.Create(CollPairing, pairingID(code), pairing{ID: pairingID(code), HandleID: id, Handle: h.Handle, Email: h.Email,
+			return tx.Create(CollPairing, s.pairingID(code), pairing{ID: s.pairingID(code), HandleID: id, Handle: h.Handle, Email: h.Email,
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(PairingTTL))})
 		})
 		if errors.Is(err, store.ErrExists) {
@@ -290,7 +290,7 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		handle, outcome = "", nil
 		var p pairing
-		found, err := getOptional(tx, CollPairing, pairingID(norm), &p)
+		found, err := getOptional(tx, CollPairing, s.pairingID(norm), &p)
 		if err != nil {
 			return err
 		}
@@ -306,12 +306,12 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 		switch {
 		case now.UnixMilli() >= p.ExpiresAt:
 			outcome = errPairingGone
-			return tx.Delete(CollPairing, pairingID(norm))
+			return tx.Delete(CollPairing, s.pairingID(norm))
 		case !hFound || h.Email != p.Email:
 			outcome = errs.Newf(errs.NotFound, "the handle %s of that pairing code is no longer held; the code was withdrawn", p.Handle)
-			return tx.Delete(CollPairing, pairingID(norm))
+			return tx.Delete(CollPairing, s.pairingID(norm))
 		}
-		if err := tx.Delete(CollPairing, pairingID(norm)); err != nil {
+		if err := tx.Delete(CollPairing, s.pairingID(norm)); err != nil {
 			return err
 		}
 		handle = h.Handle

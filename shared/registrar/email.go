@@ -93,7 +93,7 @@ func (s *Service) StartEmail(ctx context.Context, email, ip string) (Started, er
 				live = append(live, c)
 			}
 		}
-		rec = emailCodes{Email: email}.with(append(live, secret.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts)))
+		rec = emailCodes{Email: email}.with(append(live, s.codes.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts)))
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
@@ -180,7 +180,7 @@ func (s *Service) Verify(ctx context.Context, email, code, ip string) (Verified,
 		matched, expired := false, 0
 		live := rec.Codes[:0]
 		for _, c := range rec.Codes {
-			switch c.Check(codeContext(email), code, now) {
+			switch s.codes.Check(&c, codeContext(email), code, now) {
 			case secret.CodeMatch:
 				matched = true
 			case secret.CodeExpired:
