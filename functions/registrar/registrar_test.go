@@ -11,6 +11,7 @@ import (
 	"net/url"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"agentmesh.dev/mesh/functions/api"
 	registrarfn "agentmesh.dev/mesh/functions/registrar"
@@ -42,7 +43,10 @@ func TestResolveSendsTheSignedBytes(t *testing.T) {
 	mux := http.NewServeMux()
 	srv := httptest.NewServer(mux)
 	t.Cleanup(srv.Close)
-	svc := registrar.New(registrar.Config{Store: st, Mail: noMail{}, Signer: key, URL: srv.URL})
+	// A fixed clock, so that the card resolved over HTTP and the one
+	// resolved directly below are the same card.
+	now := time.Date(2026, 8, 1, 12, 0, 0, 0, time.UTC)
+	svc := registrar.New(registrar.Config{Store: st, Mail: noMail{}, Signer: key, URL: srv.URL, Now: func() time.Time { return now }})
 	registrarfn.Group.Mount(mux, &api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc})
 
 	v, err := svc.SessionFor(ctx, "ana@example.org", "console")
