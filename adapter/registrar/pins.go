@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"time"
@@ -24,13 +25,53 @@ const PinsFile = "pins.json"
 //
 //	{"registrars": {"<registrar URL>": {"key": "U…", "kid": "…", "pinned_at": "…",
 //	    "handles": {"<case-folded handle>": {"handle": "…", "agent_id": "U…", "pinned_at": "…"}}}}}
+//
+// Every change is load → modify → write under two locks, so that
+// concurrent sends never lose each other's pins (a lost pin would quietly
+// re-enable trust on first use for that handle): a mutex shared by every
+// Pins of the same file in this process (the running adapter opens one per
+// send), and an advisory lock (flock) on pins.json.lock beside the file,
+// against other processes (a one-shot send beside the running adapter).
 type Pins struct {
 	path string
-	mu   sync.Mutex
+	mu   *sync.Mutex
 }
 
-// OpenPins uses the pins file at path (it need not exist yet).
-func OpenPins(path string) *Pins { return &Pins{path: path} }
+// pathLocks holds one mutex per pins file (by absolute, cleaned path) for
+// the whole process.
+var pathLocks sync.Map // string → *sync.Mutex
+
+// OpenPins uses the pins file at path (it need not exist yet). Every Pins
+// of the same file in one process shares one lock.
+func OpenPins(path string) *Pins {
+	key := filepath.Clean(path)
+	if abs, err := filepath.Abs(path); err == nil {
+		key = abs
+	}
+	mu, _ := pathLocks.LoadOrStore(key, new(sync.Mutex))
+	return &Pins{path: path, mu: mu.(*sync.Mutex)}
+}
+
+// LockSuffix names the lock file beside the pins file (pins.json.lock). It
+// is created once and left in place: removing it would let two processes
+// lock two different files.
+const LockSuffix = ".lock"
+
+// lock takes the process-wide mutex of the file, then the file lock held
+// against other processes; unlock releases both.
+func (p *Pins) lock() (unlock func(), err error) {
+	p.mu.Lock()
+	if err := os.MkdirAll(filepath.Dir(p.path), 0o700); err != nil {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("pins: %w", err)
+	}
+	release, err := lockFile(p.path + LockSuffix)
+	if err != nil {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("pins: lock %s: %w", p.path+LockSuffix, err)
+	}
+	return func() { release(); p.mu.Unlock() }, nil
+}
 
 // Path is the pins file.
 func (p *Pins) Path() string { return p.path }
@@ -72,8 +113,8 @@ func (p *Pins) load() (pinFile, error) {
 
 // RegistrarKey is the key pinned for the registrar at base, or "".
 func (p *Pins) RegistrarKey(base string) (string, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	// The file is only ever replaced whole (a rename), so a read needs no
+	// lock to see a consistent file.
 	f, err := p.load()
 	if err != nil {
 		return "", err
@@ -90,8 +131,11 @@ func (p *Pins) RegistrarKey(base string) (string, error) {
 // *BindingChangedError, unless accept: then the new agent is pinned and
 // the previous one returned.
 func (p *Pins) Pin(base, key, handle, agent string, accept bool, now time.Time) (previous string, err error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+	unlock, err := p.lock()
+	if err != nil {
+		return "", err
+	}
+	defer unlock()
 	f, err := p.load()
 	if err != nil {
 		return "", err

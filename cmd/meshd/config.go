@@ -21,6 +21,9 @@ type serveConfig struct {
 	LogLevel slog.Level
 	// MarkupPct is CREDITS_PLATFORM_MARKUP_PCT, reported by /v1/capabilities.
 	MarkupPct int
+	// TrustedProxyHops is how many reverse proxies in front of meshd append
+	// to X-Forwarded-For (devenv.Config.TrustedProxyHops).
+	TrustedProxyHops int
 }
 
 // setting is one flag with its environment variable and default.
@@ -33,7 +36,7 @@ type setting struct {
 // else default. --help prints the usage to stdout and returns flag.ErrHelp.
 func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (serveConfig, error) {
 	var cfg serveConfig
-	var level string
+	var level, hops string
 	settings := []setting{
 		{"data-dir", "MESHD_DATA_DIR", "./.mesh",
 			"directory for all state: keys (mode 0600), account JWTs, JetStream data, meshd.json", &cfg.DataDir},
@@ -45,6 +48,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"listen address of the bus for WebSocket clients (plain ws://, no TLS)", &cfg.WSAddr},
 		{"log-level", "MESHD_LOG_LEVEL", "info",
 			"log level on stderr: trace, debug, info, warn or error", &level},
+		{"trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS", "0",
+			"reverse proxies in front of meshd that append to X-Forwarded-For; 0 uses the socket address and ignores the header", &hops},
 	}
 
 	fs := flag.NewFlagSet("meshd", flag.ContinueOnError)
@@ -86,6 +91,10 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 		return cfg, errUsage
 	}
 	cfg.LogLevel = lvl
+	if cfg.TrustedProxyHops, err = strconv.Atoi(strings.TrimSpace(hops)); err != nil || cfg.TrustedProxyHops < 0 || cfg.TrustedProxyHops > 16 {
+		fmt.Fprintf(stderr, "meshd: --trusted-proxy-hops must be a whole number from 0 to 16, not %q\n", hops)
+		return cfg, errUsage
+	}
 	cfg.MarkupPct = 10
 	if v, ok := env("CREDITS_PLATFORM_MARKUP_PCT"); ok && v != "" {
 		n, err := strconv.Atoi(v)

@@ -183,14 +183,14 @@ func TestParseServeConfig(t *testing.T) {
 		{
 			name: "environment",
 			env: map[string]string{"MESHD_DATA_DIR": "/var/mesh", "MESHD_HTTP_ADDR": ":9000", "MESHD_NATS_ADDR": ":5222",
-				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug", "CREDITS_PLATFORM_MARKUP_PCT": "15"},
-			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug, MarkupPct: 15},
+				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug", "CREDITS_PLATFORM_MARKUP_PCT": "15", "MESHD_TRUSTED_PROXY_HOPS": "1"},
+			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug, MarkupPct: 15, TrustedProxyHops: 1},
 		},
 		{
 			name: "flags win over environment",
-			args: []string{"--data-dir", "/flag", "--log-level", "trace"},
-			env:  map[string]string{"MESHD_DATA_DIR": "/env", "MESHD_LOG_LEVEL": "error"},
-			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4, MarkupPct: 10},
+			args: []string{"--data-dir", "/flag", "--log-level", "trace", "--trusted-proxy-hops", "2"},
+			env:  map[string]string{"MESHD_DATA_DIR": "/env", "MESHD_LOG_LEVEL": "error", "MESHD_TRUSTED_PROXY_HOPS": "1"},
+			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4, MarkupPct: 10, TrustedProxyHops: 2},
 		},
 		{name: "help", args: []string{"--help"}, wantErr: flag.ErrHelp},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: errUsage},
@@ -198,6 +198,8 @@ func TestParseServeConfig(t *testing.T) {
 		{name: "stray argument", args: []string{"extra"}, wantErr: errUsage},
 		{name: "empty data dir", args: []string{"--data-dir", ""}, wantErr: errUsage},
 		{name: "bad markup", env: map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "ten"}, wantErr: errUsage},
+		{name: "bad proxy hops", args: []string{"--trusted-proxy-hops", "one"}, wantErr: errUsage},
+		{name: "negative proxy hops", env: map[string]string{"MESHD_TRUSTED_PROXY_HOPS": "-1"}, wantErr: errUsage},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -227,7 +229,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	}
 	for _, want := range []string{
 		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
-		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL",
+		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL", "--trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS",
 	} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, &stdout)

@@ -30,12 +30,13 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		return fmt.Errorf("data dir: %w", err)
 	}
 	mesh, err := devenv.Start(ctx, devenv.Config{
-		DataDir:   dataDir,
-		HTTPAddr:  cfg.HTTPAddr,
-		NATSAddr:  cfg.NATSAddr,
-		WSAddr:    cfg.WSAddr,
-		Logger:    log,
-		MarkupPct: cfg.MarkupPct,
+		DataDir:          dataDir,
+		HTTPAddr:         cfg.HTTPAddr,
+		NATSAddr:         cfg.NATSAddr,
+		WSAddr:           cfg.WSAddr,
+		Logger:           log,
+		MarkupPct:        cfg.MarkupPct,
+		TrustedProxyHops: cfg.TrustedProxyHops,
 	})
 	if err != nil {
 		return err

@@ -43,8 +43,11 @@ type Config struct {
 	// (MESH_REGISTRAR_URL; the control URL when unset).
 	RegistrarURL string
 	// RegistrarKeyFile is the registrar's card-signing seed, mounted from
-	// Secret Manager as a file, mode 0600 (MESH_REGISTRAR_KEY_FILE).
-	// Without it (or when it cannot be read) resolve answers 503: a
+	// Secret Manager as a file (MESH_REGISTRAR_KEY_FILE). It must be
+	// readable by its owner only (0400 or 0600): keys.ReadSeedFile refuses
+	// group or other bits, and a secret volume's default is 0444 (see
+	// docs/registrar.md, "Deployment note"). Without it (or when it cannot
+	// be read) resolve answers 503, logged once when the instance starts: a
 	// registrar never serves an unsigned card.
 	RegistrarKeyFile string
 	NATSURLs         []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
@@ -193,24 +196,32 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if caller != nil {
 		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}
 	}
-	// A registrar without its key still takes claims and pairings; only
-	// resolution (which must be signed) answers 503. So a bad key file is
-	// logged, not fatal to every function of the binary.
-	var cardKey keys.Signer
-	if c.RegistrarKeyFile != "" {
-		if k, err := keys.ReadSeedFile[keys.RegistrarRole](c.RegistrarKeyFile); err != nil {
-			log.Error("registrar key: cards cannot be signed", "err", err)
-		} else {
-			cardKey = k
-		}
-	}
-	reg := registrar.New(registrar.Config{Store: st, Mail: smtp, Signer: cardKey, URL: c.RegistrarURL, Log: log})
+	reg := registrar.New(registrar.Config{Store: st, Mail: smtp, Signer: registrarKey(c.RegistrarKeyFile, log), URL: c.RegistrarURL, Log: log})
 	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests, Views: views, Registrar: reg,
 		RateLimit: httpx.NewLimiter(c.RateLimit, time.Minute, nil), TrustedProxyHops: c.TrustedProxyHops,
 		Capabilities: map[string]any{"protocol": protocol.Version, "mesh": c.MeshName, "markup_pct": c.MarkupPct,
 			"clearing_service": false, "credentials": []string{"guest", "bootstrap", "node", "app", "job"},
 			"node_credential": map[string]any{"minting": trust != nil, "no_expiry": c.NoExpiry, "max_agents": credential.MaxRoster},
 			"passkeys":        true, "nats_endpoints": append(append([]string{}, c.NATSURLs...), c.WSURLs...)}}, nil
+}
+
+// registrarKey loads the registrar's card-signing key from path, or says
+// once, when the instance starts (Build runs in its lazy init), why there
+// is none. A registrar without its key still takes claims and pairings;
+// only resolution (which must be signed) answers 503, and codes are hashed
+// unkeyed. So a missing or unreadable key is logged, not fatal to every
+// function of the binary.
+func registrarKey(path string, log *slog.Logger) keys.Signer {
+	if path == "" {
+		log.Warn("registrar has no signing key (MESH_REGISTRAR_KEY_FILE is not set): resolve and registrar-key answer 503, and codes are stored under an unkeyed hash")
+		return nil
+	}
+	k, err := keys.ReadSeedFile[keys.RegistrarRole](path)
+	if err != nil {
+		log.Error("registrar key unreadable: resolve and registrar-key answer 503 (a secret file must be mode 0400 or 0600)", "err", err)
+		return nil
+	}
+	return k
 }
 
 // Deps is the builder every function group registers with

@@ -1,8 +1,14 @@
 package cloud
 
 import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"agentmesh.dev/mesh/shared/keys"
 )
 
 func TestFromEnv(t *testing.T) {
@@ -44,5 +50,38 @@ func TestFromEnv(t *testing.T) {
 		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_REGISTRAR_KEY_FILE": "/secrets/registrar.nk"}))
 	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.RegistrarKeyFile != "/secrets/registrar.nk" {
 		t.Errorf("explicit values: %+v", c)
+	}
+}
+
+// The registrar key is loaded from a file readable by its owner only; an
+// instance without one says so once at start, with what to fix.
+func TestRegistrarKey(t *testing.T) {
+	var buf bytes.Buffer
+	log := slog.New(slog.NewTextHandler(&buf, nil))
+	if k := registrarKey("", log); k != nil || !strings.Contains(buf.String(), "MESH_REGISTRAR_KEY_FILE is not set") || !strings.Contains(buf.String(), "503") {
+		t.Fatalf("no key file: %v %q", k, buf.String())
+	}
+	key, err := keys.Generate[keys.RegistrarRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "registrar.nk")
+	if err := key.WriteSeedFile(path); err != nil {
+		t.Fatal(err)
+	}
+	// A secret volume's default mode: refused, and logged with the fix.
+	if err := os.Chmod(path, 0o444); err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	if k := registrarKey(path, log); k != nil || !strings.Contains(buf.String(), "0400 or 0600") || !strings.Contains(buf.String(), "mode 0444") {
+		t.Fatalf("a 0444 key file: %v %q", k, buf.String())
+	}
+	if err := os.Chmod(path, 0o400); err != nil {
+		t.Fatal(err)
+	}
+	buf.Reset()
+	if k := registrarKey(path, log); k == nil || k.Public() != key.Public() || buf.Len() != 0 {
+		t.Fatalf("a 0400 key file: %v %q", k, buf.String())
 	}
 }

@@ -35,7 +35,7 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 	case "GuestIssue":
 		return func(w http.ResponseWriter, r *http.Request) error {
 			// POST /v1/guest takes no body; whatever is sent is ignored.
-			g, err := gs.Issue(r.Context(), httpx.ClientIP(r, d.TrustedProxyHops))
+			g, err := gs.Issue(r.Context(), httpx.ClientKey(r, d.TrustedProxyHops))
 			if err != nil {
 				return err
 			}

@@ -79,7 +79,8 @@ func ok(w http.ResponseWriter, v map[string]any) error {
 	return nil
 }
 
-func (h *handlers) ip(r *http.Request) string { return httpx.ClientIP(r, h.d.TrustedProxyHops) }
+// ip is the client's key for the per-IP limits (an IPv6 client by its /64).
+func (h *handlers) ip(r *http.Request) string { return httpx.ClientKey(r, h.d.TrustedProxyHops) }
 
 func (h *handlers) start(w http.ResponseWriter, r *http.Request) error {
 	var b struct {
@@ -103,7 +104,7 @@ func (h *handlers) verify(w http.ResponseWriter, r *http.Request) error {
 	if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 		return err
 	}
-	v, err := h.svc.Verify(r.Context(), b.Email, b.Code)
+	v, err := h.svc.Verify(r.Context(), b.Email, b.Code, h.ip(r))
 	if err != nil {
 		return err
 	}
@@ -162,9 +163,11 @@ func (h *handlers) resolve(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	w.Header().Set("Cache-Control", cardCache)
-	// The card goes out as the exact canonical bytes that were signed.
-	return ok(w, map[string]any{"card": json.RawMessage(res.CardJSON),
+	// The card goes out as the exact canonical bytes that were signed: no
+	// HTML escaping of & < > (or U+2028/9) inside it.
+	httpx.WriteJSONExact(w, http.StatusOK, map[string]any{"ok": true, "card": json.RawMessage(res.CardJSON),
 		"registrar_key": res.Key, "registrar_kid": res.Kid, "registrar_sig": res.Sig})
+	return nil
 }
 
 func (h *handlers) keySet(w http.ResponseWriter, r *http.Request) error {

@@ -101,7 +101,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		limit = 600 // one person clicking through the console never meets this
 	}
 	c.Deps = &api.Deps{Log: m.log.With("component", "http"), Accounts: c.Accounts, Credentials: c.Credentials, Guests: c.Guests,
-		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now),
+		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now), TrustedProxyHops: max(cfg.TrustedProxyHops, 0),
 		Capabilities: map[string]any{
 			"protocol": protocol.Version, "mesh": meshInfo.Name, "markup_pct": cfg.MarkupPct, "clearing_service": false,
 			"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},
@@ -125,26 +125,39 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	if err := m.startAdmin(dataDir); err != nil {
 		return err
 	}
-	m.startSweeper(c.Guests)
+	m.startSweeper(time.Minute, "guest leases lapsed", c.Guests.Sweep)
+	every := cfg.RegistrarSweepInterval
+	if every <= 0 {
+		every = RegistrarSweepInterval
+	}
+	m.startSweeper(every, "expired registrar documents deleted", c.Registrar.Sweep)
 	return nil
 }
 
-// startSweeper ends idle guest leases every minute until shutdown.
-func (m *Mesh) startSweeper(g *guest.Service) {
+// RegistrarSweepInterval is how often meshd deletes the registrar's expired
+// documents (codes, sessions, pairing codes, rate-limit counters).
+const RegistrarSweepInterval = 10 * time.Minute
+
+// startSweeper runs sweep every interval until shutdown: ending idle guest
+// leases (every minute), deleting the registrar's expired documents
+// (every ten minutes). done is what it logs when a sweep did something.
+func (m *Mesh) startSweeper(every time.Duration, done string, sweep func(context.Context) (int, error)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	m.closers = append(m.closers, func() error { cancel(); return nil })
 	go func() {
-		t := time.NewTicker(time.Minute)
+		t := time.NewTicker(every)
 		defer t.Stop()
 		for {
 			select {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				if n, err := g.Sweep(ctx); err != nil {
-					m.log.Warn("guest sweep failed", "err", err)
+				if n, err := sweep(ctx); err != nil {
+					if ctx.Err() == nil {
+						m.log.Warn("sweep failed", "sweep", done, "err", err)
+					}
 				} else if n > 0 {
-					m.log.Info("guest leases lapsed", "count", n)
+					m.log.Info(done, "count", n)
 				}
 			}
 		}

@@ -59,6 +59,15 @@ type Config struct {
 	GuestIdleTTL time.Duration
 	// RateLimit is the per-address HTTP limit per minute (600 by default).
 	RateLimit int
+	// RegistrarSweepInterval is how often the registrar's expired
+	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
+	RegistrarSweepInterval time.Duration
+	// TrustedProxyHops is how many reverse proxies in front of meshd append
+	// to X-Forwarded-For (0 by default: the socket address is the client
+	// and the header is ignored, since anyone can write it). Behind one
+	// proxy set 1, or every client shares the proxy's per-IP limits. As
+	// MESH_TRUSTED_PROXY_HOPS does for the Cloud Functions.
+	TrustedProxyHops int
 	// Workers tunes the bus workers (one copy of each by default).
 	Workers WorkerConfig
 	// MarkupPct is the platform markup /v1/capabilities reports; meshd

@@ -13,6 +13,8 @@ import (
 
 	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registrar"
+	"agentmesh.dev/mesh/shared/store"
 )
 
 // get fetches path and returns the status, the headers and the body.
@@ -228,5 +230,63 @@ func TestRegistrarRefusals(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") == "" || lim["code"] != "RATE_LIMITED" || lim["details"].(map[string]any)["limit"] != "code-per-address" {
 		t.Fatalf("sixth code: %d %v %v", resp.StatusCode, resp.Header, lim)
+	}
+}
+
+// Behind a reverse proxy (TrustedProxyHops 1, meshd's
+// --trusted-proxy-hops) the per-IP limits key on the address the proxy
+// appended to X-Forwarded-For, not on the proxy's own socket address.
+func TestTrustedProxyHops(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) { cfg.RateLimit = 2; cfg.TrustedProxyHops = 1 })
+	get := func(xff string) int {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodGet, c.base+"/api/registrar-key", nil)
+		req.Header.Set("X-Forwarded-For", xff)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for i, xff := range []string{"203.0.113.5, 192.0.2.1", "192.0.2.1"} {
+		if st := get(xff); st != 200 {
+			t.Fatalf("request %d: %d", i, st)
+		}
+	}
+	if st := get("198.51.100.7, 192.0.2.1"); st != 429 {
+		t.Fatalf("the client's third request: %d, want 429 (the left-most entry is the client's to forge)", st)
+	}
+	if st := get("192.0.2.2"); st != 200 {
+		t.Fatalf("another client behind the same proxy: %d (every client would share the proxy's limit)", st)
+	}
+}
+
+// meshd sweeps the registrar's expired documents on its own: a code mailed
+// and never used, and the counters it took, are gone once they expire.
+func TestRegistrarSweepRuns(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) { cfg.RegistrarSweepInterval = 20 * time.Millisecond })
+	if st, out := c.post("/api/handles/start", map[string]any{"email": "never@example.org"}, ""); st != 200 {
+		t.Fatalf("start: %d %v", st, out)
+	}
+	c.mailedCode("never@example.org")
+	count := func(coll string) int {
+		var docs []map[string]any
+		if err := store.List(t.Context(), c.m.Control().Store, coll, store.Query{}, &docs); err != nil {
+			t.Fatal(err)
+		}
+		return len(docs)
+	}
+	time.Sleep(100 * time.Millisecond)
+	if count(registrar.CollCodes) != 1 || count(registrar.CollRateLimits) != 3 {
+		t.Fatalf("before expiry: %d codes, %d counters", count(registrar.CollCodes), count(registrar.CollRateLimits))
+	}
+	c.clock.Advance(3 * time.Hour)
+	deadline := time.Now().Add(5 * time.Second)
+	for count(registrar.CollCodes)+count(registrar.CollRateLimits) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("not swept: %d codes, %d counters", count(registrar.CollCodes), count(registrar.CollRateLimits))
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }

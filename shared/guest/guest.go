@@ -91,7 +91,9 @@ func New(cfg Config) *Service {
 
 // Lease is one guest lease.
 type Lease struct {
-	Key        string `json:"key"`
+	Key string `json:"key"`
+	// IP is the client's key for the per-address cap (httpx.ClientKey):
+	// an IPv4 address, or the /64 of an IPv6 one.
 	IP         string `json:"ip"`
 	IssuedAt   int64  `json:"issued_at"`
 	LeaseUntil int64  `json:"lease_until"`
@@ -137,7 +139,8 @@ func (s *Service) limits() map[string]any {
 	}
 }
 
-// Issue leases a fresh guest credential to the client at ip.
+// Issue leases a fresh guest credential to the client at ip, its key for
+// the per-address cap (httpx.ClientKey, so an IPv6 client counts by its /64).
 func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 	if s.cfg.Trust == nil {
 		return Grant{}, errs.New(errs.NotImplemented, "guest credentials are not configured on this instance")

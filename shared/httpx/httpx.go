@@ -117,14 +117,29 @@ func jsonKind(k string) string {
 }
 
 // WriteJSON writes v as JSON with status.
-func WriteJSON(w http.ResponseWriter, status int, v any) {
+func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v, true) }
+
+// WriteJSONExact is WriteJSON without the encoder's HTML escaping: `<`, `>`,
+// `&`, U+2028 and U+2029 in strings, and every json.RawMessage member, go
+// out exactly as they are. A member that holds signed bytes (the
+// registrar's card) is then sent byte for byte, as a verifier that checks
+// the raw bytes needs. The answer is marked nosniff, so no browser takes it
+// for HTML.
+func WriteJSONExact(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	writeJSON(w, status, v, false)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any, escapeHTML bool) {
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	if h.Get("Cache-Control") == "" {
 		h.Set("Cache-Control", "no-store")
 	}
 	w.WriteHeader(status)
-	_ = json.NewEncoder(w).Encode(v)
+	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(escapeHTML)
+	_ = enc.Encode(v)
 }
 
 // HandlerFunc is a handler that returns its error instead of rendering it,

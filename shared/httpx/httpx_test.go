@@ -115,6 +115,64 @@ func TestPerIPAnswers429(t *testing.T) {
 	}
 }
 
+func TestLimitKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"192.0.2.7":        "192.0.2.7",
+		" 192.0.2.7 ":      "192.0.2.7",
+		"::ffff:192.0.2.7": "192.0.2.7",
+		"2001:db8:1:2::1":  "2001:db8:1:2::/64",
+		"2001:0DB8:0001:0002:ffff:ffff:ffff:ffff": "2001:db8:1:2::/64",
+		"fe80::1%eth0":      "fe80::/64",
+		"2001:db8:1:3::1":   "2001:db8:1:3::/64",
+		"2001:db8:1:2::/64": "2001:db8:1:2::/64", // idempotent
+		"::1":               "::/64",
+		"not-an-ip":         "not-an-ip",
+		"@":                 "@",
+	} {
+		if got := LimitKey(in); got != want {
+			t.Errorf("LimitKey(%q) = %q, want %q", in, got, want)
+		}
+		if got := LimitKey(LimitKey(in)); got != LimitKey(in) {
+			t.Errorf("LimitKey is not idempotent on %q: %q", in, got)
+		}
+	}
+}
+
+// One IPv6 /64 is one client for the per-IP limit: walking its addresses
+// does not get around it, and another /64 has its own count.
+func TestPerIPKeysIPv6On64(t *testing.T) {
+	l := NewLimiter(2, time.Minute, nil)
+	h := PerIP(l, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+	do := func(remote string) int {
+		r := httptest.NewRequest(http.MethodGet, "/", nil)
+		r.RemoteAddr = remote
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, r)
+		return rec.Code
+	}
+	for i, remote := range []string{"[2001:db8:1:2::1]:1", "[2001:db8:1:2::2]:1"} {
+		if got := do(remote); got != 204 {
+			t.Fatalf("request %d: %d", i, got)
+		}
+	}
+	if got := do("[2001:db8:1:2:ffff::9]:1"); got != 429 {
+		t.Fatalf("a third address of the same /64: %d, want 429", got)
+	}
+	if got := do("[2001:db8:1:3::1]:1"); got != 204 {
+		t.Fatalf("another /64: %d", got)
+	}
+	// An IPv4 client counts the same whether it arrives as IPv4 or as an
+	// IPv4-mapped IPv6 address.
+	for _, remote := range []string{"192.0.2.1:1", "[::ffff:192.0.2.1]:2"} {
+		if got := do(remote); got != 204 {
+			t.Fatalf("%s: %d", remote, got)
+		}
+	}
+	if got := do("192.0.2.1:3"); got != 429 {
+		t.Fatalf("the mapped address must share the IPv4 count: %d", got)
+	}
+}
+
 func TestRoutes(t *testing.T) {
 	rt := Route{EntryPoint: "AccountApps", Method: http.MethodPost, Path: "/v1/accounts/{id}/apps"}
 	h := SingleRoute(rt, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(r.PathValue("id"))) }))
@@ -130,5 +188,21 @@ func TestRoutes(t *testing.T) {
 	}
 	if FunctionName("NodeCredential") != "node-credential" || BearerToken(&http.Request{Header: http.Header{"Authorization": {"Bearer abc"}}}) != "abc" {
 		t.Error("helpers")
+	}
+}
+
+func TestWriteJSONExactKeepsRawBytes(t *testing.T) {
+	raw := json.RawMessage(`{"a":"x & y <z> \u2028"}`)
+	raw = json.RawMessage(strings.Replace(string(raw), `\u2028`, "\u2028", 1))
+	rec := httptest.NewRecorder()
+	WriteJSONExact(rec, 200, map[string]any{"v": raw, "s": "<&>"})
+	want := `{"s":"<&>","v":` + string(raw) + "}\n"
+	if rec.Body.String() != want || rec.Header().Get("X-Content-Type-Options") != "nosniff" {
+		t.Fatalf("got %q, want %q (%v)", rec.Body.String(), want, rec.Header())
+	}
+	rec = httptest.NewRecorder()
+	WriteJSON(rec, 200, map[string]any{"s": "<&>"})
+	if rec.Body.String() != `{"s":"\u003c\u0026\u003e"}`+"\n" {
+		t.Fatalf("WriteJSON keeps escaping: %q", rec.Body.String())
 	}
 }

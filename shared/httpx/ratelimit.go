@@ -3,6 +3,7 @@ package httpx
 import (
 	"net"
 	"net/http"
+	"net/netip"
 	"strings"
 	"sync"
 	"time"
@@ -122,11 +123,42 @@ func ClientIP(r *http.Request, trustedHops int) string {
 	return host
 }
 
-// PerIP wraps h with a per-client-IP limit; over it the request is
-// answered 429 with retry_after_ms before h runs.
+// LimitKey is what a per-client-IP limit counts under for the address ip.
+// The address is canonicalised (no zone; an IPv4-mapped IPv6 address is
+// its IPv4 address), and an IPv6 address counts as its /64 ("2001:db8::/64"):
+// one subscriber is usually handed a whole /64, so a limit keyed on single
+// IPv6 addresses would let one client walk around it. LimitKey of its own
+// result is that result; a string that is not an IP address is returned
+// unchanged. Every per-IP limit keys on this (httpx.PerIP, the registrar's
+// store-kept limits, the guest leases per address).
+func LimitKey(ip string) string {
+	s := strings.TrimSpace(ip)
+	if p, err := netip.ParsePrefix(s); err == nil && p.Bits() == 64 && p.Addr().Is6() && !p.Addr().Is4In6() && p.Addr().Zone() == "" {
+		return p.Masked().String()
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return ip
+	}
+	a = a.WithZone("").Unmap()
+	if a.Is4() {
+		return a.String()
+	}
+	p, _ := a.Prefix(64)
+	return p.String()
+}
+
+// ClientKey is LimitKey(ClientIP(r, trustedHops)): the key of the request's
+// client for a per-IP limit.
+func ClientKey(r *http.Request, trustedHops int) string {
+	return LimitKey(ClientIP(r, trustedHops))
+}
+
+// PerIP wraps h with a per-client-IP limit (keyed by ClientKey); over it
+// the request is answered 429 with retry_after_ms before h runs.
 func PerIP(l *Limiter, trustedHops int, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if ok, after := l.Allow(ClientIP(r, trustedHops)); !ok {
+		if ok, after := l.Allow(ClientKey(r, trustedHops)); !ok {
 			errs.WriteHTTP(w, nil, RateLimited(after, " from this address"))
 			return
 		}

@@ -43,11 +43,14 @@ func (e *Exceeded) Error() string {
 
 // counter is the stored state of one (limit, key).
 type counter struct {
-	Start int64 `json:"start"` // Unix ms of the current fixed window
-	Cur   int   `json:"cur"`
-	Prev  int   `json:"prev"`
+	// ID is the document's own id (ID(name, key)), so that a sweep that
+	// lists the collection can delete it.
+	ID    string `json:"id"`
+	Start int64  `json:"start"` // Unix ms of the current fixed window
+	Cur   int    `json:"cur"`
+	Prev  int    `json:"prev"`
 	// ExpiresAt is when the counter no longer matters (two windows after
-	// Start), for whoever sweeps the collection.
+	// Start), for whoever sweeps the collection (registrar.Service.Sweep).
 	ExpiresAt int64 `json:"expires_at"`
 }
 
@@ -61,30 +64,51 @@ func ID(name, key string) string { return secret.Hash("ratelimit\x00" + name + "
 // request does not use up the others. Reads come before writes, so the
 // caller may read more before calling Take but must not write before it.
 func Take(tx store.Tx, coll string, now time.Time, limits ...Limit) error {
+	cs, err := read(tx, coll, now, limits)
+	if err != nil {
+		return err
+	}
+	for i, l := range limits {
+		cs[i].Cur++
+		cs[i].ID = ID(l.Name, l.Key)
+		if err := tx.Set(coll, cs[i].ID, cs[i]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Check reports, in tx, at now, whether every limit still has room for one
+// more event, without counting one: the first full limit's *Exceeded, or
+// nil. It only reads, so it may come before the reads a caller still has to
+// do; a caller that counts only some outcomes (wrong codes, say) checks
+// first and Takes once it knows the outcome.
+func Check(tx store.Tx, coll string, now time.Time, limits ...Limit) error {
+	_, err := read(tx, coll, now, limits)
+	return err
+}
+
+// read loads the counters of limits rolled to now, or the first full
+// limit's *Exceeded.
+func read(tx store.Tx, coll string, now time.Time, limits []Limit) ([]counter, error) {
 	cs := make([]counter, len(limits))
 	for i, l := range limits {
 		if l.Max <= 0 || l.Window <= 0 {
-			return fmt.Errorf("ratelimit: limit %s needs a positive max and window", l.Name)
+			return nil, fmt.Errorf("ratelimit: limit %s needs a positive max and window", l.Name)
 		}
 		var c counter
 		if err := tx.Get(coll, ID(l.Name, l.Key), &c); err != nil && !errors.Is(err, store.ErrNotFound) {
-			return err
+			return nil, err
 		}
 		c = roll(c, now, l.Window)
 		elapsed := now.Sub(time.UnixMilli(c.Start))
 		weight := float64(l.Window-elapsed) / float64(l.Window)
 		if float64(c.Prev)*weight+float64(c.Cur) >= float64(l.Max) {
-			return &Exceeded{Limit: l, RetryAfter: l.Window - elapsed}
+			return nil, &Exceeded{Limit: l, RetryAfter: l.Window - elapsed}
 		}
-		c.Cur++
 		cs[i] = c
 	}
-	for i, l := range limits {
-		if err := tx.Set(coll, ID(l.Name, l.Key), cs[i]); err != nil {
-			return err
-		}
-	}
-	return nil
+	return cs, nil
 }
 
 // roll moves c to the fixed window that holds now.

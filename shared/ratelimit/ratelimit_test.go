@@ -69,3 +69,35 @@ func TestSlidingWindow(t *testing.T) {
 		t.Fatal("ids must be hashes")
 	}
 }
+
+// Check answers like Take but counts nothing.
+func TestCheckCountsNothing(t *testing.T) {
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	lim := ratelimit.Limit{Name: "test", Key: "192.0.2.1", Max: 2, Window: time.Hour}
+	now := time.Date(2026, 8, 1, 12, 0, 0, 0, time.UTC)
+	run := func(f func(store.Tx, string, time.Time, ...ratelimit.Limit) error) error {
+		return st.RunTx(t.Context(), func(tx store.Tx) error { return f(tx, "limits", now, lim) })
+	}
+	for range 5 {
+		if err := run(ratelimit.Check); err != nil {
+			t.Fatalf("check on an empty counter: %v", err)
+		}
+	}
+	var docs []map[string]any
+	if err := store.List(t.Context(), st, "limits", store.Query{}, &docs); err != nil || len(docs) != 0 {
+		t.Fatalf("Check wrote %d counters, %v", len(docs), err)
+	}
+	for range 2 {
+		if err := run(ratelimit.Take); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var ex *ratelimit.Exceeded
+	if err := run(ratelimit.Check); !errors.As(err, &ex) || ex.Limit.Name != "test" {
+		t.Fatalf("check on a full counter: %v", err)
+	}
+}

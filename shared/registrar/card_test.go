@@ -108,7 +108,8 @@ func TestPairing(t *testing.T) {
 	}{
 		{"bad signature", p.Code, agent.Public(), protocol.SignPair(impostor, p.Code), errs.IdentityMismatch, 401, "does not verify"},
 		{"signature of another code", p.Code, agent.Public(), protocol.SignPair(agent, "ZZZ-ZZZ"), errs.IdentityMismatch, 401, "the code was not used"},
-		{"not base64", p.Code, agent.Public(), "!!!", errs.IdentityMismatch, 401, "does not verify"},
+		{"not base64", p.Code, agent.Public(), "!!!", errs.InvalidRequest, 400, "standard base64 Ed25519 signature (64 bytes)"},
+		{"not 64 bytes", p.Code, agent.Public(), "AAAA", errs.InvalidRequest, 400, "signature is 3 bytes, want 64"},
 		{"no signature", p.Code, agent.Public(), "", errs.InvalidRequest, 400, "signature is required"},
 		{"agent id is not a key", p.Code, "agent-7", protocol.SignPair(agent, p.Code), errs.InvalidRequest, 400, "agent_id"},
 		{"malformed code", "AB-CD", agent.Public(), protocol.SignPair(agent, "AB-CD"), errs.InvalidRequest, 400, "looks like ABC-234"},
@@ -186,7 +187,7 @@ func TestSecretsStoredHashed(t *testing.T) {
 	}
 	code := e.mail.lastCode(t, "ana@example.org")
 	assertNoSecret(t, e, code, "ana@example.org\",\"ip", "192.0.2.1")
-	v, err := e.svc.Verify(t.Context(), "ana@example.org", code)
+	v, err := e.svc.Verify(t.Context(), "ana@example.org", code, "192.0.2.1")
 	if err != nil {
 		t.Fatal(err)
 	}

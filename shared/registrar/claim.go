@@ -3,16 +3,17 @@ package registrar
 import (
 	"context"
 	"errors"
+	"slices"
 	"sort"
 	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/ratelimit"
-	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -109,6 +110,7 @@ func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (
 		out = Claimed{Handle: handle, OperatorName: op.Name}
 		return tx.Create(account.CollHandles, id, h)
 	})
+	s.dropExpiredSession(ctx, token, err)
 	if errors.Is(err, store.ErrExists) {
 		// Another claim of the same handle committed first (a store
 		// whose transactions conflict at commit reports it so).
@@ -145,6 +147,9 @@ func verifiedAccount(tx store.Tx, email string) (*account.Account, error) {
 
 // pairing is a pairing code as stored, under the hash of the code.
 type pairing struct {
+	// ID is the document's own id, so that a query (the per-address cap,
+	// the sweep) can delete it.
+	ID        string `json:"id"`
 	HandleID  string `json:"handle_id"`
 	Handle    string `json:"handle"`
 	Email     string `json:"email"`
@@ -152,7 +157,8 @@ type pairing struct {
 	ExpiresAt int64  `json:"expires_at"`
 }
 
-func pairingID(code string) string { return secret.HashCode("pan-pair", code) }
+// pairingID is the store id of a pairing code: its keyed hash (codeHasher).
+func (s *Service) pairingID(code string) string { return s.codes.Hash("pan-pair", code) }
 
 // PairingStarted is the answer of StartPairing.
 type PairingStarted struct {
@@ -162,7 +168,9 @@ type PairingStarted struct {
 }
 
 // StartPairing issues a single-use pairing code for a handle the session's
-// address holds (POST /api/pair/start). It lives ten minutes.
+// address holds (POST /api/pair/start). It lives ten minutes. An address
+// has at most ten live codes (429 pair-codes-per-address beyond): the
+// console opens a session per request, so a cap per session would not hold.
 func (s *Service) StartPairing(ctx context.Context, token, handle string) (PairingStarted, error) {
 	if token == "" {
 		return PairingStarted{}, errNoToken
@@ -192,14 +200,41 @@ func (s *Service) StartPairing(ctx context.Context, token, handle string) (Pairi
 			case h.Email != sess.Email:
 				return errs.Newf(errs.Forbidden, "the handle %s belongs to another address; only its holder can pair an agent with it", h.Handle)
 			}
+			// At most LivePairingCodes live codes per address; its expired
+			// ones are deleted on the way.
+			var pending []pairing
+			if err := tx.Query(CollPairing, store.Where("email", h.Email), &pending); err != nil {
+				return err
+			}
+			var live []int64
+			var expired []string
+			for _, p := range pending {
+				switch {
+				case now.UnixMilli() < p.ExpiresAt:
+					live = append(live, p.ExpiresAt)
+				case p.ID != "":
+					expired = append(expired, p.ID)
+				}
+			}
+			if limit := s.limits.LivePairingCodes; len(live) >= limit {
+				after := slices.Min(live) - now.UnixMilli()
+				return errs.Newf(errs.RateLimited, "this address already has %d live pairing codes (at most %d; each lasts %d minutes): use one, or retry in %d s",
+					len(live), limit, int(PairingTTL/time.Minute), (after+999)/1000).WithRetryAfter(after).WithDetail("limit", "pair-codes-per-address")
+			}
+			for _, id := range expired {
+				if err := tx.Delete(CollPairing, id); err != nil {
+					return err
+				}
+			}
 			out = PairingStarted{Code: code, Handle: h.Handle, ExpiresAt: now.Add(PairingTTL)}
-			return tx.Create(CollPairing, pairingID(code), pairing{HandleID: id, Handle: h.Handle, Email: h.Email,
+			return tx.Create(CollPairing, s.pairingID(code), pairing{ID: s.pairingID(code), HandleID: id, Handle: h.Handle, Email: h.Email,
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(PairingTTL))})
 		})
 		if errors.Is(err, store.ErrExists) {
 			continue
 		}
 		if err != nil {
+			s.dropExpiredSession(ctx, token, err)
 			return PairingStarted{}, txErr(err)
 		}
 		return out, nil
@@ -216,15 +251,13 @@ var errPairingGone = errs.New(errs.NotFound, "pairing code unknown, used or expi
 // signature proves the agent key). signature is standard base64 Ed25519
 // over `pan-pair-v1:<CODE>:<agent_id>`, checked before the code is touched,
 // so a bad signature never spends it. The code is consumed in the
-// transaction that binds the handle. Limited to 60 an hour per client IP.
+// transaction that binds the handle. Limited to 60 an hour per client IP
+// (an IPv6 client by its /64), counting only well-formed, verifying
+// attempts.
 func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature, ip string) (string, error) {
-	now := s.now()
-	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
-		return ratelimit.Take(tx, CollRateLimits, now,
-			ratelimit.Limit{Name: "pair-per-ip", Key: ip, Max: s.limits.PairingPerIP, Window: s.limits.Window})
-	}); err != nil {
-		return "", s.limited(err)
-	}
+	// The body is checked, and the signature verified, before the per-IP
+	// limit is taken: a malformed or unsigned request costs a store write
+	// nobody, and only a request that could spend a code is counted.
 	norm, err := NormalizePairingCode(code)
 	if err != nil {
 		return "", err
@@ -235,18 +268,29 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 	if signature == "" {
 		return "", errs.New(errs.InvalidRequest, "signature is required: standard base64 Ed25519 over pan-pair-v1:<CODE>:<agent_id> by the agent key")
 	}
+	if _, err := protocol.Base64Std.Decode(signature); err != nil {
+		return "", errs.Newf(errs.InvalidRequest, "signature must be a standard base64 Ed25519 signature (64 bytes) over pan-pair-v1:<CODE>:<agent_id>: %v", err)
+	}
 	// The signer may have signed the code as typed (upper-cased) or in its
 	// canonical form; both name the same code.
 	typed := strings.ToUpper(strings.TrimSpace(code))
 	if protocol.VerifyPair(typed, agentID, signature) != nil && protocol.VerifyPair(norm, agentID, signature) != nil {
 		return "", errs.Newf(errs.IdentityMismatch, "the signature does not verify: sign pan-pair-v1:%s:%s with that agent's key (standard base64); the code was not used", norm, agentID)
 	}
+	ip = httpx.LimitKey(ip)
+	now := s.now()
+	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		return ratelimit.Take(tx, CollRateLimits, now,
+			ratelimit.Limit{Name: "pair-per-ip", Key: ip, Max: s.limits.PairingPerIP, Window: s.limits.Window})
+	}); err != nil {
+		return "", s.limited(err)
+	}
 	var handle string
 	var outcome error
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		handle, outcome = "", nil
 		var p pairing
-		found, err := getOptional(tx, CollPairing, pairingID(norm), &p)
+		found, err := getOptional(tx, CollPairing, s.pairingID(norm), &p)
 		if err != nil {
 			return err
 		}
@@ -262,12 +306,12 @@ func (s *Service) CompletePairing(ctx context.Context, code, agentID, signature,
 		switch {
 		case now.UnixMilli() >= p.ExpiresAt:
 			outcome = errPairingGone
-			return tx.Delete(CollPairing, pairingID(norm))
+			return tx.Delete(CollPairing, s.pairingID(norm))
 		case !hFound || h.Email != p.Email:
 			outcome = errs.Newf(errs.NotFound, "the handle %s of that pairing code is no longer held; the code was withdrawn", p.Handle)
-			return tx.Delete(CollPairing, pairingID(norm))
+			return tx.Delete(CollPairing, s.pairingID(norm))
 		}
-		if err := tx.Delete(CollPairing, pairingID(norm)); err != nil {
+		if err := tx.Delete(CollPairing, s.pairingID(norm)); err != nil {
 			return err
 		}
 		handle = h.Handle
@@ -296,6 +340,7 @@ func (s *Service) Mine(ctx context.Context, token string) ([]account.Handle, err
 		return tx.Query(account.CollHandles, store.Where("email", sess.Email), &out)
 	})
 	if err != nil {
+		s.dropExpiredSession(ctx, token, err)
 		if errs.CodeOf(err) != "" {
 			return nil, err
 		}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/secret"
@@ -18,12 +19,27 @@ import (
 // one (so a second mail does not void the first); a wrong try costs every
 // pending code one of its five tries; a right one deletes them all.
 type emailCodes struct {
-	Email string        `json:"email"`
-	Codes []secret.Code `json:"codes"`
+	// ID is the document's own id (codesID), and ExpiresAt the latest of
+	// its codes' deadlines: what the sweep needs (see Sweep).
+	ID        string        `json:"id"`
+	Email     string        `json:"email"`
+	Codes     []secret.Code `json:"codes"`
+	ExpiresAt int64         `json:"expires_at"`
+}
+
+// with sets rec's codes, and its id and deadline to match.
+func (rec emailCodes) with(codes []secret.Code) emailCodes {
+	rec.ID, rec.Codes, rec.ExpiresAt = codesID(rec.Email), codes, 0
+	for _, c := range codes {
+		rec.ExpiresAt = max(rec.ExpiresAt, c.ExpiresAt)
+	}
+	return rec
 }
 
 // session is a registrar session, stored under the hash of its token.
 type session struct {
+	// ID is the document's own id (the hash of the token), for the sweep.
+	ID    string `json:"id"`
 	Email string `json:"email"`
 	// Provenance is how the address was proven: "email" (a code mailed
 	// by this registrar) or what the caller of SessionFor named
@@ -47,13 +63,15 @@ type Started struct {
 
 // StartEmail mails a 6-digit code to email (POST /api/handles/start). The
 // code lives 15 minutes and allows 5 tries. Codes are limited per address
-// (5 an hour), per client IP (15) and for the whole registrar (500); the
-// counters are in the store, so the limits hold across replicas.
+// (5 an hour), per client IP (15; an IPv6 client by its /64, see
+// httpx.LimitKey) and for the whole registrar (500); the counters are in the
+// store, so the limits hold across replicas.
 func (s *Service) StartEmail(ctx context.Context, email, ip string) (Started, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return Started{}, err
 	}
+	ip = httpx.LimitKey(ip)
 	now := s.now()
 	code := secret.Digits(6)
 	l := s.limits
@@ -75,7 +93,7 @@ func (s *Service) StartEmail(ctx context.Context, email, ip string) (Started, er
 				live = append(live, c)
 			}
 		}
-		rec = emailCodes{Email: email, Codes: append(live, secret.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts))}
+		rec = emailCodes{Email: email}.with(append(live, s.codes.NewCode(codeContext(email), code, now.Add(CodeTTL), CodeAttempts)))
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
@@ -102,6 +120,7 @@ func (s *Service) limited(err error) error {
 		"code-per-ip":      "verification codes from your address",
 		"code-overall":     "verification codes on this registrar",
 		"pair-per-ip":      "pairing attempts from your address",
+		"verify-per-ip":    "wrong or unknown verification codes from your address",
 	}[ex.Limit.Name]
 	after := ex.RetryAfter.Milliseconds()
 	if after < 1 {
@@ -120,8 +139,11 @@ type Verified struct {
 // Verify exchanges a mailed code for a session token that lives 8 hours
 // (POST /api/handles/verify). A right code deletes every code pending for
 // the address; a wrong one costs a try; an unknown, used or expired code is
-// a 401 that says which.
-func (s *Service) Verify(ctx context.Context, email, code string) (Verified, error) {
+// a 401 that says which. Every such refusal counts against the client IP's
+// verify-per-ip limit (30 an hour; an IPv6 client by its /64); over it,
+// verify answers 429 before comparing the code, so a client cannot burn
+// other people's pending codes (five wrong tries each) cheaply.
+func (s *Service) Verify(ctx context.Context, email, code, ip string) (Verified, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return Verified{}, err
@@ -132,6 +154,7 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 	}
 	now := s.now()
 	token := secret.Token(SessionPrefix)
+	lim := ratelimit.Limit{Name: "verify-per-ip", Key: httpx.LimitKey(ip), Max: s.limits.VerifyFailuresPerIP, Window: s.limits.Window}
 	var outcome error
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		outcome = nil
@@ -140,14 +163,24 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 		if err != nil {
 			return err
 		}
+		// Over the limit nothing is compared, so no try is spent and a
+		// refusal tells nothing about the code.
+		if err := ratelimit.Check(tx, CollRateLimits, now, lim); err != nil {
+			return err
+		}
+		// refuse records a refused try against the IP; it must come before
+		// the transaction's other writes.
+		refuse := func(e error) error {
+			outcome = e
+			return ratelimit.Take(tx, CollRateLimits, now, lim)
+		}
 		if !found || len(rec.Codes) == 0 {
-			outcome = errs.New(errs.Unauthorized, "no code is pending for that address (unknown or already used): request a new one")
-			return nil
+			return refuse(errs.New(errs.Unauthorized, "no code is pending for that address (unknown or already used): request a new one"))
 		}
 		matched, expired := false, 0
 		live := rec.Codes[:0]
 		for _, c := range rec.Codes {
-			switch c.Check(codeContext(email), code, now) {
+			switch s.codes.Check(&c, codeContext(email), code, now) {
 			case secret.CodeMatch:
 				matched = true
 			case secret.CodeExpired:
@@ -161,25 +194,31 @@ func (s *Service) Verify(ctx context.Context, email, code string) (Verified, err
 			if err := tx.Delete(CollCodes, codesID(email)); err != nil {
 				return err
 			}
-			return tx.Create(CollSessions, secret.Hash(token), session{Email: email, Provenance: "email",
+			return tx.Create(CollSessions, secret.Hash(token), session{ID: secret.Hash(token), Email: email, Provenance: "email",
 				CreatedAt: ms(now), ExpiresAt: ms(now.Add(SessionTTL))})
 		case len(live) == 0 && expired == len(rec.Codes):
-			outcome = errs.New(errs.Unauthorized, "that code has expired (codes last 15 minutes): request a new one")
+			if err := refuse(errs.New(errs.Unauthorized, "that code has expired (codes last 15 minutes): request a new one")); err != nil {
+				return err
+			}
 			return tx.Delete(CollCodes, codesID(email))
 		case len(live) == 0:
-			outcome = errs.New(errs.Unauthorized, "wrong code, and that was the last try: request a new one")
+			if err := refuse(errs.New(errs.Unauthorized, "wrong code, and that was the last try: request a new one")); err != nil {
+				return err
+			}
 			return tx.Delete(CollCodes, codesID(email))
 		}
 		left := 0
 		for _, c := range live {
 			left = max(left, c.AttemptsLeft)
 		}
-		outcome = errs.Newf(errs.Unauthorized, "wrong code; %d tries left", left).WithDetail("attempts_left", left)
-		rec.Codes = live
+		if err := refuse(errs.Newf(errs.Unauthorized, "wrong code; %d tries left", left).WithDetail("attempts_left", left)); err != nil {
+			return err
+		}
+		rec = emailCodes{Email: email}.with(live)
 		return tx.Set(CollCodes, codesID(email), rec)
 	})
 	if err != nil {
-		return Verified{}, txErr(err)
+		return Verified{}, s.limited(err)
 	}
 	if outcome != nil {
 		return Verified{}, outcome
@@ -204,7 +243,7 @@ func (s *Service) SessionFor(ctx context.Context, email, provenance string) (Ver
 	now := s.now()
 	token := secret.Token(SessionPrefix)
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
-		return tx.Create(CollSessions, secret.Hash(token), session{Email: email, Provenance: provenance,
+		return tx.Create(CollSessions, secret.Hash(token), session{ID: secret.Hash(token), Email: email, Provenance: provenance,
 			CreatedAt: ms(now), ExpiresAt: ms(now.Add(SessionTTL))})
 	})
 	if err != nil {
@@ -216,9 +255,14 @@ func (s *Service) SessionFor(ctx context.Context, email, provenance string) (Ver
 var (
 	errNoToken = errs.New(errs.Unauthorized, "a session is required: send Authorization: Bearer <token> from POST /api/handles/verify")
 	errSession = errs.New(errs.Unauthorized, "session unknown or expired (sessions last 8 hours): verify your email again with POST /api/handles/start")
+	// errSessionExpired reads as errSession to the caller; it tells
+	// dropExpiredSession that there is a document to delete.
+	errSessionExpired = errs.New(errs.Unauthorized, errSession.Message)
 )
 
-// sessionIn reads the session of token inside tx.
+// sessionIn reads the session of token inside tx. An expired session is
+// refused with errSessionExpired; the caller's transaction rolls back, so
+// the caller then deletes it with dropExpiredSession.
 func (s *Service) sessionIn(tx store.Tx, token string, now time.Time) (session, error) {
 	if token == "" {
 		return session{}, errNoToken
@@ -228,8 +272,30 @@ func (s *Service) sessionIn(tx store.Tx, token string, now time.Time) (session, 
 	switch {
 	case err != nil:
 		return session{}, err
-	case !found, now.UnixMilli() >= sess.ExpiresAt:
+	case !found:
 		return session{}, errSession
+	case now.UnixMilli() >= sess.ExpiresAt:
+		return session{}, errSessionExpired
 	}
 	return sess, nil
+}
+
+// dropExpiredSession deletes the session of token when err says it was
+// presented expired (the sweep would delete it later anyway). A failure is
+// only logged: the caller's answer stays the 401.
+func (s *Service) dropExpiredSession(ctx context.Context, token string, err error) {
+	if !errors.Is(err, errSessionExpired) {
+		return
+	}
+	id, now := secret.Hash(token), s.now()
+	if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		var sess session
+		found, err := getOptional(tx, CollSessions, id, &sess)
+		if err != nil || !found || now.UnixMilli() < sess.ExpiresAt {
+			return err
+		}
+		return tx.Delete(CollSessions, id)
+	}); err != nil {
+		s.log.Warn("expired registrar session not deleted", "err", err)
+	}
 }

@@ -25,7 +25,7 @@ func FuzzHandle(f *testing.F) {
 		n, nerr := registrar.CheckName(name)
 		if nerr == nil {
 			if n != strings.TrimSpace(n) || n == "" || len(n) > registrar.MaxName || !utf8.ValidString(n) || strings.ContainsRune(n, '@') ||
-				strings.ContainsFunc(n, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) {
+				strings.ContainsFunc(n, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) || unicode.Is(unicode.Cf, r) }) {
 				t.Fatalf("CheckName(%q) accepted %q", name, n)
 			}
 			if again, err := registrar.CheckName(n); err != nil || again != n {
@@ -34,7 +34,8 @@ func FuzzHandle(f *testing.F) {
 		}
 		e, eerr := registrar.NormalizeEmail(email)
 		if eerr == nil {
-			if e != strings.ToLower(e) || strings.Count(e, "@") != 1 || len(e) > 254 || strings.HasPrefix(e, "@") {
+			if e != strings.ToLower(e) || strings.Count(e, "@") != 1 || len(e) > 254 || strings.HasPrefix(e, "@") ||
+				strings.ContainsFunc(e, func(r rune) bool { return unicode.Is(unicode.Cf, r) }) {
 				t.Fatalf("NormalizeEmail(%q) accepted %q", email, e)
 			}
 		}

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	netmail "net/mail"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -12,8 +13,10 @@ import (
 
 // CheckName validates the name part of a handle (upstream-notes §12.1): any
 // non-empty string of at most 64 bytes after trimming, valid UTF-8, with no
-// white space, no '@' and no control character; dots are allowed. It
-// returns the trimmed name, its case kept for display.
+// white space, no '@', no control character and (beyond upstream) no
+// invisible format character (Unicode Cf: bidirectional controls,
+// zero-width characters); dots are allowed. It returns the trimmed name,
+// its case kept for display.
 func CheckName(name string) (string, error) {
 	n := strings.TrimSpace(name)
 	switch {
@@ -32,15 +35,39 @@ func CheckName(name string) (string, error) {
 			return "", errs.New(errs.InvalidRequest, "name must not contain white space")
 		case unicode.IsControl(r):
 			return "", errs.New(errs.InvalidRequest, "name must not contain control characters")
+		case unicode.Is(unicode.Cf, r):
+			return "", errs.Newf(errs.InvalidRequest, "name must not contain invisible formatting characters (here %U): %s", r, formatHint)
 		}
 	}
 	return n, nil
 }
 
-// NormalizeEmail trims, lower-cases and checks an address (the account
-// service's rule: one '@', a non-empty local part, a dotted domain, at most
-// 254 bytes).
-func NormalizeEmail(email string) (string, error) { return account.NormalizeEmail(email) }
+// formatHint says why format characters (Unicode Cf) are refused in names,
+// operator names and addresses, beyond upstream's "no control characters".
+const formatHint = "bidirectional controls (U+202E, U+2066, …) and zero-width characters (U+200B, U+FEFF, …) can make one handle look like another"
+
+// NormalizeEmail trims, lower-cases and checks an address: the account
+// service's rule (one '@', a non-empty local part, a dotted domain, at most
+// 254 bytes), and it must be a bare address as a mail header reads it —
+// net/mail parses it, with no display name, to the very same string. Else
+// the code could be mailed to another address than the one it proves
+// ("ana<eve@evil.org>" is mailed to eve@evil.org), or the mail could not be
+// sent at all after the limits were counted ("a,b@example.org").
+func NormalizeEmail(email string) (string, error) {
+	e, err := account.NormalizeEmail(email)
+	if err != nil {
+		return "", err
+	}
+	if a, err := netmail.ParseAddress(e); err != nil || a.Name != "" || a.Address != e {
+		return "", errs.New(errs.InvalidRequest, "email must be a bare address like ana@example.org: no display name, angle brackets, quotes, commas, parentheses or consecutive dots")
+	}
+	// The address is half of every handle of it.
+	if i := strings.IndexFunc(e, func(r rune) bool { return unicode.Is(unicode.Cf, r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(e[i:])
+		return "", errs.Newf(errs.InvalidRequest, "email must not contain invisible formatting characters (here %U): %s", r, formatHint)
+	}
+	return e, nil
+}
 
 // HandleOf is the handle `<name>.<email>` for a checked name and a
 // normalised address.
@@ -55,7 +82,7 @@ func HandleID(handle string) string { return account.HandleID(handle) }
 const MaxHandle = MaxName + 1 + 254
 
 // CheckOperatorName validates an operator display name: at most 80
-// characters, no control characters. It returns it trimmed ("" when none
+// characters, no control characters and no format characters (Unicode Cf). It returns it trimmed ("" when none
 // was given).
 func CheckOperatorName(n string) (string, error) {
 	n = strings.TrimSpace(n)
@@ -66,8 +93,11 @@ func CheckOperatorName(n string) (string, error) {
 		return "", errs.Newf(errs.InvalidRequest, "operator_name is %d characters; at most %d are allowed", c, MaxOperatorName)
 	}
 	for _, r := range n {
-		if unicode.IsControl(r) {
+		switch {
+		case unicode.IsControl(r):
 			return "", errs.New(errs.InvalidRequest, "operator_name must not contain control characters")
+		case unicode.Is(unicode.Cf, r):
+			return "", errs.Newf(errs.InvalidRequest, "operator_name must not contain invisible formatting characters (here %U): %s", r, formatHint)
 		}
 	}
 	return n, nil

@@ -5,13 +5,19 @@
 // signs; anyone resolves a handle (or an agent id) to a card signed by the
 // registrar's key.
 //
-// Every secret (email codes, session tokens, pairing codes) is stored only
-// as its SHA-256. Everything single use is consumed in the transaction that
-// checks it, and every rate limit is kept in the store so it holds across
-// replicas. docs/registrar.md is the reference of the HTTP surface.
+// Every secret is stored only hashed: session tokens (256 bits) as their
+// SHA-256, and the short codes (email codes, pairing codes) as an
+// HMAC-SHA256 keyed with a secret derived from the registrar's signing key,
+// so that a leaked store does not give away live codes (SHA-256 when the
+// registrar has no key). Everything single use is consumed in the
+// transaction that checks it, and every rate limit is kept in the store so
+// it holds across replicas. docs/registrar.md is the reference of the HTTP
+// surface.
 package registrar
 
 import (
+	"crypto/hkdf"
+	"crypto/sha256"
 	"errors"
 	"log/slog"
 	"strings"
@@ -20,6 +26,7 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -28,8 +35,8 @@ import (
 // agent key exchange may bind a handle too.
 const (
 	CollCodes      = "registrar_email_codes"   // id: hash of the address → its pending codes
-	CollSessions   = "registrar_sessions"      // id: hash of the session token
-	CollPairing    = "registrar_pairing_codes" // id: hash of the normalised pairing code
+	CollSessions   = "registrar_sessions"      // id: SHA-256 of the session token
+	CollPairing    = "registrar_pairing_codes" // id: keyed hash of the normalised pairing code (codeHasher)
 	CollOperators  = "registrar_operators"     // id: the address → its operator name
 	CollRateLimits = "registrar_rate_limits"   // id: hash of (limit, key); see shared/ratelimit
 )
@@ -60,7 +67,13 @@ type Limits struct {
 	CodesPerIP      int // per client IP (15)
 	CodesOverall    int // for the whole registrar (500)
 	PairingPerIP    int // pairing completions per client IP (60)
-	Window          time.Duration
+	// VerifyFailuresPerIP bounds the refused verification tries (wrong,
+	// expired or no code pending) per client IP (30; not in upstream).
+	VerifyFailuresPerIP int
+	// LivePairingCodes is how many unexpired pairing codes one address may
+	// hold at once (10; not in upstream).
+	LivePairingCodes int
+	Window           time.Duration
 }
 
 func (l Limits) withDefaults() Limits {
@@ -73,6 +86,8 @@ func (l Limits) withDefaults() Limits {
 	def(&l.CodesPerIP, 15)
 	def(&l.CodesOverall, 500)
 	def(&l.PairingPerIP, 60)
+	def(&l.VerifyFailuresPerIP, 30)
+	def(&l.LivePairingCodes, 10)
 	if l.Window <= 0 {
 		l.Window = time.Hour
 	}
@@ -113,12 +128,14 @@ type Service struct {
 	log     *slog.Logger
 	limits  Limits
 	cardTTL time.Duration
+	// codes hashes the short codes for storage (codeHasher).
+	codes secret.CodeHasher
 }
 
 // New builds the service.
 func New(cfg Config) *Service {
 	s := &Service{st: cfg.Store, mail: cfg.Mail, signer: cfg.Signer, url: strings.TrimRight(cfg.URL, "/"),
-		now: cfg.Now, log: cfg.Log, limits: cfg.Limits.withDefaults(), cardTTL: cfg.CardTTL}
+		now: cfg.Now, log: cfg.Log, limits: cfg.Limits.withDefaults(), cardTTL: cfg.CardTTL, codes: codeHasher(cfg.Signer)}
 	if s.now == nil {
 		s.now = time.Now
 	}
@@ -134,6 +151,31 @@ func New(cfg Config) *Service {
 		s.cardTTL = 24 * time.Hour
 	}
 	return s
+}
+
+// codeKeyTag is what the registrar key signs to derive the code-hashing
+// secret. It is not JSON, so it is never a card the registrar signs for the
+// world, and the signature over it is never published.
+const codeKeyTag = "agentmesh registrar: code-hashing key v1"
+
+// codeHasher keys the hashes of email and pairing codes with a secret only
+// the registrar key's holder can compute: HKDF-SHA256 of the key's Ed25519
+// signature over codeKeyTag. Ed25519 signs deterministically, so every
+// replica and every restart with the same key derives the same secret.
+// Without a key the codes are hashed with plain SHA-256 (and a leaked
+// store gives them away to anyone who tries them all). Changing the key
+// voids the codes pending at that moment (they live 15 minutes at most).
+func codeHasher(signer keys.Signer) secret.CodeHasher {
+	if signer == nil {
+		return secret.CodeHasher{}
+	}
+	sig := signer.Sign([]byte(codeKeyTag))
+	key, err := hkdf.Key(sha256.New, sig, nil, "registrar code hashes", 32)
+	clear(sig)
+	if err != nil {
+		panic("registrar: hkdf: " + err.Error()) // only for an impossible length
+	}
+	return secret.NewCodeHasher(key)
 }
 
 // URL is the registrar's base URL as cards name it.

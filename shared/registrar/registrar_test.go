@@ -117,7 +117,7 @@ func (e *env) session(addr string) string {
 	if _, err := e.svc.StartEmail(e.t.Context(), addr, ip); err != nil {
 		e.t.Fatalf("start %s: %v", addr, err)
 	}
-	v, err := e.svc.Verify(e.t.Context(), addr, e.mail.lastCode(e.t, addr))
+	v, err := e.svc.Verify(e.t.Context(), addr, e.mail.lastCode(e.t, addr), ip)
 	if err != nil {
 		e.t.Fatalf("verify %s: %v", addr, err)
 	}
@@ -172,14 +172,14 @@ func TestEmailCodes(t *testing.T) {
 			t.Fatalf("mail: %+v", e.mail.sent[0])
 		}
 		// The first mail's code still works after the second was sent.
-		v, err := e.svc.Verify(ctx, "ANA@example.org", first)
+		v, err := e.svc.Verify(ctx, "ANA@example.org", first, "192.0.2.1")
 		if err != nil || !strings.HasPrefix(v.Token, registrar.SessionPrefix) || !v.ExpiresAt.Equal(e.clock.Now().Add(8*time.Hour)) {
 			t.Fatalf("verify: %+v %v", v, err)
 		}
 		// Every code of the address was deleted with that success.
-		_, err = e.svc.Verify(ctx, "ana@example.org", second)
+		_, err = e.svc.Verify(ctx, "ana@example.org", second, "192.0.2.1")
 		wantErr(t, "second code after success", err, errs.Unauthorized, 401, "no code is pending")
-		_, err = e.svc.Verify(ctx, "ana@example.org", first)
+		_, err = e.svc.Verify(ctx, "ana@example.org", first, "192.0.2.1")
 		wantErr(t, "reused code", err, errs.Unauthorized, 401, "unknown or already used")
 	})
 	t.Run("wrong codes count, the fifth burns", func(t *testing.T) {
@@ -193,15 +193,15 @@ func TestEmailCodes(t *testing.T) {
 			wrong = "111111"
 		}
 		for left := 4; left >= 1; left-- {
-			_, err := e.svc.Verify(ctx, "bo@example.org", wrong)
+			_, err := e.svc.Verify(ctx, "bo@example.org", wrong, "192.0.2.1")
 			wantErr(t, "wrong code", err, errs.Unauthorized, 401, "tries left")
 			if got := errs.As(err).Details["attempts_left"]; got != left {
 				t.Fatalf("attempts_left = %v, want %d", got, left)
 			}
 		}
-		_, err := e.svc.Verify(ctx, "bo@example.org", wrong)
+		_, err := e.svc.Verify(ctx, "bo@example.org", wrong, "192.0.2.1")
 		wantErr(t, "fifth wrong code", err, errs.Unauthorized, 401, "last try")
-		_, err = e.svc.Verify(ctx, "bo@example.org", right)
+		_, err = e.svc.Verify(ctx, "bo@example.org", right, "192.0.2.1")
 		wantErr(t, "right code after it burned", err, errs.Unauthorized, 401, "no code is pending")
 	})
 	t.Run("a code expires after 15 minutes", func(t *testing.T) {
@@ -211,16 +211,16 @@ func TestEmailCodes(t *testing.T) {
 		}
 		code := e.mail.lastCode(t, "cy@example.org")
 		e.clock.Advance(15 * time.Minute)
-		_, err := e.svc.Verify(ctx, "cy@example.org", code)
+		_, err := e.svc.Verify(ctx, "cy@example.org", code, "192.0.2.1")
 		wantErr(t, "expired code", err, errs.Unauthorized, 401, "expired")
 	})
 	t.Run("refusals", func(t *testing.T) {
 		e := newEnv(t)
 		_, err := e.svc.StartEmail(ctx, "not-an-address", "192.0.2.1")
 		wantErr(t, "bad address", err, errs.InvalidRequest, 400, "email must be an address")
-		_, err = e.svc.Verify(ctx, "nobody@example.org", "123456")
+		_, err = e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.1")
 		wantErr(t, "unknown address", err, errs.Unauthorized, 401, "no code is pending")
-		_, err = e.svc.Verify(ctx, "nobody@example.org", " ")
+		_, err = e.svc.Verify(ctx, "nobody@example.org", " ", "192.0.2.1")
 		wantErr(t, "empty code", err, errs.InvalidRequest, 400, "code is required")
 		e.mail.fail = true
 		_, err = e.svc.StartEmail(ctx, "dee@example.org", "192.0.2.1")
@@ -282,6 +282,30 @@ func TestRateLimits(t *testing.T) {
 			t.Fatalf("the IP's third code: %v", err)
 		}
 	})
+	t.Run("an IPv6 /64 is one client", func(t *testing.T) {
+		e := newEnv(t, small)
+		for i, ip := range []string{"2001:db8:1:2::1", "2001:db8:1:2::2", "2001:db8:1:2:ffff:ffff:ffff:ffff"} {
+			if _, err := e.svc.StartEmail(ctx, fmt.Sprintf("u%d@example.org", i), ip); err != nil {
+				t.Fatalf("%s: %v", ip, err)
+			}
+		}
+		_, err := e.svc.StartEmail(ctx, "u9@example.org", "2001:db8:1:2::abcd")
+		wantErr(t, "a fourth address of the /64", err, errs.RateLimited, 429, "verification codes from your address")
+		if errs.As(err).Details["limit"] != "code-per-ip" {
+			t.Fatalf("limit %v", errs.As(err).Details)
+		}
+		if _, err := e.svc.StartEmail(ctx, "u9@example.org", "2001:db8:1:3::1"); err != nil {
+			t.Fatalf("another /64: %v", err)
+		}
+		agent := newAgent(t)
+		sig := protocol.SignPair(agent, "ABC-DEF")
+		for _, ip := range []string{"2001:db8:9::1", "2001:db8:9::2"} {
+			_, err := e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), sig, ip)
+			wantErr(t, "unknown code", err, errs.NotFound, 404, "unknown, used or expired")
+		}
+		_, err = e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), sig, "2001:db8:9::3")
+		wantErr(t, "a third pairing from the /64", err, errs.RateLimited, 429, "pairing attempts")
+	})
 	t.Run("pairing per IP", func(t *testing.T) {
 		e := newEnv(t, small)
 		agent := newAgent(t)
@@ -306,12 +330,31 @@ func TestSessions(t *testing.T) {
 	e.clock.Advance(time.Second)
 	_, err := e.svc.Claim(ctx, tok, "late", "")
 	wantErr(t, "expired session", err, errs.Unauthorized, 401, "expired")
+	// An expired session is deleted when it is presented.
+	if n := e.count(registrar.CollSessions); n != 0 {
+		t.Fatalf("%d sessions left after the expired one was presented", n)
+	}
 	_, err = e.svc.Claim(ctx, "", "x", "Ana")
 	wantErr(t, "no token", err, errs.Unauthorized, 401, "Bearer")
 	_, err = e.svc.Claim(ctx, "rgs_forged", "x", "Ana")
 	wantErr(t, "unknown token", err, errs.Unauthorized, 401, "unknown or expired")
 	_, err = e.svc.StartPairing(ctx, tok, "early.ana@example.org")
 	wantErr(t, "pairing with an expired session", err, errs.Unauthorized, 401, "expired")
+	// So are sessions presented expired to pair/start and to the list.
+	for i, present := range []func(string) error{
+		func(tok string) error { _, err := e.svc.StartPairing(ctx, tok, "early.ana@example.org"); return err },
+		func(tok string) error { _, err := e.svc.Mine(ctx, tok); return err },
+	} {
+		v, err := e.svc.SessionFor(ctx, "ana@example.org", "console")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.clock.Advance(8 * time.Hour)
+		wantErr(t, "expired session", present(v.Token), errs.Unauthorized, 401, "expired")
+		if n := e.count(registrar.CollSessions); n != 0 {
+			t.Fatalf("route %d: %d sessions left after the expired one was presented", i, n)
+		}
+	}
 
 	// The console's session for an address it proved.
 	v, err := e.svc.SessionFor(ctx, "Ana@Example.org", "console")
@@ -410,6 +453,11 @@ func TestNames(t *testing.T) {
 		{"at@sign", "'@'"},
 		{"bell\x07", "control"},
 		{"del\x7f", "control"},
+		{"coder\u202e", "invisible formatting characters (here U+202E)"},
+		{"co\u200bder", "invisible formatting characters (here U+200B)"},
+		{"a\u2066b", "invisible formatting characters (here U+2066)"},
+		{"x\ufeff", "invisible formatting characters (here U+FEFF)"},
+		{"soft\u00adhyphen", "invisible formatting characters (here U+00AD)"},
 		{"bad\xffutf8", "UTF-8"},
 	} {
 		_, err := e.svc.Claim(ctx, tok, tc.name, "")
@@ -435,7 +483,7 @@ func TestNames(t *testing.T) {
 		t.Fatalf("resolve: %+v %v", r.Card, err)
 	}
 	other := e.session("bo@example.org")
-	for _, op := range []string{strings.Repeat("o", 81), "line\nbreak"} {
+	for _, op := range []string{strings.Repeat("o", 81), "line\nbreak", "Ana\u202eX", "An\u200ba", "\ufeffAna"} {
 		_, err := e.svc.Claim(ctx, other, "x", op)
 		wantErr(t, "operator "+op, err, errs.InvalidRequest, 400, "operator_name")
 	}
@@ -514,5 +562,190 @@ func TestConcurrentClaims(t *testing.T) {
 	var h account.Handle
 	if err := store.Get(ctx, e.st, account.CollHandles, "a.b.c.d.e.f.g.h.i.j.k.l.m.n.o.p.q.r.s.t.u.v.w.x.y.z@example.org", &h); err != nil || h.Email != winner {
 		t.Fatalf("stored %+v %v, winner %s", h, err, winner)
+	}
+}
+
+// count is the number of documents in coll.
+func (e *env) count(coll string) int {
+	e.t.Helper()
+	var docs []map[string]any
+	if err := store.List(e.t.Context(), e.st, coll, store.Query{}, &docs); err != nil {
+		e.t.Fatal(err)
+	}
+	return len(docs)
+}
+
+// A pairing completion that could not spend a code (a malformed body, a
+// signature that does not verify) is refused before the per-IP limit is
+// taken, so it writes nothing: a flood of garbage from many addresses
+// leaves the store as it was.
+func TestPairingRefusalsWriteNothing(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t)
+	agent, other := newAgent(t), newAgent(t)
+	good := protocol.SignPair(agent, "ABC-DEF")
+	for i, tc := range []struct {
+		code, agent, sig string
+		status           int
+	}{
+		{"", "", "", 400},
+		{"ABC-DEF", "", "", 400},
+		{"ABC-DE0", agent.Public(), good, 400},          // 0 is not in the alphabet
+		{"ABC-DEF", "Unot-a-key", good, 400},            // not a public key
+		{"ABC-DEF", agent.Public(), "", 400},            // no signature
+		{"ABC-DEF", agent.Public(), "not base64!", 400}, // not base64
+		{"ABC-DEF", agent.Public(), "AAAA", 400},        // not 64 bytes
+		{"ABC-DEF", agent.Public(), protocol.SignPair(other, "ABC-DEF"), 401},
+	} {
+		for j := range 5 {
+			_, err := e.svc.CompletePairing(ctx, tc.code, tc.agent, tc.sig, fmt.Sprintf("2001:db8:%x::%x", i, j))
+			if err == nil || errs.As(err).HTTPStatus() != tc.status {
+				t.Fatalf("case %d: %v, want %d", i, err, tc.status)
+			}
+		}
+	}
+	if n := e.count(registrar.CollRateLimits); n != 0 {
+		t.Fatalf("refused pairings wrote %d rate-limit counters", n)
+	}
+	// A well-formed, verifying attempt is counted.
+	if _, err := e.svc.CompletePairing(ctx, "ABC-DEF", agent.Public(), good, "192.0.2.1"); errs.CodeOf(err) != errs.NotFound {
+		t.Fatalf("unknown code: %v", err)
+	}
+	if n := e.count(registrar.CollRateLimits); n != 1 {
+		t.Fatalf("%d counters, want 1", n)
+	}
+}
+
+// Refused verification tries are limited per client IP (a /64 for IPv6):
+// past the limit nothing is compared, so an attacker cannot go on burning
+// another person's pending code, and the owner's right code still works.
+func TestVerifyLimitPerIP(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{VerifyFailuresPerIP: 3} })
+	if _, err := e.svc.StartEmail(ctx, "victim@example.org", "198.51.100.1"); err != nil {
+		t.Fatal(err)
+	}
+	right := e.mail.lastCode(t, "victim@example.org")
+	wrong := "000000"
+	if right == wrong {
+		wrong = "111111"
+	}
+	for i := range 3 {
+		_, err := e.svc.Verify(ctx, "victim@example.org", wrong, fmt.Sprintf("2001:db8:a::%d", i+1))
+		wantErr(t, "wrong code", err, errs.Unauthorized, 401, "tries left")
+	}
+	for i := range 5 {
+		_, err := e.svc.Verify(ctx, "victim@example.org", wrong, fmt.Sprintf("2001:db8:a:0:%d::1", i+1))
+		wantErr(t, "over the limit", err, errs.RateLimited, 429, "wrong or unknown verification codes from your address")
+		if got := errs.As(err); got.Details["limit"] != "verify-per-ip" || got.RetryAfterMS <= 0 {
+			t.Fatalf("refusal %+v", got)
+		}
+	}
+	// Over the limit even a right code is refused: answering it would let
+	// the client tell right from wrong with no limit at all.
+	_, err := e.svc.Verify(ctx, "victim@example.org", right, "2001:db8:a::9")
+	wantErr(t, "right code over the limit", err, errs.RateLimited, 429, "verification codes")
+	// The refused tries cost the code nothing: two tries are left, and the
+	// owner's own verify works.
+	if v, err := e.svc.Verify(ctx, "victim@example.org", right, "198.51.100.1"); err != nil || v.Token == "" {
+		t.Fatalf("the owner's verify: %v", err)
+	}
+	// A try at an address with no code pending counts too.
+	for range 3 {
+		_, err := e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.50")
+		wantErr(t, "no code", err, errs.Unauthorized, 401, "no code is pending")
+	}
+	_, err = e.svc.Verify(ctx, "nobody@example.org", "123456", "192.0.2.50")
+	wantErr(t, "no code, over the limit", err, errs.RateLimited, 429, "verification codes")
+	// A right code is not a refusal and counts nothing.
+	e2 := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{VerifyFailuresPerIP: 1} })
+	for i := range 3 {
+		addr := fmt.Sprintf("u%d@example.org", i)
+		if _, err := e2.svc.StartEmail(ctx, addr, "192.0.2.60"); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e2.svc.Verify(ctx, addr, e2.mail.lastCode(t, addr), "192.0.2.60"); err != nil {
+			t.Fatalf("right code %d: %v", i, err)
+		}
+	}
+}
+
+// An address holds at most LivePairingCodes live pairing codes, whatever
+// session asks (the console opens one per request); expired ones make room
+// and are deleted when the next code is issued.
+func TestLivePairingCodesCap(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t, func(c *registrar.Config) { c.Limits = registrar.Limits{LivePairingCodes: 3} })
+	tok := e.session("ana@example.org")
+	h := e.claim(tok, "coder", "Ana")
+	for i := range 3 {
+		if _, err := e.svc.StartPairing(ctx, tok, h); err != nil {
+			t.Fatalf("code %d: %v", i+1, err)
+		}
+		e.clock.Advance(time.Minute)
+	}
+	_, err := e.svc.StartPairing(ctx, tok, h)
+	wantErr(t, "fourth live code", err, errs.RateLimited, 429, "already has 3 live pairing codes")
+	if got := errs.As(err); got.Details["limit"] != "pair-codes-per-address" || got.RetryAfterMS != (7*time.Minute).Milliseconds() {
+		t.Fatalf("refusal %+v (the first code lapses in 7 minutes)", got)
+	}
+	// Another session of the same address meets the same cap,
+	other, err := e.svc.SessionFor(ctx, "ana@example.org", "console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = e.svc.StartPairing(ctx, other.Token, h)
+	wantErr(t, "another session", err, errs.RateLimited, 429, "live pairing codes")
+	// another address does not.
+	bo := e.session("bo@example.org")
+	if _, err := e.svc.StartPairing(ctx, bo, e.claim(bo, "coder", "Bo")); err != nil {
+		t.Fatalf("another address: %v", err)
+	}
+	// Once the first code lapses there is room again, and the lapsed code
+	// is gone from the store.
+	e.clock.Advance(7 * time.Minute)
+	if _, err := e.svc.StartPairing(ctx, tok, h); err != nil {
+		t.Fatalf("after the first code lapsed: %v", err)
+	}
+	if n := e.count(registrar.CollPairing); n != 4 { // ana's 2 live + 1 new, bo's 1
+		t.Fatalf("%d pairing codes stored, want 4", n)
+	}
+}
+
+// Only a bare address is accepted: one a mail header reads as exactly that
+// address. Anything else is a 400 before any limit is counted or any mail
+// sent, so the code always goes to the address it proves.
+func TestEmailMustBeABareAddress(t *testing.T) {
+	ctx := t.Context()
+	e := newEnv(t)
+	for _, addr := range []string{
+		"ana<attacker@evil.org>", // mailed to attacker@evil.org, proving the whole string
+		"<attacker@evil.org>",
+		"a,b@example.org",
+		"a(b@example.org",
+		`"a b"@example.org`,
+		`"ana"@example.org`,
+		"ana@example.org (Ana)",
+		"a..b@example.org",
+		"ana@example.org>",
+	} {
+		_, err := e.svc.StartEmail(ctx, addr, "192.0.2.1")
+		wantErr(t, addr, err, errs.InvalidRequest, 400, "email must be")
+		_, err = e.svc.Verify(ctx, addr, "123456", "192.0.2.1")
+		wantErr(t, "verify "+addr, err, errs.InvalidRequest, 400, "email must be")
+		_, err = e.svc.SessionFor(ctx, addr, "console")
+		wantErr(t, "session for "+addr, err, errs.InvalidRequest, 400, "email must be")
+	}
+	_, err := e.svc.StartEmail(ctx, "ana<attacker@evil.org>", "192.0.2.1")
+	wantErr(t, "display name", err, errs.InvalidRequest, 400, "bare address like ana@example.org: no display name, angle brackets")
+	_, err = e.svc.StartEmail(ctx, "ana\u202e@example.org", "192.0.2.1")
+	wantErr(t, "a format character", err, errs.InvalidRequest, 400, "invisible formatting characters (here U+202E)")
+	if len(e.mail.sent) != 0 || e.count(registrar.CollRateLimits) != 0 || e.count(registrar.CollCodes) != 0 {
+		t.Fatalf("refused addresses sent %d mails and wrote %d counters", len(e.mail.sent), e.count(registrar.CollRateLimits))
+	}
+	for _, addr := range []string{"Ana@Example.org", "a.b+tag@sub.example.org", "o'brien@example.org", "jörg@exämple.org"} {
+		if _, err := e.svc.StartEmail(ctx, addr, "192.0.2.1"); err != nil {
+			t.Errorf("%s: %v", addr, err)
+		}
 	}
 }

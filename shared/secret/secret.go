@@ -1,10 +1,16 @@
 // Package secret makes and compares the bearer secrets of the control plane
 // (session tokens, API tokens, agent keys, one-time codes). A secret is
 // shown to its owner once; the store keeps only its SHA-256, so a leaked
-// database does not leak usable tokens.
+// database does not leak usable tokens. A short code (a million or a
+// billion values) is a different matter: anyone holding the database can
+// hash every possible code. Where the service has a secret of its own, it
+// keys the hash (CodeHasher, HMAC-SHA256), so the stored value is useless
+// without that secret too.
 package secret
 
 import (
+	"bytes"
+	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
@@ -60,8 +66,42 @@ func Hash(s string) string {
 }
 
 // HashCode hashes a short code together with what it was issued for, so one
-// code's hash says nothing about another's.
+// code's hash says nothing about another's. It is unkeyed: whoever reads
+// the store can try every code (see CodeHasher).
 func HashCode(context, code string) string { return Hash(context + "\x00" + code) }
+
+// CodeHasher hashes short codes with a server secret: hex
+// HMAC-SHA256(key, context NUL code), so someone who reads the store but
+// not the key cannot recover a live code by trying them all. The zero
+// CodeHasher (no key) is HashCode.
+type CodeHasher struct{ key []byte }
+
+// NewCodeHasher keys code hashes with key (at least 32 secret bytes); an
+// empty key gives the unkeyed HashCode.
+func NewCodeHasher(key []byte) CodeHasher { return CodeHasher{key: bytes.Clone(key)} }
+
+// Keyed reports whether h has a key.
+func (h CodeHasher) Keyed() bool { return len(h.key) > 0 }
+
+// Hash is the storage form of code issued for context.
+func (h CodeHasher) Hash(context, code string) string {
+	if len(h.key) == 0 {
+		return HashCode(context, code)
+	}
+	m := hmac.New(sha256.New, h.key)
+	m.Write([]byte(context + "\x00" + code))
+	return hex.EncodeToString(m.Sum(nil))
+}
+
+// NewCode records code (issued for context) hashed by h.
+func (h CodeHasher) NewCode(context, code string, expires time.Time, attempts int) Code {
+	return Code{CodeHash: h.Hash(context, code), ExpiresAt: expires.UnixMilli(), AttemptsLeft: attempts}
+}
+
+// Check is Code.Check for a code recorded by h.
+func (h CodeHasher) Check(c *Code, context, presented string, now time.Time) CodeVerdict {
+	return c.check(h.Hash(context, presented), now)
+}
 
 // Equal compares two secrets (or hashes) in constant time.
 func Equal(a, b string) bool { return subtle.ConstantTimeCompare([]byte(a), []byte(b)) == 1 }
@@ -79,7 +119,7 @@ type Code struct {
 // NewCode records code (issued for context) until expires, allowing
 // attempts wrong tries.
 func NewCode(context, code string, expires time.Time, attempts int) Code {
-	return Code{CodeHash: HashCode(context, code), ExpiresAt: expires.UnixMilli(), AttemptsLeft: attempts}
+	return CodeHasher{}.NewCode(context, code, expires, attempts)
 }
 
 // CodeVerdict is what checking a presented code found.
@@ -101,10 +141,14 @@ const (
 // or deletes it when the verdict is CodeBurned, CodeExpired or CodeMatch
 // (a code works once).
 func (c *Code) Check(context, presented string, now time.Time) CodeVerdict {
+	return CodeHasher{}.Check(c, context, presented, now)
+}
+
+func (c *Code) check(presentedHash string, now time.Time) CodeVerdict {
 	if now.UnixMilli() >= c.ExpiresAt {
 		return CodeExpired
 	}
-	if Equal(c.CodeHash, HashCode(context, presented)) {
+	if Equal(c.CodeHash, presentedHash) {
 		return CodeMatch
 	}
 	c.AttemptsLeft--

@@ -28,3 +28,26 @@ func TestCodeCheck(t *testing.T) {
 		t.Fatalf("last try: %v %d", v, c.AttemptsLeft)
 	}
 }
+
+func TestCodeHasher(t *testing.T) {
+	now := time.Date(2026, 8, 1, 12, 0, 0, 0, time.UTC)
+	if (CodeHasher{}).Hash("ctx", "123456") != HashCode("ctx", "123456") || NewCodeHasher(nil).Keyed() {
+		t.Fatal("without a key the hash is HashCode")
+	}
+	k1 := NewCodeHasher([]byte("0123456789abcdef0123456789abcdef"))
+	k2 := NewCodeHasher([]byte("fedcba9876543210fedcba9876543210"))
+	h := k1.Hash("ctx", "123456")
+	if !k1.Keyed() || h == HashCode("ctx", "123456") || h == k2.Hash("ctx", "123456") || h == k1.Hash("other", "123456") || len(h) != 64 {
+		t.Fatalf("keyed hash %q must depend on the key and the context and differ from the unkeyed one", h)
+	}
+	c := k1.NewCode("ctx", "123456", now.Add(time.Minute), 3)
+	if v := k2.Check(&c, "ctx", "123456", now); v != CodeWrong {
+		t.Fatalf("checked with another key: %v", v)
+	}
+	if v := (CodeHasher{}).Check(&c, "ctx", "123456", now); v != CodeWrong {
+		t.Fatalf("checked without the key: %v", v)
+	}
+	if v := k1.Check(&c, "ctx", "123456", now); v != CodeMatch {
+		t.Fatalf("checked with its key: %v", v)
+	}
+}
