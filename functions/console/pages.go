@@ -151,7 +151,7 @@ func (s *Server) passkeysPage(w http.ResponseWriter, r *http.Request, ss *sessio
 	v := &view{Title: "Passkeys", Nav: "passkeys", sess: ss,
 		Data: passkeysData{Count: n, Fresh: s.acc.Fresh(ss.p), FreshUntil: ss.p.PasskeyAt.Add(passkey.FreshFor)}}
 	if r.URL.Query().Get("registered") == "1" && n > 0 {
-		v.Notice = "Passkey registered. You can now mint agent keys."
+		v.Notice = "Passkey registered. You can now mint agent keys: you confirm with a passkey each time."
 	}
 	s.render(w, r, http.StatusOK, "passkeys", v)
 }
@@ -179,10 +179,11 @@ func (s *Server) passkeyFinish(w http.ResponseWriter, r *http.Request, ss *sessi
 	if b.Ceremony == "" || len(b.Response) == 0 {
 		return errs.New(errs.InvalidRequest, "ceremony and response are required")
 	}
-	if err := s.acc.FinishPasskey(r.Context(), ss.p, b.Ceremony, b.Response); err != nil {
+	res, err := s.acc.FinishPasskey(r.Context(), ss.p, b.Ceremony, b.Response)
+	if err != nil {
 		return err
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "passkey_fresh": true})
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "registered": res.Registered, "passkey_fresh": res.Fresh})
 	return nil
 }
 
