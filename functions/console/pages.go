@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
+	"unicode"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
@@ -13,13 +15,36 @@ import (
 	"agentmesh.dev/mesh/shared/passkey"
 )
 
-// safeNext keeps a "next" page only when it is one of the console's own.
+// safeNext keeps a "next" page only when it is one of the console's own,
+// and returns it as the escaped, cleaned path to redirect to; "" otherwise.
+// The checks are made on the decoded path that will be sent, after
+// cleaning: a "%5C" or "%2e%2e" that decodes into a backslash or a "..",
+// which http.Redirect would clean into "/\evil.example/" (a browser reads
+// that as //evil.example/), can never get through. The query and fragment
+// are dropped.
 func safeNext(next string) string {
-	u, err := url.Parse(next)
-	if err != nil || u.Scheme != "" || u.Host != "" || !strings.HasPrefix(u.Path, Prefix) || strings.Contains(next, `\`) {
+	if next == "" || strings.ContainsRune(next, '\\') || hasControl(next) {
 		return ""
 	}
-	return u.Path
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return ""
+	}
+	if strings.ContainsRune(u.Path, '\\') || hasControl(u.Path) {
+		return ""
+	}
+	p := path.Clean(u.Path)
+	if !strings.HasPrefix(p+"/", Prefix) {
+		return ""
+	}
+	if p+"/" == Prefix {
+		return Prefix
+	}
+	return (&url.URL{Path: p}).EscapedPath()
+}
+
+func hasControl(s string) bool {
+	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }
 
 // --- Sign in ---------------------------------------------------------------
