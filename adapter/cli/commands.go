@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -159,13 +160,22 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if id, err := dir.Identity(); err == nil && !id.Guest {
-		return fmt.Errorf("this state directory already belongs to agent %s (%s); use another --state-dir for a second agent", id.AgentID, id.Name)
-	} else if err != nil && !errors.Is(err, state.ErrNoIdentity) {
-		return err
-	}
 	conf, err := dir.Config()
 	if err != nil {
+		return err
+	}
+	// An identity that is not a guest's and has no credential of its own
+	// was saved by an earlier `up` whose exchange failed or whose answer
+	// was lost: it is reused, so the retry asks for the same agent_id.
+	id, err := dir.Identity()
+	retry := false
+	switch {
+	case err == nil && !id.Guest:
+		if conf.Credential != nil && conf.Credential.Kind != "guest" {
+			return fmt.Errorf("this state directory already belongs to agent %s (%s); use another --state-dir for a second agent", id.AgentID, id.Name)
+		}
+		retry = true
+	case err != nil && !errors.Is(err, state.ErrNoIdentity):
 		return err
 	}
 	conf.ControlURL = firstNonEmpty(e.ControlURL, conf.ControlURL)
@@ -173,15 +183,24 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	if conf.ControlURL == "" {
 		return usageError("no control URL: pass --control-url (meshd prints it) or set MESH_CONTROL_URL")
 	}
-	// The identity is saved before the key is spent, and the credential
-	// right after: a crash in between leaves an identity to retry with,
-	// never a spent key with nothing to show for it.
-	id, err := state.NewIdentity(*name, nil)
-	if err != nil {
-		return err
-	}
-	if err := dir.SaveIdentity(id); err != nil {
-		return err
+	// The identity is saved (durably) before the key is spent, and the
+	// credential right after: a crash or a lost answer in between leaves an
+	// identity to retry with, never a spent key with nothing to show for it.
+	if retry {
+		fmt.Fprintf(e.Stdout, "retrying as agent %s, saved in %s by an earlier up that did not finish\n", id.AgentID, dir.Path)
+		if *name != "" && *name != id.Name {
+			id.Name = *name
+			if err := dir.SaveIdentity(id); err != nil {
+				return err
+			}
+		}
+	} else {
+		if id, err = state.NewIdentity(*name, nil); err != nil {
+			return err
+		}
+		if err := dir.SaveIdentity(id); err != nil {
+			return err
+		}
 	}
 	ks, err := id.Keys()
 	if err != nil {
@@ -190,7 +209,7 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintln(e.Stdout, "redeeming the agent key...")
 	r, err := daemon.Bootstrap(ctx, conf.ControlURL, key, ks.Agent, nil)
 	if err != nil {
-		return err
+		return upFailed(err, id, dir, retry)
 	}
 	conf.Credential, conf.NATSURLs = r.Credential, r.NATSURLs
 	if err := dir.SaveConfig(conf); err != nil {
@@ -204,6 +223,28 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintf(e.Stdout, "saved agent %s (%s) in %s\n", id.AgentID, id.Name, dir.Path)
 	return daemon.Run(ctx, daemon.Config{Dir: dir, Mode: daemon.ModeInbox, ControlURL: conf.ControlURL,
 		RegistrarURL: conf.RegistrarURL, Out: e.Stdout, Log: e.logger()})
+}
+
+// upFailed explains a failed exchange: the identity stays, and what to do
+// next depends on whether the control plane answered.
+func upFailed(err error, id state.Identity, dir *state.Dir, retry bool) error {
+	switch st := daemon.HTTPStatus(err); {
+	case st == http.StatusUnauthorized:
+		// One answer for a key that is unknown, used, revoked or expired:
+		// the control plane does not say which, so an earlier attempt here
+		// that spent the key and lost the answer looks the same.
+		earlier := ""
+		if retry {
+			earlier = fmt.Sprintf(" If the earlier up here spent it and its answer was lost, it is now used by agent %s (the account owns that agent), and a key works only once.", id.AgentID)
+		}
+		return fmt.Errorf("%w\nThis agent key cannot be exchanged.%s Mint a new agent key in the console and run `mesh-adapter up <new-key>` with this state directory (%s): it reuses agent %s",
+			err, earlier, dir.Path, id.AgentID)
+	case st == 0 || st >= 500:
+		return fmt.Errorf("%w\nThe exchange did not complete, so the key may or may not be spent. Agent %s is saved in %s: run the same `mesh-adapter up <agent-key>` again to retry as that agent (a `start` or `send` will not lease a guest over it)",
+			err, id.AgentID, dir.Path)
+	default:
+		return fmt.Errorf("%w\nAgent %s is saved in %s; `mesh-adapter up <agent-key>` there retries as that agent", err, id.AgentID, dir.Path)
+	}
 }
 
 func firstNonEmpty(s ...string) string {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -531,4 +532,124 @@ func TestHelp(t *testing.T) {
 	if !strings.Contains(string(out), "no rooms service") {
 		t.Errorf("room dossier: %s", out)
 	}
+}
+
+// runAt runs the adapter to completion against controlURL.
+func (w *world) runAt(controlURL, state string, args ...string) (stdout, stderr string, code int) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"--state-dir", state, "--control-url", controlURL}, args...)...)
+	cmd.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL=")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		w.t.Fatalf("run %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// identity reads the state directory's identity.json.
+func identity(t *testing.T, state string) (agentID string, guest bool) {
+	t.Helper()
+	var id struct {
+		AgentID string `json:"agent_id"`
+		Guest   bool   `json:"guest"`
+	}
+	b, err := os.ReadFile(filepath.Join(state, "identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		t.Fatal(err)
+	}
+	return id.AgentID, id.Guest
+}
+
+// The review's M2: an `up` whose exchange fails leaves its identity, and
+// the next `up` retries with it (same agent id); a `send` or `start` in a
+// directory whose `up` did not finish refuses instead of leasing a guest
+// over the agent's seeds. A key an earlier attempt spent (its answer lost)
+// is explained, and a new key redeems the same agent.
+func TestUpCanBeRetried(t *testing.T) {
+	w := newWorld(t)
+	a := w.state("a")
+	key := w.agentKey("helper")
+
+	// The control plane is unreachable: the identity is saved, the key is
+	// not spent.
+	_, errOut, code := w.runAt("http://127.0.0.1:1", a, "up", key)
+	if code == 0 || !strings.Contains(errOut, "run the same `mesh-adapter up <agent-key>` again") {
+		t.Fatalf("up against an unreachable control plane: exit %d\n%s", code, errOut)
+	}
+	saved, guest := identity(t, a)
+	if guest || !strings.HasPrefix(saved, "U") {
+		t.Fatalf("identity after the failed up: %s guest=%v", saved, guest)
+	}
+
+	// send and start refuse rather than lease a guest over it.
+	_, errOut, code = w.run(a, "send", saved, "hello", "--wait", "5")
+	if code == 0 || !strings.Contains(errOut, "holds agent "+saved) || !strings.Contains(errOut, "No guest identity is leased") {
+		t.Fatalf("send with an unfinished up: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = w.run(a, "start", "--inbox", "--name", "x")
+	if code == 0 || !strings.Contains(errOut, "holds agent "+saved) {
+		t.Fatalf("start with an unfinished up: exit %d\n%s", code, errOut)
+	}
+	if id, guest := identity(t, a); id != saved || guest {
+		t.Fatalf("the identity changed: %s → %s (guest=%v)", saved, id, guest)
+	}
+
+	// up again, against the real control plane: the same agent.
+	p, id := w.start(a, "up", key)
+	if id != saved || !p.printed("retrying as agent "+saved) || !p.printed("saved agent "+saved+" (helper)") {
+		t.Fatalf("the retried up is agent %s, want %s:\n%s", id, saved, p.output())
+	}
+	p.stop()
+	// Now it has a credential: a third up is refused, start runs it.
+	if _, errOut, code := w.run(a, "up", w.agentKey("other")); code == 0 || !strings.Contains(errOut, "already belongs to agent "+saved) {
+		t.Fatalf("up over a finished up: exit %d\n%s", code, errOut)
+	}
+	if _, id := w.start(a, "start", "--inbox", "--name", "helper"); id != saved {
+		t.Fatalf("start after the retried up: %s, want %s", id, saved)
+	}
+
+	// An exchange whose answer was lost: the key is spent for the saved
+	// agent. The retry says what happened and what to do; a new key
+	// redeems the same agent.
+	b := w.state("b")
+	key = w.agentKey("lost")
+	if _, _, code := w.runAt("http://127.0.0.1:1", b, "up", key); code == 0 {
+		t.Fatal("up against an unreachable control plane succeeded")
+	}
+	lost, _ := identity(t, b)
+	if st, out := bootstrap(t, w, key, lost); st != 200 {
+		t.Fatalf("the lost exchange: %d %v", st, out)
+	}
+	_, errOut, code = w.run(b, "up", key)
+	if code == 0 || !strings.Contains(errOut, "it is now used by agent "+lost) || !strings.Contains(errOut, "Mint a new agent key") ||
+		!strings.Contains(errOut, "it reuses agent "+lost) {
+		t.Fatalf("up with a key the lost exchange spent: exit %d\n%s", code, errOut)
+	}
+	if _, id := w.start(b, "up", w.agentKey("lost")); id != lost {
+		t.Fatalf("up with a new key: %s, want %s", id, lost)
+	}
+}
+
+// bootstrap exchanges key for agentID directly, as an up whose answer was
+// lost would have.
+func bootstrap(t *testing.T, w *world, key, agentID string) (int, map[string]any) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"token": key, "agent_id": agentID})
+	resp, err := http.Post(w.m.URLs().Control+"/v1/bootstrap", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
 }
