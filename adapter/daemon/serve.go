@@ -115,21 +115,41 @@ func (a *adapter) handle(ctx context.Context, c *node.Call) error {
 	return c.Reply(map[string]any{"text": out})
 }
 
+// errOutputLimit cancels a command whose stdout went over maxOutput.
+var errOutputLimit = errors.New("the command's output went over the limit")
+
 // run pipes in to a fresh run of the command and returns its stdout. A
 // command that fails, times out or prints too much is an error answer the
 // sender can read, never silence.
+//
+// The command runs in a process group of its own, and is stopped by
+// SIGKILL to the whole group: on the timeout, as soon as its stdout goes
+// over maxOutput, and (best effort) once the shell has exited, so nothing
+// it started (a model harness, a background job) keeps running and
+// spending after the run is answered and metered. A process that leaves
+// the group (setsid) is beyond this. WaitDelay bounds the wait for pipes
+// that something else still holds.
 func (a *adapter) run(ctx context.Context, in string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.CommandTimeout)
-	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, a.cfg.CommandTimeout)
+	defer cancelTimeout()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.cfg.Command)
+	ownGroup(cmd)
 	cmd.Stdin = strings.NewReader(in)
 	var stdout, stderr limitedBuffer
 	stdout.max, stderr.max = maxOutput, 4<<10
+	stdout.onOver = func() { cancel(errOutputLimit) }
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
+	if cmd.Process != nil {
+		_ = killGroup(cmd) // whatever the shell left behind
+	}
 	switch {
-	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case stdout.over:
+		return "", errs.Newf(errs.InternalError, "the agent's command printed more than %d bytes", maxOutput)
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return "", errs.Newf(errs.InternalError, "the agent's command did not finish within %s", a.cfg.CommandTimeout)
 	case err != nil:
 		msg := strings.TrimSpace(stderr.String())
@@ -138,31 +158,43 @@ func (a *adapter) run(ctx context.Context, in string) (string, error) {
 		}
 		a.log.Warn("command failed", "err", err)
 		return "", errs.Newf(errs.InternalError, "the agent's command failed (%v): %s", err, msg)
-	case stdout.over:
-		return "", errs.Newf(errs.InternalError, "the agent's command printed more than %d bytes", maxOutput)
 	case !utf8.Valid(stdout.Bytes()):
 		return "", errs.New(errs.InternalError, "the agent's command printed something that is not UTF-8 text")
 	}
 	return stdout.String(), nil
 }
 
-// limitedBuffer keeps the first max bytes and notes whether more came.
+// limitedBuffer keeps the first max bytes and notes whether more came,
+// calling onOver (when set) the first time. os/exec writes to it from one
+// goroutine, and over is read after Wait.
+//
+// The buffer is a field, not embedded: an embedded bytes.Buffer would lend
+// the type its ReadFrom, and io.Copy (which os/exec uses) would call that
+// instead of Write, reading a command's whole output into memory with no
+// limit at all.
 type limitedBuffer struct {
-	bytes.Buffer
-	max  int
-	over bool
+	buf    bytes.Buffer
+	max    int
+	over   bool
+	onOver func()
 }
 
 func (b *limitedBuffer) Write(p []byte) (int, error) {
-	if room := b.max - b.Len(); len(p) > room {
+	if room := b.max - b.buf.Len(); len(p) > room {
+		if !b.over && b.onOver != nil {
+			b.onOver()
+		}
 		b.over = true
 		if room > 0 {
-			b.Buffer.Write(p[:room])
+			b.buf.Write(p[:room])
 		}
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }
+
+func (b *limitedBuffer) Bytes() []byte  { return b.buf.Bytes() }
+func (b *limitedBuffer) String() string { return b.buf.String() }
 
 // onReply receives answers no Request waits for any more: answers to held
 // requests (after a queued ack) and late ones.
