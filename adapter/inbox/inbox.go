@@ -5,7 +5,10 @@
 // every change is one transaction, so a crash never half-records one.
 //
 // A message has a short local number (1, 2, 3, ...) for people to type,
-// and its envelope id; commands accept either.
+// and its envelope id; commands accept either. A message is the same
+// message as one already stored only when both its sender and its envelope
+// id are the same (upstream-notes §1.7): the sender chooses the id, so two
+// senders may use one id, and neither may shadow the other's message.
 package inbox
 
 import (
@@ -70,8 +73,21 @@ var ErrNotFound = errors.New("no such message")
 
 var (
 	bucketMsgs = []byte("messages") // seq (8 bytes, big endian) → Message
-	bucketIDs  = []byte("ids")      // envelope id → seq
+	// bucketKeys is the duplicate check: sender + "\x00" + envelope id →
+	// seq. A queue file written before it existed gets it on Open, built
+	// from the stored messages.
+	bucketKeys = []byte("keys")
+	// bucketIDs finds a message by its envelope id (or a prefix of it):
+	// envelope id → seq, or ambiguousID when messages from more than one
+	// sender carry that id (then only the number names one of them).
+	bucketIDs = []byte("ids")
 )
+
+// ambiguousID is bucketIDs' value for an id that more than one sender used.
+var ambiguousID = []byte("ambiguous")
+
+// dedupKey is a message's identity: who sent it, and the id they chose.
+func dedupKey(from, id string) []byte { return []byte(from + "\x00" + id) }
 
 // Queue is an open queue file.
 type Queue struct {
@@ -95,13 +111,34 @@ func Open(path string, timeout time.Duration) (*Queue, error) {
 				return err
 			}
 		}
-		return nil
+		if tx.Bucket(bucketKeys) != nil {
+			return nil
+		}
+		return migrateKeys(tx)
 	})
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("inbox %s: %w", path, err)
 	}
 	return &Queue{db: db}, nil
+}
+
+// migrateKeys builds bucketKeys for a queue file written when messages were
+// told apart by envelope id alone: every stored message is indexed under
+// its (sender, id). Such a file holds at most one message per id, so its
+// bucketIDs stays valid as it is. It runs once, in Open's transaction.
+func migrateKeys(tx *bolt.Tx) error {
+	keys, err := tx.CreateBucket(bucketKeys)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketMsgs).ForEach(func(k, v []byte) error {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		return keys.Put(dedupKey(m.From, m.ID), append([]byte(nil), k...))
+	})
 }
 
 // Close closes the file.
@@ -114,12 +151,13 @@ func seqKey(n uint64) []byte {
 }
 
 // Put stores m as a new unread message and returns it with its number. A
-// message whose envelope id is already stored is not stored twice: the
-// stored one is returned, and added is false.
+// message from the same sender with the same envelope id as a stored one
+// (a redelivery) is not stored twice: the stored one is returned, and
+// added is false. The same id from another sender is another message.
 func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
 	err = q.db.Update(func(tx *bolt.Tx) error {
-		ids, msgs := tx.Bucket(bucketIDs), tx.Bucket(bucketMsgs)
-		if k := ids.Get([]byte(m.ID)); k != nil {
+		keys, ids, msgs := tx.Bucket(bucketKeys), tx.Bucket(bucketIDs), tx.Bucket(bucketMsgs)
+		if k := keys.Get(dedupKey(m.From, m.ID)); k != nil {
 			return json.Unmarshal(msgs.Get(k), &stored)
 		}
 		n, err := msgs.NextSequence()
@@ -138,6 +176,14 @@ func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
 			return err
 		}
 		stored, added = m, true
+		if err := keys.Put(dedupKey(m.From, m.ID), seqKey(n)); err != nil {
+			return err
+		}
+		if ids.Get([]byte(m.ID)) != nil {
+			// Another sender's message has this id: the id no longer
+			// names one message.
+			return ids.Put([]byte(m.ID), ambiguousID)
+		}
 		return ids.Put([]byte(m.ID), seqKey(n))
 	})
 	if err != nil {
@@ -192,6 +238,9 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: #%d", ErrNotFound, n)
 	}
 	if k := ids.Get([]byte(ref)); k != nil {
+		if len(k) != 8 {
+			return nil, fmt.Errorf("%q names messages from more than one sender; use its number from `inbox`", ref)
+		}
 		return k, nil
 	}
 	if len(ref) < 8 {
@@ -202,6 +251,9 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 	for k, v := c.Seek([]byte(ref)); k != nil && strings.HasPrefix(string(k), ref); k, v = c.Next() {
 		if found != nil {
 			return nil, fmt.Errorf("%q names more than one message; give more of the id", ref)
+		}
+		if len(v) != 8 {
+			return nil, fmt.Errorf("%q names messages from more than one sender; use its number from `inbox`", ref)
 		}
 		found = v
 	}
