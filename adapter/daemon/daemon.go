@@ -78,6 +78,9 @@ type adapter struct {
 	// the agent's inbox (after a queued ack, or after a timeout).
 	repMu   sync.Mutex
 	replies map[string]chan *node.Result
+
+	// msgLocks serialise replies and acks per inbox message.
+	msgLocks seqLocks
 }
 
 // Run serves until ctx ends.

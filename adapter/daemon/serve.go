@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -368,7 +370,7 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 	case "ack":
 		var acked []inbox.Message
 		for _, ref := range r.Refs {
-			m, err := a.queue.Transition(ref, inbox.Acked, time.Now(), nil)
+			m, err := a.ack(ref)
 			if err != nil {
 				return nil, err
 			}
@@ -384,10 +386,18 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 // reply answers the held message ref with answer and marks it replied. The
 // answer goes out first: if the adapter stops between the two, the message
 // is still unread, and replying again finds the runtime's journal already
-// holding the answer.
+// holding the answer; that reply then says the earlier answer stands and
+// sends nothing. The control socket serves connections concurrently, so
+// the whole of it (read, check, send, mark) holds the message's lock: of
+// two replies to one message only the first sends.
 func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) error) (inbox.Message, error) {
 	m, err := a.queue.Get(ref)
 	if err != nil {
+		return inbox.Message{}, err
+	}
+	defer a.msgLocks.lock(m.Seq)()
+	num := "#" + strconv.FormatUint(m.Seq, 10)
+	if m, err = a.queue.Get(num); err != nil { // as it is now, under the lock
 		return inbox.Message{}, err
 	}
 	if m.Kind == inbox.KindReply {
@@ -396,8 +406,62 @@ func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) e
 	if m.State != inbox.Unread {
 		return inbox.Message{}, fmt.Errorf("message #%d is already %s", m.Seq, m.State)
 	}
-	if err := answer(m.Envelope); err != nil && !errors.Is(err, node.ErrAlreadyAnswered) {
+	if err := answer(m.Envelope); errors.Is(err, node.ErrAlreadyAnswered) {
+		// Answered before the adapter last stopped, and not marked: mark
+		// it now, and say that this answer did not go out.
+		if _, terr := a.queue.Transition(num, inbox.Replied, time.Now(), nil); terr != nil {
+			return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, terr)
+		}
+		return inbox.Message{}, fmt.Errorf("message #%d was already answered (the answer went out before the adapter last stopped, and is in its journal): "+
+			"that earlier answer stands, and this one was NOT sent; it is now marked replied", m.Seq)
+	} else if err != nil {
 		return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, err)
 	}
-	return a.queue.Transition(ref, inbox.Replied, time.Now(), nil)
+	return a.queue.Transition(num, inbox.Replied, time.Now(), nil)
+}
+
+// ack marks the message ref acknowledged, under its lock (see reply).
+func (a *adapter) ack(ref string) (inbox.Message, error) {
+	m, err := a.queue.Get(ref)
+	if err != nil {
+		return inbox.Message{}, err
+	}
+	defer a.msgLocks.lock(m.Seq)()
+	return a.queue.Transition("#"+strconv.FormatUint(m.Seq, 10), inbox.Acked, time.Now(), nil)
+}
+
+// seqLocks is one mutex per message number, held while a reply or an ack
+// is under way; an entry lives while someone holds or waits for it.
+type seqLocks struct {
+	mu sync.Mutex
+	m  map[uint64]*seqLock
+}
+
+type seqLock struct {
+	sync.Mutex
+	users int
+}
+
+// lock takes message seq's lock and returns its release.
+func (l *seqLocks) lock(seq uint64) (unlock func()) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[uint64]*seqLock{}
+	}
+	e := l.m[seq]
+	if e == nil {
+		e = &seqLock{}
+		l.m[seq] = e
+	}
+	e.users++
+	l.mu.Unlock()
+	e.Lock()
+	return func() {
+		e.Unlock()
+		l.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(l.m, seq)
+		}
+		l.mu.Unlock()
+	}
 }

@@ -263,9 +263,15 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 	return found, nil
 }
 
-// Transition moves the message named by ref to state (Replied or Acked)
-// if check, given the stored message, allows it; it returns the updated
-// message.
+// ErrNotUnread is Transition's refusal of a message that was already
+// replied to or acknowledged.
+var ErrNotUnread = errors.New("the message is no longer unread")
+
+// Transition moves the message named by ref to state (Replied or Acked),
+// in one transaction, if it is still unread and check (when set), given
+// the stored message, allows it; it returns the updated message. A message
+// already replied to or acknowledged is refused with ErrNotUnread: of two
+// callers that both saw it unread, only one moves it.
 func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) error) (Message, error) {
 	var m Message
 	err := q.db.Update(func(tx *bolt.Tx) error {
@@ -276,6 +282,9 @@ func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) 
 		msgs := tx.Bucket(bucketMsgs)
 		if err := json.Unmarshal(msgs.Get(k), &m); err != nil {
 			return err
+		}
+		if m.State != Unread {
+			return fmt.Errorf("%w: message #%d is already %s", ErrNotUnread, m.Seq, m.State)
 		}
 		if check != nil {
 			if err := check(m); err != nil {

@@ -182,3 +182,27 @@ func TestOldQueueFileKeepsWorking(t *testing.T) {
 		t.Errorf("next number %d", m.Seq)
 	}
 }
+
+// Transition moves only an unread message: a second caller that also saw
+// it unread is refused (review L2).
+func TestTransitionOnlyFromUnread(t *testing.T) {
+	q, err := inbox.Open(filepath.Join(t.TempDir(), "inbox.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if _, _, err := q.Put(inbox.Message{ID: "0198c001-0000-7000-8000-00000000aaa1", From: "UA"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Transition("1", inbox.Replied, time.Now(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, state := range []string{inbox.Replied, inbox.Acked} {
+		if m, err := q.Transition("1", state, time.Now(), nil); !errors.Is(err, inbox.ErrNotUnread) || !strings.Contains(err.Error(), "already replied") {
+			t.Errorf("%s after replied: %+v %v", state, m, err)
+		}
+	}
+	if m, _ := q.Get("1"); m.State != inbox.Replied {
+		t.Errorf("state %s", m.State)
+	}
+}
