@@ -126,6 +126,7 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request, ss *session) {
 		return
 	}
 	s.clearCookie(w, sessionCookie)
+	s.clearCookie(w, registrarCookie)
 	redirect(w, r, Prefix+"login?signed_out=1")
 }
 
