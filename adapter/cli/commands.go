@@ -50,8 +50,9 @@ Example:
 		run: runUp})
 	register(&command{name: "inbox", usage: "[--json] [--all]",
 		summary: "list the messages waiting in the running adapter",
-		help: `Lists unread messages with who sent them. --all includes replied and
-acknowledged ones; --json prints them as JSON, with each budget_line.
+		help: `Lists unread messages with who sent them. --all includes replied,
+refused and acknowledged ones; --json prints them as JSON, with each
+budget_line.
 
 Example:
   mesh-adapter inbox

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -652,4 +653,65 @@ func bootstrap(t *testing.T, w *world, key, agentID string) (int, map[string]any
 	var out map[string]any
 	_ = json.NewDecoder(resp.Body).Decode(&out)
 	return resp.StatusCode, out
+}
+
+// contacts runs `contacts export` at state and returns the roster's subjects.
+func (w *world) contacts(state string) []string {
+	w.t.Helper()
+	var r struct {
+		Entries []struct {
+			Subject string `json:"subject"`
+			Stance  string `json:"stance"`
+		} `json:"entries"`
+		Sig string `json:"sig"`
+	}
+	if err := json.Unmarshal([]byte(w.must(state, "contacts", "export")), &r); err != nil || r.Sig == "" {
+		w.t.Fatalf("contacts export: %v %+v", err, r)
+	}
+	out := []string{}
+	for _, e := range r.Entries {
+		if e.Stance != "allow" {
+			w.t.Errorf("entry %+v", e)
+		}
+		out = append(out, e.Subject)
+	}
+	return out
+}
+
+// The review's L6: `contacts export` lists the agents this adapter
+// exchanged messages with — one it sent to, one whose message it replied
+// to — and not a sender whose message it only acknowledged.
+func TestContactsExportOnlyExchanges(t *testing.T) {
+	w := newWorld(t)
+	a, b, c := w.state("a"), w.state("b"), w.state("c")
+	w.start(a, "up", w.agentKey("owner"))
+	pb, idB := w.start(b, "up", w.agentKey("worker"))
+	pb.stop()
+	w.start(b, "start", "--cmd", "cat", "--name", "worker")
+	_, idC := w.start(c, "up", w.agentKey("stranger"))
+	idOfA, _ := identity(t, a)
+
+	if got := w.contacts(a); len(got) != 0 {
+		t.Fatalf("contacts before any exchange: %v", got)
+	}
+	// A sends to B: B is a contact.
+	w.must(a, "send", idB, "hello worker", "--wait", "20")
+	// C's message reaches A's inbox; A only acknowledges it.
+	wait := w.background(c, "send", idOfA, "buy my stuff", "--wait", "2")
+	m := w.waitInbox(a, "buy my stuff")
+	<-wait
+	w.must(a, "ack", fmt.Sprint(m["seq"]))
+	if got := w.contacts(a); strings.Join(got, ",") != idB {
+		t.Fatalf("contacts after sending to B and acking C: %v, want [%s]", got, idB)
+	}
+	// Once A replies to C, C is a contact too.
+	wait = w.background(c, "send", idOfA, "a real question", "--wait", "20")
+	m = w.waitInbox(a, "a real question")
+	w.must(a, "reply", fmt.Sprint(m["seq"]), "a real answer")
+	<-wait
+	want := []string{idB, idC}
+	sort.Strings(want)
+	if got := w.contacts(a); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("contacts after replying to C: %v, want %v", got, want)
+	}
 }

@@ -49,7 +49,7 @@ func TestConcurrentRepliesSendOnce(t *testing.T) {
 			if i%2 == 1 {
 				ref = "0198c001-0000-7000-8000-00000000aaa1"
 			}
-			_, err := a.reply(context.Background(), ref, answer)
+			_, err := a.reply(context.Background(), ref, inbox.Replied, answer)
 			switch {
 			case err == nil:
 				ok.Add(1)
@@ -89,14 +89,14 @@ func TestConcurrentRepliesSendOnce(t *testing.T) {
 // sent, and marks the message replied.
 func TestReplyAfterAnAnswerAlreadySent(t *testing.T) {
 	a := inboxAdapter(t)
-	_, err := a.reply(context.Background(), "1", func([]byte) error { return node.ErrAlreadyAnswered })
+	_, err := a.reply(context.Background(), "1", inbox.Replied, func([]byte) error { return node.ErrAlreadyAnswered })
 	if err == nil || !strings.Contains(err.Error(), "earlier answer stands") || !strings.Contains(err.Error(), "NOT sent") {
 		t.Fatalf("reply over a journaled answer: %v", err)
 	}
 	if m, _ := a.queue.Get("1"); m.State != inbox.Replied {
 		t.Errorf("state %s, want replied", m.State)
 	}
-	if _, err := a.reply(context.Background(), "1", func([]byte) error { t.Error("sent again"); return nil }); err == nil || !strings.Contains(err.Error(), "already replied") {
+	if _, err := a.reply(context.Background(), "1", inbox.Replied, func([]byte) error { t.Error("sent again"); return nil }); err == nil || !strings.Contains(err.Error(), "already replied") {
 		t.Errorf("reply once marked: %v", err)
 	}
 }

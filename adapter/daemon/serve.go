@@ -262,6 +262,13 @@ func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait ti
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	res, err := a.agent.Request(ctx, agentID, Offering, map[string]any{"text": text}, node.RequestOptions{Timeout: wait})
+	if res != nil || errs.CodeOf(err) == errs.TransportTimeout {
+		// Sent (answered or not): agentID is someone this agent has
+		// exchanged messages with, for `contacts export`.
+		if nerr := a.queue.NoteSent(agentID, time.Now()); nerr != nil {
+			a.log.Warn("the send was not recorded for contacts", "to", agentID, "err", nerr)
+		}
+	}
 	if err != nil && res == nil {
 		if errs.CodeOf(err) == errs.TransportTimeout {
 			return nil, fmt.Errorf("no answer from %s within %s: the recipient's adapter may not be running (the mesh keeps the message for it if it has a mailbox)", to, wait)
@@ -359,14 +366,16 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 	case "inbox":
 		return a.queue.List(r.All)
 	case "reply":
-		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.AnswerHeld(raw, map[string]any{"text": r.Text}) })
+		return a.reply(ctx, r.Ref, inbox.Replied, func(raw []byte) error { return a.agent.AnswerHeld(raw, map[string]any{"text": r.Text}) })
 	case "refuse":
 		est, err := allowance.ParseEstimate(r.Estimate, time.Now())
 		if err != nil {
 			return nil, err
 		}
 		refusal := est.Refusal(r.Text)
-		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.RefuseHeld(raw, refusal) })
+		return a.reply(ctx, r.Ref, inbox.Refused, func(raw []byte) error { return a.agent.RefuseHeld(raw, refusal) })
+	case "contacts":
+		return a.queue.Contacts()
 	case "ack":
 		var acked []inbox.Message
 		for _, ref := range r.Refs {
@@ -383,14 +392,15 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
 
-// reply answers the held message ref with answer and marks it replied. The
+// reply answers the held message ref with answer and marks it state
+// (Replied, or Refused for a refusal). The
 // answer goes out first: if the adapter stops between the two, the message
 // is still unread, and replying again finds the runtime's journal already
 // holding the answer; that reply then says the earlier answer stands and
 // sends nothing. The control socket serves connections concurrently, so
 // the whole of it (read, check, send, mark) holds the message's lock: of
 // two replies to one message only the first sends.
-func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) error) (inbox.Message, error) {
+func (a *adapter) reply(_ context.Context, ref, state string, answer func(raw []byte) error) (inbox.Message, error) {
 	m, err := a.queue.Get(ref)
 	if err != nil {
 		return inbox.Message{}, err
@@ -409,15 +419,15 @@ func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) e
 	if err := answer(m.Envelope); errors.Is(err, node.ErrAlreadyAnswered) {
 		// Answered before the adapter last stopped, and not marked: mark
 		// it now, and say that this answer did not go out.
-		if _, terr := a.queue.Transition(num, inbox.Replied, time.Now(), nil); terr != nil {
+		if _, terr := a.queue.Transition(num, state, time.Now(), nil); terr != nil {
 			return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, terr)
 		}
 		return inbox.Message{}, fmt.Errorf("message #%d was already answered (the answer went out before the adapter last stopped, and is in its journal): "+
-			"that earlier answer stands, and this one was NOT sent; it is now marked replied", m.Seq)
+			"that earlier answer stands, and this one was NOT sent; it is now marked %s", m.Seq, state)
 	} else if err != nil {
 		return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, err)
 	}
-	return a.queue.Transition(num, inbox.Replied, time.Now(), nil)
+	return a.queue.Transition(num, state, time.Now(), nil)
 }
 
 // ack marks the message ref acknowledged, under its lock (see reply).

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -27,6 +28,8 @@ import (
 const (
 	Unread  = "unread"
 	Replied = "replied"
+	// Refused is a request answered with a refusal (reply --refuse-budget).
+	Refused = "refused"
 	Acked   = "acked"
 )
 
@@ -81,6 +84,10 @@ var (
 	// envelope id → seq, or ambiguousID when messages from more than one
 	// sender carry that id (then only the number names one of them).
 	bucketIDs = []byte("ids")
+	// bucketSent is who this agent sent messages to: agent id → the last
+	// time (RFC 3339). With the replied messages, it is who this agent has
+	// exchanged messages with (Contacts).
+	bucketSent = []byte("sent")
 )
 
 // ambiguousID is bucketIDs' value for an id that more than one sender used.
@@ -106,7 +113,7 @@ func Open(path string, timeout time.Duration) (*Queue, error) {
 		return nil, fmt.Errorf("inbox %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMsgs, bucketIDs} {
+		for _, b := range [][]byte{bucketMsgs, bucketIDs, bucketSent} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
@@ -267,7 +274,7 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 // replied to or acknowledged.
 var ErrNotUnread = errors.New("the message is no longer unread")
 
-// Transition moves the message named by ref to state (Replied or Acked),
+// Transition moves the message named by ref to state (Replied, Refused or Acked),
 // in one transaction, if it is still unread and check (when set), given
 // the stored message, allows it; it returns the updated message. A message
 // already replied to or acknowledged is refused with ErrNotUnread: of two
@@ -292,7 +299,7 @@ func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) 
 			}
 		}
 		m.State = state
-		if state == Replied {
+		if state == Replied || state == Refused {
 			m.RepliedAt = at.UTC().Format(time.RFC3339Nano)
 		}
 		b, err := json.Marshal(m)
@@ -302,4 +309,52 @@ func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) 
 		return msgs.Put(k, b)
 	})
 	return m, err
+}
+
+// NoteSent records that this agent sent a message to agentID at at.
+func (q *Queue) NoteSent(agentID string, at time.Time) error {
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSent).Put([]byte(agentID), []byte(at.UTC().Format(time.RFC3339)))
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: note a send: %w", err)
+	}
+	return nil
+}
+
+// Contacts are the agents this agent has exchanged messages with, sorted:
+// the senders of requests it replied to (not those it only acknowledged or
+// refused, nor those still unread: reaching the inbox is not an exchange),
+// the agents it sent messages to (NoteSent), and the senders of replies to
+// what it sent (kept in the queue as KindReply). A queue file from before
+// sends were recorded holds no sends; its replies still count.
+func (q *Queue) Contacts() ([]string, error) {
+	seen := map[string]bool{}
+	err := q.db.View(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMsgs).ForEach(func(_, v []byte) error {
+			var m Message
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			if m.From != "" && (m.Kind == KindReply || m.State == Replied) {
+				seen[m.From] = true
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSent).ForEach(func(k, _ []byte) error {
+			seen[string(k)] = true
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: contacts: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out, nil
 }

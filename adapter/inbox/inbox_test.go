@@ -206,3 +206,42 @@ func TestTransitionOnlyFromUnread(t *testing.T) {
 		t.Errorf("state %s", m.State)
 	}
 }
+
+// The review's L6: contacts are who this agent exchanged messages with
+// (replied to, sent to, or got a reply from), not every sender that
+// reached the inbox: unread, acknowledged and refused senders are not.
+func TestContacts(t *testing.T) {
+	q, err := inbox.Open(filepath.Join(t.TempDir(), "inbox.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	put := func(id, from, kind string) string {
+		t.Helper()
+		m, _, err := q.Put(inbox.Message{ID: id, From: from, Kind: kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmtSeq(m.Seq)
+	}
+	replied := put("0198c001-0000-7000-8000-000000000001", "UREPLIED", "")
+	acked := put("0198c001-0000-7000-8000-000000000002", "UACKED", "")
+	refused := put("0198c001-0000-7000-8000-000000000003", "UREFUSED", "")
+	put("0198c001-0000-7000-8000-000000000004", "UUNREAD", "")
+	put("0198c001-0000-7000-8000-000000000005", "UANSWERED", inbox.KindReply) // a late reply to our send
+	for ref, state := range map[string]string{replied: inbox.Replied, acked: inbox.Acked, refused: inbox.Refused} {
+		if _, err := q.Transition(ref, state, time.Now(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.NoteSent("USENT", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Contacts()
+	if want := []string{"UANSWERED", "UREPLIED", "USENT"}; err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("contacts %v %v, want %v", got, err, want)
+	}
+	if m, _ := q.Get(refused); m.State != inbox.Refused || m.RepliedAt == "" {
+		t.Errorf("refused message: %+v", m)
+	}
+}
