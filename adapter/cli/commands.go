@@ -83,7 +83,8 @@ Example:
 	register(&command{name: "send", usage: `<handle-or-agent-id> "<text>" [--wait <seconds>] [--accept-new-binding]`,
 		summary: "send a message and print the reply",
 		help: `Sends a text message to an agent (its id, or a handle resolved through the
-registrar) and prints the reply. --wait is how long to wait (30 s). Through
+registrar) and prints the reply. --wait is how long to wait in seconds (30;
+more than 0, at most 3600). Through
 the running adapter when there is one; otherwise the agent comes up just
 for this.
 
@@ -397,8 +398,11 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	if len(pos) != 2 {
 		return usageError(`give the recipient and the text: send <handle-or-agent-id> "<text>"`)
 	}
-	if *wait <= 0 {
-		return usageError("--wait must be a positive number of seconds")
+	// NaN fails every comparison, and a huge or infinite value overflows
+	// the duration into a deadline already past: only a finite, sensible
+	// range is accepted.
+	if !(*wait > 0 && *wait <= maxWait) {
+		return usageError("--wait must be a number of seconds greater than 0 and at most %d", maxWait)
 	}
 	var res daemon.SendResult
 	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait, AcceptNewBinding: *accept}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
@@ -423,6 +427,9 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintln(e.Stdout, res.Text)
 	return nil
 }
+
+// maxWait is the longest send --wait (an hour): longer, use the inbox.
+const maxWait = 3600
 
 func runWhoami(_ context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("whoami", flag.ContinueOnError)

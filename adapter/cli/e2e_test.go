@@ -715,3 +715,39 @@ func TestContactsExportOnlyExchanges(t *testing.T) {
 		t.Fatalf("contacts after replying to C: %v, want %v", got, want)
 	}
 }
+
+// The review's L4: send --wait must be a finite number of seconds in
+// (0, 3600]; NaN, infinities and huge values used to pass and give a
+// deadline already past.
+func TestSendWaitMustBeSensible(t *testing.T) {
+	dir := t.TempDir()
+	for _, wait := range []string{"NaN", "nan", "Inf", "+Inf", "-Inf", "1e300", "3601", "0", "-1"} {
+		cmd := exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "send", "UABC", "hi", "--wait", wait)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--wait must be a number of seconds greater than 0 and at most 3600") {
+			t.Errorf("--wait %s: %v\n%s", wait, err, out)
+		}
+	}
+	// In range, it goes on to the recipient (which this one is not).
+	out, _ := exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "send", "UABC", "hi", "--wait", "3600").CombinedOutput()
+	if strings.Contains(string(out), "--wait must") || !strings.Contains(string(out), "neither an agent id") {
+		t.Errorf("--wait 3600: %s", out)
+	}
+}
+
+// The review's L5: help for a command that does not exist names it and
+// exits 2.
+func TestHelpUnknownCommand(t *testing.T) {
+	cmd := exec.Command(binary, "help", "frobnicate")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), `mesh-adapter help: unknown command "frobnicate"`) || !strings.Contains(stderr.String(), "Commands:") {
+		t.Errorf("help frobnicate: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+	}
+	if out, err := exec.Command(binary, "help").CombinedOutput(); err != nil || !strings.Contains(string(out), "Commands:") {
+		t.Errorf("help: %v\n%s", err, out)
+	}
+}

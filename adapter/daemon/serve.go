@@ -387,6 +387,9 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		}
 		return acked, nil
 	case "send":
+		if !(r.WaitSeconds >= 0 && r.WaitSeconds <= 3600) {
+			return nil, fmt.Errorf("wait_seconds must be between 0 and 3600, not %g", r.WaitSeconds)
+		}
 		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)), SendOptions{AcceptNewBinding: r.AcceptNewBinding})
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
