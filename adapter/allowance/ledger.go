@@ -9,7 +9,6 @@ import (
 	"maps"
 	"math"
 	"os"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -238,15 +237,11 @@ func writeLedger(path string, l *ledger) error {
 	return writeDurable(path, b)
 }
 
-// writeDurable is keys.WriteSecretFile (temporary file, fsync, rename,
-// 0600) followed by an fsync of the directory, without which a power loss
-// could undo the rename and with it more than the last write.
+// writeDurable is keys.WriteSecretFile: temporary file, fsync, rename,
+// 0600, and an fsync of the directory, without which a power loss could
+// undo the rename and with it more than the last write.
 func writeDurable(path string, data []byte) error {
-	if err := keys.WriteSecretFile(path, data); err != nil {
-		return err
-	}
-	syncDir(filepath.Dir(path))
-	return nil
+	return keys.WriteSecretFile(path, data)
 }
 
 // syncDir fsyncs dir so a rename or removal in it is durable. Best effort:

@@ -81,10 +81,14 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	name := rest[0]
 	if name == "help" {
 		if len(rest) > 1 {
-			if c, ok := commands[rest[1]]; ok {
-				printHelp(stdout, c)
-				return 0
+			c, ok := commands[rest[1]]
+			if !ok {
+				fmt.Fprintf(stderr, "mesh-adapter help: unknown command %q\n\n", rest[1])
+				printUsage(stderr)
+				return 2
 			}
+			printHelp(stdout, c)
+			return 0
 		}
 		printUsage(stdout)
 		return 0

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"strings"
 	"time"
 
@@ -49,8 +50,9 @@ Example:
 		run: runUp})
 	register(&command{name: "inbox", usage: "[--json] [--all]",
 		summary: "list the messages waiting in the running adapter",
-		help: `Lists unread messages with who sent them. --all includes replied and
-acknowledged ones; --json prints them as JSON, with each budget_line.
+		help: `Lists unread messages with who sent them. --all includes replied,
+refused and acknowledged ones; --json prints them as JSON, with each
+budget_line.
 
 Example:
   mesh-adapter inbox
@@ -81,7 +83,8 @@ Example:
 	register(&command{name: "send", usage: `<handle-or-agent-id> "<text>" [--wait <seconds>] [--accept-new-binding]`,
 		summary: "send a message and print the reply",
 		help: `Sends a text message to an agent (its id, or a handle resolved through the
-registrar) and prints the reply. --wait is how long to wait (30 s). Through
+registrar) and prints the reply. --wait is how long to wait in seconds (30;
+more than 0, at most 3600). Through
 the running adapter when there is one; otherwise the agent comes up just
 for this.
 
@@ -159,13 +162,22 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if id, err := dir.Identity(); err == nil && !id.Guest {
-		return fmt.Errorf("this state directory already belongs to agent %s (%s); use another --state-dir for a second agent", id.AgentID, id.Name)
-	} else if err != nil && !errors.Is(err, state.ErrNoIdentity) {
-		return err
-	}
 	conf, err := dir.Config()
 	if err != nil {
+		return err
+	}
+	// An identity that is not a guest's and has no credential of its own
+	// was saved by an earlier `up` whose exchange failed or whose answer
+	// was lost: it is reused, so the retry asks for the same agent_id.
+	id, err := dir.Identity()
+	retry := false
+	switch {
+	case err == nil && !id.Guest:
+		if conf.Credential != nil && conf.Credential.Kind != "guest" {
+			return fmt.Errorf("this state directory already belongs to agent %s (%s); use another --state-dir for a second agent", id.AgentID, id.Name)
+		}
+		retry = true
+	case err != nil && !errors.Is(err, state.ErrNoIdentity):
 		return err
 	}
 	conf.ControlURL = firstNonEmpty(e.ControlURL, conf.ControlURL)
@@ -173,15 +185,24 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	if conf.ControlURL == "" {
 		return usageError("no control URL: pass --control-url (meshd prints it) or set MESH_CONTROL_URL")
 	}
-	// The identity is saved before the key is spent, and the credential
-	// right after: a crash in between leaves an identity to retry with,
-	// never a spent key with nothing to show for it.
-	id, err := state.NewIdentity(*name, nil)
-	if err != nil {
-		return err
-	}
-	if err := dir.SaveIdentity(id); err != nil {
-		return err
+	// The identity is saved (durably) before the key is spent, and the
+	// credential right after: a crash or a lost answer in between leaves an
+	// identity to retry with, never a spent key with nothing to show for it.
+	if retry {
+		fmt.Fprintf(e.Stdout, "retrying as agent %s, saved in %s by an earlier up that did not finish\n", id.AgentID, dir.Path)
+		if *name != "" && *name != id.Name {
+			id.Name = *name
+			if err := dir.SaveIdentity(id); err != nil {
+				return err
+			}
+		}
+	} else {
+		if id, err = state.NewIdentity(*name, nil); err != nil {
+			return err
+		}
+		if err := dir.SaveIdentity(id); err != nil {
+			return err
+		}
 	}
 	ks, err := id.Keys()
 	if err != nil {
@@ -190,7 +211,7 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintln(e.Stdout, "redeeming the agent key...")
 	r, err := daemon.Bootstrap(ctx, conf.ControlURL, key, ks.Agent, nil)
 	if err != nil {
-		return err
+		return upFailed(err, id, dir, retry)
 	}
 	conf.Credential, conf.NATSURLs = r.Credential, r.NATSURLs
 	if err := dir.SaveConfig(conf); err != nil {
@@ -204,6 +225,28 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintf(e.Stdout, "saved agent %s (%s) in %s\n", id.AgentID, id.Name, dir.Path)
 	return daemon.Run(ctx, daemon.Config{Dir: dir, Mode: daemon.ModeInbox, ControlURL: conf.ControlURL,
 		RegistrarURL: conf.RegistrarURL, Out: e.Stdout, Log: e.logger()})
+}
+
+// upFailed explains a failed exchange: the identity stays, and what to do
+// next depends on whether the control plane answered.
+func upFailed(err error, id state.Identity, dir *state.Dir, retry bool) error {
+	switch st := daemon.HTTPStatus(err); {
+	case st == http.StatusUnauthorized:
+		// One answer for a key that is unknown, used, revoked or expired:
+		// the control plane does not say which, so an earlier attempt here
+		// that spent the key and lost the answer looks the same.
+		earlier := ""
+		if retry {
+			earlier = fmt.Sprintf(" If the earlier up here spent it and its answer was lost, it is now used by agent %s (the account owns that agent), and a key works only once.", id.AgentID)
+		}
+		return fmt.Errorf("%w\nThis agent key cannot be exchanged.%s Mint a new agent key in the console and run `mesh-adapter up <new-key>` with this state directory (%s): it reuses agent %s",
+			err, earlier, dir.Path, id.AgentID)
+	case st == 0 || st >= 500:
+		return fmt.Errorf("%w\nThe exchange did not complete, so the key may or may not be spent. Agent %s is saved in %s: run the same `mesh-adapter up <agent-key>` again to retry as that agent (a `start` or `send` will not lease a guest over it)",
+			err, id.AgentID, dir.Path)
+	default:
+		return fmt.Errorf("%w\nAgent %s is saved in %s; `mesh-adapter up <agent-key>` there retries as that agent", err, id.AgentID, dir.Path)
+	}
 }
 
 func firstNonEmpty(s ...string) string {
@@ -355,8 +398,11 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	if len(pos) != 2 {
 		return usageError(`give the recipient and the text: send <handle-or-agent-id> "<text>"`)
 	}
-	if *wait <= 0 {
-		return usageError("--wait must be a positive number of seconds")
+	// NaN fails every comparison, and a huge or infinite value overflows
+	// the duration into a deadline already past: only a finite, sensible
+	// range is accepted.
+	if !(*wait > 0 && *wait <= maxWait) {
+		return usageError("--wait must be a number of seconds greater than 0 and at most %d", maxWait)
 	}
 	var res daemon.SendResult
 	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait, AcceptNewBinding: *accept}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
@@ -381,6 +427,9 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	fmt.Fprintln(e.Stdout, res.Text)
 	return nil
 }
+
+// maxWait is the longest send --wait (an hour): longer, use the inbox.
+const maxWait = 3600
 
 func runWhoami(_ context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("whoami", flag.ContinueOnError)

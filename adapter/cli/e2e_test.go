@@ -8,9 +8,11 @@ import (
 	"fmt"
 
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -530,5 +532,222 @@ func TestHelp(t *testing.T) {
 	out, _ = exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "room", "dossier").CombinedOutput()
 	if !strings.Contains(string(out), "no rooms service") {
 		t.Errorf("room dossier: %s", out)
+	}
+}
+
+// runAt runs the adapter to completion against controlURL.
+func (w *world) runAt(controlURL, state string, args ...string) (stdout, stderr string, code int) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(w.t.Context(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, binary, append([]string{"--state-dir", state, "--control-url", controlURL}, args...)...)
+	cmd.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL=")
+	var o, e bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &o, &e
+	err := cmd.Run()
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		w.t.Fatalf("run %v: %v", args, err)
+	}
+	return o.String(), e.String(), code
+}
+
+// identity reads the state directory's identity.json.
+func identity(t *testing.T, state string) (agentID string, guest bool) {
+	t.Helper()
+	var id struct {
+		AgentID string `json:"agent_id"`
+		Guest   bool   `json:"guest"`
+	}
+	b, err := os.ReadFile(filepath.Join(state, "identity.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		t.Fatal(err)
+	}
+	return id.AgentID, id.Guest
+}
+
+// The review's M2: an `up` whose exchange fails leaves its identity, and
+// the next `up` retries with it (same agent id); a `send` or `start` in a
+// directory whose `up` did not finish refuses instead of leasing a guest
+// over the agent's seeds. A key an earlier attempt spent (its answer lost)
+// is explained, and a new key redeems the same agent.
+func TestUpCanBeRetried(t *testing.T) {
+	w := newWorld(t)
+	a := w.state("a")
+	key := w.agentKey("helper")
+
+	// The control plane is unreachable: the identity is saved, the key is
+	// not spent.
+	_, errOut, code := w.runAt("http://127.0.0.1:1", a, "up", key)
+	if code == 0 || !strings.Contains(errOut, "run the same `mesh-adapter up <agent-key>` again") {
+		t.Fatalf("up against an unreachable control plane: exit %d\n%s", code, errOut)
+	}
+	saved, guest := identity(t, a)
+	if guest || !strings.HasPrefix(saved, "U") {
+		t.Fatalf("identity after the failed up: %s guest=%v", saved, guest)
+	}
+
+	// send and start refuse rather than lease a guest over it.
+	_, errOut, code = w.run(a, "send", saved, "hello", "--wait", "5")
+	if code == 0 || !strings.Contains(errOut, "holds agent "+saved) || !strings.Contains(errOut, "No guest identity is leased") {
+		t.Fatalf("send with an unfinished up: exit %d\n%s", code, errOut)
+	}
+	_, errOut, code = w.run(a, "start", "--inbox", "--name", "x")
+	if code == 0 || !strings.Contains(errOut, "holds agent "+saved) {
+		t.Fatalf("start with an unfinished up: exit %d\n%s", code, errOut)
+	}
+	if id, guest := identity(t, a); id != saved || guest {
+		t.Fatalf("the identity changed: %s → %s (guest=%v)", saved, id, guest)
+	}
+
+	// up again, against the real control plane: the same agent.
+	p, id := w.start(a, "up", key)
+	if id != saved || !p.printed("retrying as agent "+saved) || !p.printed("saved agent "+saved+" (helper)") {
+		t.Fatalf("the retried up is agent %s, want %s:\n%s", id, saved, p.output())
+	}
+	p.stop()
+	// Now it has a credential: a third up is refused, start runs it.
+	if _, errOut, code := w.run(a, "up", w.agentKey("other")); code == 0 || !strings.Contains(errOut, "already belongs to agent "+saved) {
+		t.Fatalf("up over a finished up: exit %d\n%s", code, errOut)
+	}
+	if _, id := w.start(a, "start", "--inbox", "--name", "helper"); id != saved {
+		t.Fatalf("start after the retried up: %s, want %s", id, saved)
+	}
+
+	// An exchange whose answer was lost: the key is spent for the saved
+	// agent. The retry says what happened and what to do; a new key
+	// redeems the same agent.
+	b := w.state("b")
+	key = w.agentKey("lost")
+	if _, _, code := w.runAt("http://127.0.0.1:1", b, "up", key); code == 0 {
+		t.Fatal("up against an unreachable control plane succeeded")
+	}
+	lost, _ := identity(t, b)
+	if st, out := bootstrap(t, w, key, lost); st != 200 {
+		t.Fatalf("the lost exchange: %d %v", st, out)
+	}
+	_, errOut, code = w.run(b, "up", key)
+	if code == 0 || !strings.Contains(errOut, "it is now used by agent "+lost) || !strings.Contains(errOut, "Mint a new agent key") ||
+		!strings.Contains(errOut, "it reuses agent "+lost) {
+		t.Fatalf("up with a key the lost exchange spent: exit %d\n%s", code, errOut)
+	}
+	if _, id := w.start(b, "up", w.agentKey("lost")); id != lost {
+		t.Fatalf("up with a new key: %s, want %s", id, lost)
+	}
+}
+
+// bootstrap exchanges key for agentID directly, as an up whose answer was
+// lost would have.
+func bootstrap(t *testing.T, w *world, key, agentID string) (int, map[string]any) {
+	t.Helper()
+	body, _ := json.Marshal(map[string]any{"token": key, "agent_id": agentID})
+	resp, err := http.Post(w.m.URLs().Control+"/v1/bootstrap", "application/json", bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
+}
+
+// contacts runs `contacts export` at state and returns the roster's subjects.
+func (w *world) contacts(state string) []string {
+	w.t.Helper()
+	var r struct {
+		Entries []struct {
+			Subject string `json:"subject"`
+			Stance  string `json:"stance"`
+		} `json:"entries"`
+		Sig string `json:"sig"`
+	}
+	if err := json.Unmarshal([]byte(w.must(state, "contacts", "export")), &r); err != nil || r.Sig == "" {
+		w.t.Fatalf("contacts export: %v %+v", err, r)
+	}
+	out := []string{}
+	for _, e := range r.Entries {
+		if e.Stance != "allow" {
+			w.t.Errorf("entry %+v", e)
+		}
+		out = append(out, e.Subject)
+	}
+	return out
+}
+
+// The review's L6: `contacts export` lists the agents this adapter
+// exchanged messages with — one it sent to, one whose message it replied
+// to — and not a sender whose message it only acknowledged.
+func TestContactsExportOnlyExchanges(t *testing.T) {
+	w := newWorld(t)
+	a, b, c := w.state("a"), w.state("b"), w.state("c")
+	w.start(a, "up", w.agentKey("owner"))
+	pb, idB := w.start(b, "up", w.agentKey("worker"))
+	pb.stop()
+	w.start(b, "start", "--cmd", "cat", "--name", "worker")
+	_, idC := w.start(c, "up", w.agentKey("stranger"))
+	idOfA, _ := identity(t, a)
+
+	if got := w.contacts(a); len(got) != 0 {
+		t.Fatalf("contacts before any exchange: %v", got)
+	}
+	// A sends to B: B is a contact.
+	w.must(a, "send", idB, "hello worker", "--wait", "20")
+	// C's message reaches A's inbox; A only acknowledges it.
+	wait := w.background(c, "send", idOfA, "buy my stuff", "--wait", "2")
+	m := w.waitInbox(a, "buy my stuff")
+	<-wait
+	w.must(a, "ack", fmt.Sprint(m["seq"]))
+	if got := w.contacts(a); strings.Join(got, ",") != idB {
+		t.Fatalf("contacts after sending to B and acking C: %v, want [%s]", got, idB)
+	}
+	// Once A replies to C, C is a contact too.
+	wait = w.background(c, "send", idOfA, "a real question", "--wait", "20")
+	m = w.waitInbox(a, "a real question")
+	w.must(a, "reply", fmt.Sprint(m["seq"]), "a real answer")
+	<-wait
+	want := []string{idB, idC}
+	sort.Strings(want)
+	if got := w.contacts(a); strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Fatalf("contacts after replying to C: %v, want %v", got, want)
+	}
+}
+
+// The review's L4: send --wait must be a finite number of seconds in
+// (0, 3600]; NaN, infinities and huge values used to pass and give a
+// deadline already past.
+func TestSendWaitMustBeSensible(t *testing.T) {
+	dir := t.TempDir()
+	for _, wait := range []string{"NaN", "nan", "Inf", "+Inf", "-Inf", "1e300", "3601", "0", "-1"} {
+		cmd := exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "send", "UABC", "hi", "--wait", wait)
+		out, err := cmd.CombinedOutput()
+		ee, ok := err.(*exec.ExitError)
+		if !ok || ee.ExitCode() != 2 || !strings.Contains(string(out), "--wait must be a number of seconds greater than 0 and at most 3600") {
+			t.Errorf("--wait %s: %v\n%s", wait, err, out)
+		}
+	}
+	// In range, it goes on to the recipient (which this one is not).
+	out, _ := exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "send", "UABC", "hi", "--wait", "3600").CombinedOutput()
+	if strings.Contains(string(out), "--wait must") || !strings.Contains(string(out), "neither an agent id") {
+		t.Errorf("--wait 3600: %s", out)
+	}
+}
+
+// The review's L5: help for a command that does not exist names it and
+// exits 2.
+func TestHelpUnknownCommand(t *testing.T) {
+	cmd := exec.Command(binary, "help", "frobnicate")
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	ee, ok := err.(*exec.ExitError)
+	if !ok || ee.ExitCode() != 2 || !strings.Contains(stderr.String(), `mesh-adapter help: unknown command "frobnicate"`) || !strings.Contains(stderr.String(), "Commands:") {
+		t.Errorf("help frobnicate: %v\nstdout: %s\nstderr: %s", err, stdout.String(), stderr.String())
+	}
+	if out, err := exec.Command(binary, "help").CombinedOutput(); err != nil || !strings.Contains(string(out), "Commands:") {
+		t.Errorf("help: %v\n%s", err, out)
 	}
 }

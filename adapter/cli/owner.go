@@ -8,11 +8,11 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"sort"
 	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/adapter/allowance"
+	"agentmesh.dev/mesh/adapter/control"
 	"agentmesh.dev/mesh/adapter/inbox"
 	"agentmesh.dev/mesh/adapter/registrar"
 	"agentmesh.dev/mesh/adapter/state"
@@ -47,7 +47,9 @@ Example:
 	register(&command{name: "contacts", usage: "export [--out <file>]",
 		summary: "write a roster of contacts signed by the owner key",
 		help: `Writes an admission roster signed by the owner key: every agent this
-adapter has exchanged messages with is a contact ("allow"); other
+adapter has exchanged messages with (it replied to their message, sent
+them one, or got their reply) is a contact ("allow"); a sender that only
+reached the inbox (unread, acknowledged or refused) is not. Other
 registered agents are held for review and anonymous senders blocked. It is
 written to stdout, or to --out (mode 0600). The admission service takes it
 as the roster of a guarded inbox.
@@ -215,31 +217,23 @@ func runContacts(_ context.Context, e *Env, args []string) error {
 	return nil
 }
 
-// knownContacts are the senders of the messages in the local queue. The
-// queue belongs to the running adapter; without one, it is read directly.
+// knownContacts are the agents this adapter has exchanged messages with
+// (inbox.Queue.Contacts: replied to, sent to, or answered by), not every
+// sender that reached the inbox. The queue belongs to the running adapter;
+// without one, it is read directly.
 func knownContacts(dir *state.Dir) ([]string, error) {
-	var msgs []inbox.Message
-	err := callDir(dir, "inbox", &msgs)
-	if err != nil {
-		q, oerr := inbox.Open(dir.File(state.InboxFile), time.Second)
-		if oerr != nil {
-			return nil, oerr
-		}
-		defer q.Close()
-		if msgs, err = q.List(true); err != nil {
-			return nil, err
-		}
-	}
-	seen := map[string]bool{}
 	var out []string
-	for _, m := range msgs {
-		if !seen[m.From] {
-			seen[m.From] = true
-			out = append(out, m.From)
-		}
+	if err := callDir(dir, "contacts", &out); err == nil {
+		return out, nil
+	} else if !errors.Is(err, control.ErrNotRunning) {
+		return nil, err
 	}
-	sort.Strings(out)
-	return out, nil
+	q, err := inbox.Open(dir.File(state.InboxFile), time.Second)
+	if err != nil {
+		return nil, err
+	}
+	defer q.Close()
+	return q.Contacts()
 }
 
 func runRoom(_ context.Context, e *Env, args []string) error {

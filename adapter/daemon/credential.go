@@ -37,6 +37,16 @@ func (e *httpError) Error() string {
 	return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status)
 }
 
+// HTTPStatus is the status the control plane answered a failed call with
+// (for example Bootstrap's), or 0 when it did not answer at all.
+func HTTPStatus(err error) int {
+	var he *httpError
+	if errors.As(err, &he) {
+		return he.Status
+	}
+	return 0
+}
+
 // post sends body as JSON to path and decodes the answer into out.
 func (c controlClient) post(ctx context.Context, path string, body, out any) error {
 	if c.base == "" {

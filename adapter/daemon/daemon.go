@@ -78,6 +78,9 @@ type adapter struct {
 	// the agent's inbox (after a queued ack, or after a timeout).
 	repMu   sync.Mutex
 	replies map[string]chan *node.Result
+
+	// msgLocks serialise replies and acks per inbox message.
+	msgLocks seqLocks
 }
 
 // Run serves until ctx ends.
@@ -155,14 +158,16 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 	a = &adapter{cfg: cfg, dir: cfg.Dir, log: cfg.Log, replies: map[string]chan *node.Result{}}
 	a.cc = controlClient{base: firstNonEmpty(cfg.ControlURL, conf.ControlURL), http: cfg.HTTP}
 	var undo []func()
-	closeAll = func() {
+	undoAll := func() {
 		for i := len(undo) - 1; i >= 0; i-- {
 			undo[i]()
 		}
 	}
+	// On failure undo what was done. undoAll, not the named closeAll: a
+	// `return nil, nil, err` has set closeAll to nil before this runs.
 	defer func() {
 		if err != nil {
-			closeAll()
+			undoAll()
 		}
 	}()
 
@@ -170,6 +175,17 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 	var renewer node.Renewer
 	switch {
 	case conf.Credential == nil || conf.Credential.Kind == "guest":
+		// A guest is leased only for a directory without an identity, or
+		// whose identity is a guest's: never over an agent that `up` saved
+		// (its seeds are the only proof of an agent the account may own).
+		switch id, err := cfg.Dir.Identity(); {
+		case err == nil && !id.Guest:
+			return nil, nil, fmt.Errorf("this state directory holds agent %s (%s), but no credential for it: its `mesh-adapter up` did not finish. "+
+				"Run `mesh-adapter up <agent-key>` again with this state directory (%s): it retries as agent %s. "+
+				"No guest identity is leased over it; for a guest, use another --state-dir", id.AgentID, id.Name, cfg.Dir.Path, id.AgentID)
+		case err != nil && !errors.Is(err, state.ErrNoIdentity):
+			return nil, nil, err
+		}
 		g, err := a.startGuest(ctx, &conf)
 		if err != nil {
 			return nil, nil, err
@@ -235,7 +251,7 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 		undo = append(undo, stop)
 		go a.keepLease(lctx, a.guest)
 	}
-	return a, closeAll, nil
+	return a, undoAll, nil
 }
 
 // startGuest leases a guest credential when nothing better is saved. A

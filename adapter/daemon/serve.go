@@ -8,7 +8,9 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strconv"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -115,21 +117,41 @@ func (a *adapter) handle(ctx context.Context, c *node.Call) error {
 	return c.Reply(map[string]any{"text": out})
 }
 
+// errOutputLimit cancels a command whose stdout went over maxOutput.
+var errOutputLimit = errors.New("the command's output went over the limit")
+
 // run pipes in to a fresh run of the command and returns its stdout. A
 // command that fails, times out or prints too much is an error answer the
 // sender can read, never silence.
+//
+// The command runs in a process group of its own, and is stopped by
+// SIGKILL to the whole group: on the timeout, as soon as its stdout goes
+// over maxOutput, and (best effort) once the shell has exited, so nothing
+// it started (a model harness, a background job) keeps running and
+// spending after the run is answered and metered. A process that leaves
+// the group (setsid) is beyond this. WaitDelay bounds the wait for pipes
+// that something else still holds.
 func (a *adapter) run(ctx context.Context, in string) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, a.cfg.CommandTimeout)
-	defer cancel()
+	ctx, cancelTimeout := context.WithTimeout(ctx, a.cfg.CommandTimeout)
+	defer cancelTimeout()
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
 	cmd := exec.CommandContext(ctx, "/bin/sh", "-c", a.cfg.Command)
+	ownGroup(cmd)
 	cmd.Stdin = strings.NewReader(in)
 	var stdout, stderr limitedBuffer
 	stdout.max, stderr.max = maxOutput, 4<<10
+	stdout.onOver = func() { cancel(errOutputLimit) }
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	cmd.WaitDelay = 5 * time.Second
 	err := cmd.Run()
+	if cmd.Process != nil {
+		_ = killGroup(cmd) // whatever the shell left behind
+	}
 	switch {
-	case ctx.Err() != nil && errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case stdout.over:
+		return "", errs.Newf(errs.InternalError, "the agent's command printed more than %d bytes", maxOutput)
+	case errors.Is(context.Cause(ctx), context.DeadlineExceeded):
 		return "", errs.Newf(errs.InternalError, "the agent's command did not finish within %s", a.cfg.CommandTimeout)
 	case err != nil:
 		msg := strings.TrimSpace(stderr.String())
@@ -138,31 +160,43 @@ func (a *adapter) run(ctx context.Context, in string) (string, error) {
 		}
 		a.log.Warn("command failed", "err", err)
 		return "", errs.Newf(errs.InternalError, "the agent's command failed (%v): %s", err, msg)
-	case stdout.over:
-		return "", errs.Newf(errs.InternalError, "the agent's command printed more than %d bytes", maxOutput)
 	case !utf8.Valid(stdout.Bytes()):
 		return "", errs.New(errs.InternalError, "the agent's command printed something that is not UTF-8 text")
 	}
 	return stdout.String(), nil
 }
 
-// limitedBuffer keeps the first max bytes and notes whether more came.
+// limitedBuffer keeps the first max bytes and notes whether more came,
+// calling onOver (when set) the first time. os/exec writes to it from one
+// goroutine, and over is read after Wait.
+//
+// The buffer is a field, not embedded: an embedded bytes.Buffer would lend
+// the type its ReadFrom, and io.Copy (which os/exec uses) would call that
+// instead of Write, reading a command's whole output into memory with no
+// limit at all.
 type limitedBuffer struct {
-	bytes.Buffer
-	max  int
-	over bool
+	buf    bytes.Buffer
+	max    int
+	over   bool
+	onOver func()
 }
 
 func (b *limitedBuffer) Write(p []byte) (int, error) {
-	if room := b.max - b.Len(); len(p) > room {
+	if room := b.max - b.buf.Len(); len(p) > room {
+		if !b.over && b.onOver != nil {
+			b.onOver()
+		}
 		b.over = true
 		if room > 0 {
-			b.Buffer.Write(p[:room])
+			b.buf.Write(p[:room])
 		}
 		return len(p), nil
 	}
-	return b.Buffer.Write(p)
+	return b.buf.Write(p)
 }
+
+func (b *limitedBuffer) Bytes() []byte  { return b.buf.Bytes() }
+func (b *limitedBuffer) String() string { return b.buf.String() }
 
 // onReply receives answers no Request waits for any more: answers to held
 // requests (after a queued ack) and late ones.
@@ -228,6 +262,13 @@ func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait ti
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
 	res, err := a.agent.Request(ctx, agentID, Offering, map[string]any{"text": text}, node.RequestOptions{Timeout: wait})
+	if res != nil || errs.CodeOf(err) == errs.TransportTimeout {
+		// Sent (answered or not): agentID is someone this agent has
+		// exchanged messages with, for `contacts export`.
+		if nerr := a.queue.NoteSent(agentID, time.Now()); nerr != nil {
+			a.log.Warn("the send was not recorded for contacts", "to", agentID, "err", nerr)
+		}
+	}
 	if err != nil && res == nil {
 		if errs.CodeOf(err) == errs.TransportTimeout {
 			return nil, fmt.Errorf("no answer from %s within %s: the recipient's adapter may not be running (the mesh keeps the message for it if it has a mailbox)", to, wait)
@@ -325,18 +366,20 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 	case "inbox":
 		return a.queue.List(r.All)
 	case "reply":
-		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.AnswerHeld(raw, map[string]any{"text": r.Text}) })
+		return a.reply(ctx, r.Ref, inbox.Replied, func(raw []byte) error { return a.agent.AnswerHeld(raw, map[string]any{"text": r.Text}) })
 	case "refuse":
 		est, err := allowance.ParseEstimate(r.Estimate, time.Now())
 		if err != nil {
 			return nil, err
 		}
 		refusal := est.Refusal(r.Text)
-		return a.reply(ctx, r.Ref, func(raw []byte) error { return a.agent.RefuseHeld(raw, refusal) })
+		return a.reply(ctx, r.Ref, inbox.Refused, func(raw []byte) error { return a.agent.RefuseHeld(raw, refusal) })
+	case "contacts":
+		return a.queue.Contacts()
 	case "ack":
 		var acked []inbox.Message
 		for _, ref := range r.Refs {
-			m, err := a.queue.Transition(ref, inbox.Acked, time.Now(), nil)
+			m, err := a.ack(ref)
 			if err != nil {
 				return nil, err
 			}
@@ -344,18 +387,30 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		}
 		return acked, nil
 	case "send":
+		if !(r.WaitSeconds >= 0 && r.WaitSeconds <= 3600) {
+			return nil, fmt.Errorf("wait_seconds must be between 0 and 3600, not %g", r.WaitSeconds)
+		}
 		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)), SendOptions{AcceptNewBinding: r.AcceptNewBinding})
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
 
-// reply answers the held message ref with answer and marks it replied. The
+// reply answers the held message ref with answer and marks it state
+// (Replied, or Refused for a refusal). The
 // answer goes out first: if the adapter stops between the two, the message
 // is still unread, and replying again finds the runtime's journal already
-// holding the answer.
-func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) error) (inbox.Message, error) {
+// holding the answer; that reply then says the earlier answer stands and
+// sends nothing. The control socket serves connections concurrently, so
+// the whole of it (read, check, send, mark) holds the message's lock: of
+// two replies to one message only the first sends.
+func (a *adapter) reply(_ context.Context, ref, state string, answer func(raw []byte) error) (inbox.Message, error) {
 	m, err := a.queue.Get(ref)
 	if err != nil {
+		return inbox.Message{}, err
+	}
+	defer a.msgLocks.lock(m.Seq)()
+	num := "#" + strconv.FormatUint(m.Seq, 10)
+	if m, err = a.queue.Get(num); err != nil { // as it is now, under the lock
 		return inbox.Message{}, err
 	}
 	if m.Kind == inbox.KindReply {
@@ -364,8 +419,62 @@ func (a *adapter) reply(_ context.Context, ref string, answer func(raw []byte) e
 	if m.State != inbox.Unread {
 		return inbox.Message{}, fmt.Errorf("message #%d is already %s", m.Seq, m.State)
 	}
-	if err := answer(m.Envelope); err != nil && !errors.Is(err, node.ErrAlreadyAnswered) {
+	if err := answer(m.Envelope); errors.Is(err, node.ErrAlreadyAnswered) {
+		// Answered before the adapter last stopped, and not marked: mark
+		// it now, and say that this answer did not go out.
+		if _, terr := a.queue.Transition(num, state, time.Now(), nil); terr != nil {
+			return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, terr)
+		}
+		return inbox.Message{}, fmt.Errorf("message #%d was already answered (the answer went out before the adapter last stopped, and is in its journal): "+
+			"that earlier answer stands, and this one was NOT sent; it is now marked %s", m.Seq, state)
+	} else if err != nil {
 		return inbox.Message{}, fmt.Errorf("message #%d: %w", m.Seq, err)
 	}
-	return a.queue.Transition(ref, inbox.Replied, time.Now(), nil)
+	return a.queue.Transition(num, state, time.Now(), nil)
+}
+
+// ack marks the message ref acknowledged, under its lock (see reply).
+func (a *adapter) ack(ref string) (inbox.Message, error) {
+	m, err := a.queue.Get(ref)
+	if err != nil {
+		return inbox.Message{}, err
+	}
+	defer a.msgLocks.lock(m.Seq)()
+	return a.queue.Transition("#"+strconv.FormatUint(m.Seq, 10), inbox.Acked, time.Now(), nil)
+}
+
+// seqLocks is one mutex per message number, held while a reply or an ack
+// is under way; an entry lives while someone holds or waits for it.
+type seqLocks struct {
+	mu sync.Mutex
+	m  map[uint64]*seqLock
+}
+
+type seqLock struct {
+	sync.Mutex
+	users int
+}
+
+// lock takes message seq's lock and returns its release.
+func (l *seqLocks) lock(seq uint64) (unlock func()) {
+	l.mu.Lock()
+	if l.m == nil {
+		l.m = map[uint64]*seqLock{}
+	}
+	e := l.m[seq]
+	if e == nil {
+		e = &seqLock{}
+		l.m[seq] = e
+	}
+	e.users++
+	l.mu.Unlock()
+	e.Lock()
+	return func() {
+		e.Unlock()
+		l.mu.Lock()
+		if e.users--; e.users == 0 {
+			delete(l.m, seq)
+		}
+		l.mu.Unlock()
+	}
 }

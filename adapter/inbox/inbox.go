@@ -5,7 +5,10 @@
 // every change is one transaction, so a crash never half-records one.
 //
 // A message has a short local number (1, 2, 3, ...) for people to type,
-// and its envelope id; commands accept either.
+// and its envelope id; commands accept either. A message is the same
+// message as one already stored only when both its sender and its envelope
+// id are the same (upstream-notes §1.7): the sender chooses the id, so two
+// senders may use one id, and neither may shadow the other's message.
 package inbox
 
 import (
@@ -13,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -24,6 +28,8 @@ import (
 const (
 	Unread  = "unread"
 	Replied = "replied"
+	// Refused is a request answered with a refusal (reply --refuse-budget).
+	Refused = "refused"
 	Acked   = "acked"
 )
 
@@ -70,8 +76,25 @@ var ErrNotFound = errors.New("no such message")
 
 var (
 	bucketMsgs = []byte("messages") // seq (8 bytes, big endian) → Message
-	bucketIDs  = []byte("ids")      // envelope id → seq
+	// bucketKeys is the duplicate check: sender + "\x00" + envelope id →
+	// seq. A queue file written before it existed gets it on Open, built
+	// from the stored messages.
+	bucketKeys = []byte("keys")
+	// bucketIDs finds a message by its envelope id (or a prefix of it):
+	// envelope id → seq, or ambiguousID when messages from more than one
+	// sender carry that id (then only the number names one of them).
+	bucketIDs = []byte("ids")
+	// bucketSent is who this agent sent messages to: agent id → the last
+	// time (RFC 3339). With the replied messages, it is who this agent has
+	// exchanged messages with (Contacts).
+	bucketSent = []byte("sent")
 )
+
+// ambiguousID is bucketIDs' value for an id that more than one sender used.
+var ambiguousID = []byte("ambiguous")
+
+// dedupKey is a message's identity: who sent it, and the id they chose.
+func dedupKey(from, id string) []byte { return []byte(from + "\x00" + id) }
 
 // Queue is an open queue file.
 type Queue struct {
@@ -90,18 +113,39 @@ func Open(path string, timeout time.Duration) (*Queue, error) {
 		return nil, fmt.Errorf("inbox %s: %w", path, err)
 	}
 	err = db.Update(func(tx *bolt.Tx) error {
-		for _, b := range [][]byte{bucketMsgs, bucketIDs} {
+		for _, b := range [][]byte{bucketMsgs, bucketIDs, bucketSent} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
-		return nil
+		if tx.Bucket(bucketKeys) != nil {
+			return nil
+		}
+		return migrateKeys(tx)
 	})
 	if err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("inbox %s: %w", path, err)
 	}
 	return &Queue{db: db}, nil
+}
+
+// migrateKeys builds bucketKeys for a queue file written when messages were
+// told apart by envelope id alone: every stored message is indexed under
+// its (sender, id). Such a file holds at most one message per id, so its
+// bucketIDs stays valid as it is. It runs once, in Open's transaction.
+func migrateKeys(tx *bolt.Tx) error {
+	keys, err := tx.CreateBucket(bucketKeys)
+	if err != nil {
+		return err
+	}
+	return tx.Bucket(bucketMsgs).ForEach(func(k, v []byte) error {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		return keys.Put(dedupKey(m.From, m.ID), append([]byte(nil), k...))
+	})
 }
 
 // Close closes the file.
@@ -114,12 +158,13 @@ func seqKey(n uint64) []byte {
 }
 
 // Put stores m as a new unread message and returns it with its number. A
-// message whose envelope id is already stored is not stored twice: the
-// stored one is returned, and added is false.
+// message from the same sender with the same envelope id as a stored one
+// (a redelivery) is not stored twice: the stored one is returned, and
+// added is false. The same id from another sender is another message.
 func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
 	err = q.db.Update(func(tx *bolt.Tx) error {
-		ids, msgs := tx.Bucket(bucketIDs), tx.Bucket(bucketMsgs)
-		if k := ids.Get([]byte(m.ID)); k != nil {
+		keys, ids, msgs := tx.Bucket(bucketKeys), tx.Bucket(bucketIDs), tx.Bucket(bucketMsgs)
+		if k := keys.Get(dedupKey(m.From, m.ID)); k != nil {
 			return json.Unmarshal(msgs.Get(k), &stored)
 		}
 		n, err := msgs.NextSequence()
@@ -138,6 +183,14 @@ func (q *Queue) Put(m Message) (stored Message, added bool, err error) {
 			return err
 		}
 		stored, added = m, true
+		if err := keys.Put(dedupKey(m.From, m.ID), seqKey(n)); err != nil {
+			return err
+		}
+		if ids.Get([]byte(m.ID)) != nil {
+			// Another sender's message has this id: the id no longer
+			// names one message.
+			return ids.Put([]byte(m.ID), ambiguousID)
+		}
 		return ids.Put([]byte(m.ID), seqKey(n))
 	})
 	if err != nil {
@@ -192,6 +245,9 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 		return nil, fmt.Errorf("%w: #%d", ErrNotFound, n)
 	}
 	if k := ids.Get([]byte(ref)); k != nil {
+		if len(k) != 8 {
+			return nil, fmt.Errorf("%q names messages from more than one sender; use its number from `inbox`", ref)
+		}
 		return k, nil
 	}
 	if len(ref) < 8 {
@@ -203,6 +259,9 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 		if found != nil {
 			return nil, fmt.Errorf("%q names more than one message; give more of the id", ref)
 		}
+		if len(v) != 8 {
+			return nil, fmt.Errorf("%q names messages from more than one sender; use its number from `inbox`", ref)
+		}
 		found = v
 	}
 	if found == nil {
@@ -211,9 +270,15 @@ func resolve(tx *bolt.Tx, ref string) ([]byte, error) {
 	return found, nil
 }
 
-// Transition moves the message named by ref to state (Replied or Acked)
-// if check, given the stored message, allows it; it returns the updated
-// message.
+// ErrNotUnread is Transition's refusal of a message that was already
+// replied to or acknowledged.
+var ErrNotUnread = errors.New("the message is no longer unread")
+
+// Transition moves the message named by ref to state (Replied, Refused or Acked),
+// in one transaction, if it is still unread and check (when set), given
+// the stored message, allows it; it returns the updated message. A message
+// already replied to or acknowledged is refused with ErrNotUnread: of two
+// callers that both saw it unread, only one moves it.
 func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) error) (Message, error) {
 	var m Message
 	err := q.db.Update(func(tx *bolt.Tx) error {
@@ -225,13 +290,16 @@ func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) 
 		if err := json.Unmarshal(msgs.Get(k), &m); err != nil {
 			return err
 		}
+		if m.State != Unread {
+			return fmt.Errorf("%w: message #%d is already %s", ErrNotUnread, m.Seq, m.State)
+		}
 		if check != nil {
 			if err := check(m); err != nil {
 				return err
 			}
 		}
 		m.State = state
-		if state == Replied {
+		if state == Replied || state == Refused {
 			m.RepliedAt = at.UTC().Format(time.RFC3339Nano)
 		}
 		b, err := json.Marshal(m)
@@ -241,4 +309,52 @@ func (q *Queue) Transition(ref, state string, at time.Time, check func(Message) 
 		return msgs.Put(k, b)
 	})
 	return m, err
+}
+
+// NoteSent records that this agent sent a message to agentID at at.
+func (q *Queue) NoteSent(agentID string, at time.Time) error {
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket(bucketSent).Put([]byte(agentID), []byte(at.UTC().Format(time.RFC3339)))
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: note a send: %w", err)
+	}
+	return nil
+}
+
+// Contacts are the agents this agent has exchanged messages with, sorted:
+// the senders of requests it replied to (not those it only acknowledged or
+// refused, nor those still unread: reaching the inbox is not an exchange),
+// the agents it sent messages to (NoteSent), and the senders of replies to
+// what it sent (kept in the queue as KindReply). A queue file from before
+// sends were recorded holds no sends; its replies still count.
+func (q *Queue) Contacts() ([]string, error) {
+	seen := map[string]bool{}
+	err := q.db.View(func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMsgs).ForEach(func(_, v []byte) error {
+			var m Message
+			if err := json.Unmarshal(v, &m); err != nil {
+				return err
+			}
+			if m.From != "" && (m.Kind == KindReply || m.State == Replied) {
+				seen[m.From] = true
+			}
+			return nil
+		}); err != nil {
+			return err
+		}
+		return tx.Bucket(bucketSent).ForEach(func(k, _ []byte) error {
+			seen[string(k)] = true
+			return nil
+		})
+	})
+	if err != nil {
+		return nil, fmt.Errorf("inbox: contacts: %w", err)
+	}
+	out := make([]string, 0, len(seen))
+	for c := range seen {
+		out = append(out, c)
+	}
+	sort.Strings(out)
+	return out, nil
 }

@@ -1,10 +1,16 @@
 package inbox_test
 
 import (
+	"encoding/binary"
+	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 
 	"agentmesh.dev/mesh/adapter/inbox"
 )
@@ -23,7 +29,7 @@ func TestQueue(t *testing.T) {
 		}
 	}
 	// The same envelope again (a redelivery) is not a second message.
-	if m, added, err := q.Put(inbox.Message{ID: ids[0], Text: "other"}); err != nil || added || m.Seq != 1 || m.Text != "hello" {
+	if m, added, err := q.Put(inbox.Message{ID: ids[0], From: "U1", Text: "other"}); err != nil || added || m.Seq != 1 || m.Text != "hello" {
 		t.Fatalf("duplicate put: %+v %v %v", m, added, err)
 	}
 	for _, tc := range []struct {
@@ -76,5 +82,166 @@ func TestQueue(t *testing.T) {
 	// The file is in use while open.
 	if _, err := inbox.Open(path, 50*time.Millisecond); err == nil {
 		t.Fatal("opened twice")
+	}
+}
+
+// The review's L1: a message is the same as a stored one only when sender
+// and envelope id both match. B's message with the id of A's stored one is
+// kept as a message of its own (it used to be dropped, and a reply to "it"
+// answered A); B's redelivery is still not a second message; the shared id
+// no longer names one message, the numbers do.
+func TestSameIDFromAnotherSender(t *testing.T) {
+	q, err := inbox.Open(filepath.Join(t.TempDir(), "inbox.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	const id = "0198c001-0000-7000-8000-00000000aaa1"
+	a, added, err := q.Put(inbox.Message{ID: id, From: "UA", Text: "from a"})
+	if err != nil || !added {
+		t.Fatal(added, err)
+	}
+	if m, err := q.Get(id); err != nil || m.Seq != a.Seq {
+		t.Fatalf("Get(id) with one sender: %+v %v", m, err)
+	}
+	b, added, err := q.Put(inbox.Message{ID: id, From: "UB", Text: "from b"})
+	if err != nil || !added || b.Seq == a.Seq || b.From != "UB" || b.Text != "from b" {
+		t.Fatalf("B's message with A's id: %+v added=%v %v", b, added, err)
+	}
+	if m, added, err := q.Put(inbox.Message{ID: id, From: "UB", Text: "again"}); err != nil || added || m.Seq != b.Seq || m.Text != "from b" {
+		t.Fatalf("B's redelivery: %+v added=%v %v", m, added, err)
+	}
+	for _, ref := range []string{id, id[:12]} {
+		if _, err := q.Get(ref); err == nil || !strings.Contains(err.Error(), "more than one sender") {
+			t.Errorf("Get(%q) of a shared id: %v", ref, err)
+		}
+	}
+	for _, want := range []inbox.Message{a, b} {
+		if m, err := q.Get(fmtSeq(want.Seq)); err != nil || m.From != want.From {
+			t.Errorf("Get(#%d): %+v %v", want.Seq, m, err)
+		}
+	}
+	if all, _ := q.List(true); len(all) != 2 {
+		t.Errorf("messages: %+v", all)
+	}
+}
+
+func fmtSeq(n uint64) string { return "#" + strconv.FormatUint(n, 10) }
+
+// A queue file written before messages were keyed by (sender, id) has
+// only the id index: it opens, its messages are found by number and id,
+// a redelivery of a stored message is still not a second message, and the
+// same id from another sender is a new one.
+func TestOldQueueFileKeepsWorking(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	const id = "0198c001-0000-7000-8000-00000000aaa1"
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		msgs, err := tx.CreateBucket([]byte("messages"))
+		if err != nil {
+			return err
+		}
+		ids, err := tx.CreateBucket([]byte("ids"))
+		if err != nil {
+			return err
+		}
+		n, _ := msgs.NextSequence()
+		var k [8]byte
+		binary.BigEndian.PutUint64(k[:], n)
+		v, _ := json.Marshal(inbox.Message{Seq: n, ID: id, Kind: inbox.KindRequest, From: "UA", Text: "old", State: inbox.Unread})
+		if err := msgs.Put(k[:], v); err != nil {
+			return err
+		}
+		return ids.Put([]byte(id), k[:])
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	q, err := inbox.Open(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	for _, ref := range []string{"1", id, id[:10]} {
+		if m, err := q.Get(ref); err != nil || m.Text != "old" {
+			t.Errorf("Get(%q) in an old file: %+v %v", ref, m, err)
+		}
+	}
+	if m, added, err := q.Put(inbox.Message{ID: id, From: "UA", Text: "redelivered"}); err != nil || added || m.Seq != 1 {
+		t.Errorf("redelivery into an old file: %+v added=%v %v", m, added, err)
+	}
+	if m, added, err := q.Put(inbox.Message{ID: id, From: "UB", Text: "b"}); err != nil || !added || m.Seq != 2 {
+		t.Errorf("another sender's message with the same id: %+v added=%v %v", m, added, err)
+	}
+	if m, _, _ := q.Put(inbox.Message{ID: "0198c001-0000-7000-8000-00000000ccc3", From: "UA"}); m.Seq != 3 {
+		t.Errorf("next number %d", m.Seq)
+	}
+}
+
+// Transition moves only an unread message: a second caller that also saw
+// it unread is refused (review L2).
+func TestTransitionOnlyFromUnread(t *testing.T) {
+	q, err := inbox.Open(filepath.Join(t.TempDir(), "inbox.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if _, _, err := q.Put(inbox.Message{ID: "0198c001-0000-7000-8000-00000000aaa1", From: "UA"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := q.Transition("1", inbox.Replied, time.Now(), nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, state := range []string{inbox.Replied, inbox.Acked} {
+		if m, err := q.Transition("1", state, time.Now(), nil); !errors.Is(err, inbox.ErrNotUnread) || !strings.Contains(err.Error(), "already replied") {
+			t.Errorf("%s after replied: %+v %v", state, m, err)
+		}
+	}
+	if m, _ := q.Get("1"); m.State != inbox.Replied {
+		t.Errorf("state %s", m.State)
+	}
+}
+
+// The review's L6: contacts are who this agent exchanged messages with
+// (replied to, sent to, or got a reply from), not every sender that
+// reached the inbox: unread, acknowledged and refused senders are not.
+func TestContacts(t *testing.T) {
+	q, err := inbox.Open(filepath.Join(t.TempDir(), "inbox.db"), time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	put := func(id, from, kind string) string {
+		t.Helper()
+		m, _, err := q.Put(inbox.Message{ID: id, From: from, Kind: kind})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return fmtSeq(m.Seq)
+	}
+	replied := put("0198c001-0000-7000-8000-000000000001", "UREPLIED", "")
+	acked := put("0198c001-0000-7000-8000-000000000002", "UACKED", "")
+	refused := put("0198c001-0000-7000-8000-000000000003", "UREFUSED", "")
+	put("0198c001-0000-7000-8000-000000000004", "UUNREAD", "")
+	put("0198c001-0000-7000-8000-000000000005", "UANSWERED", inbox.KindReply) // a late reply to our send
+	for ref, state := range map[string]string{replied: inbox.Replied, acked: inbox.Acked, refused: inbox.Refused} {
+		if _, err := q.Transition(ref, state, time.Now(), nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := q.NoteSent("USENT", time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	got, err := q.Contacts()
+	if want := []string{"UANSWERED", "UREPLIED", "USENT"}; err != nil || strings.Join(got, ",") != strings.Join(want, ",") {
+		t.Errorf("contacts %v %v, want %v", got, err, want)
+	}
+	if m, _ := q.Get(refused); m.State != inbox.Refused || m.RepliedAt == "" {
+		t.Errorf("refused message: %+v", m)
 	}
 }

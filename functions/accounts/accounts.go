@@ -240,10 +240,11 @@ func (h *handlers) passkeyFinish(w http.ResponseWriter, r *http.Request, p *acco
 	if b.Ceremony == "" || len(b.Response) == 0 {
 		return errs.New(errs.InvalidRequest, "ceremony and response are required")
 	}
-	if err := h.acc.FinishPasskey(r.Context(), p, b.Ceremony, b.Response); err != nil {
+	res, err := h.acc.FinishPasskey(r.Context(), p, b.Ceremony, b.Response)
+	if err != nil {
 		return err
 	}
-	return ok(w, http.StatusOK, map[string]any{"passkey_fresh": true})
+	return ok(w, http.StatusOK, map[string]any{"registered": res.Registered, "passkey_fresh": res.Fresh})
 }
 
 func (h *handlers) createAgentToken(w http.ResponseWriter, r *http.Request, p *account.Principal) error {

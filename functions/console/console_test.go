@@ -1,7 +1,9 @@
 package console_test
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -172,33 +174,21 @@ func TestConsoleMintNeedsAFreshPasskey(t *testing.T) {
 	rp := passkeytest.RelyingParty{Name: "agentmesh", ID: "localhost", Origin: b.origin}
 	ceremony := func(kind string) {
 		t.Helper()
-		a := b.postJSON("passkeys/"+kind+"/begin", "{}", tok)
-		if a.status != 200 {
-			t.Fatalf("%s begin: %d %s", kind, a.status, a.body)
-		}
-		var out struct {
-			Ceremony string          `json:"ceremony"`
-			Options  json.RawMessage `json:"options"`
-		}
-		if err := json.Unmarshal([]byte(a.body), &out); err != nil {
-			t.Fatal(err)
-		}
-		var resp []byte
-		if kind == "register" {
-			resp = dev.Attest(t, rp, out.Options)
-		} else {
-			resp = dev.Assert(t, rp, out.Options)
-		}
-		body, _ := json.Marshal(map[string]any{"ceremony": out.Ceremony, "response": json.RawMessage(resp)})
-		if a := b.postJSON("passkeys/"+kind+"/finish", string(body), tok); a.status != 200 {
-			t.Fatalf("%s finish: %d %s", kind, a.status, a.body)
+		if a := b.passkey(kind, dev, rp, tok); a.status != 200 {
+			t.Fatalf("%s: %d %s", kind, a.status, a.body)
 		}
 	}
 	ceremony("register")
 	if page := b.get("passkeys?registered=1"); !strings.Contains(page.body, "You have 1 passkey.") ||
-		!strings.Contains(page.body, `role="status">Passkey registered.`) {
+		!strings.Contains(page.body, `role="status">Passkey registered.`) || strings.Contains(page.body, "Your last passkey check counts until") {
 		t.Errorf("passkeys page after registering:\n%s", page.body)
 	}
+	// Registering is not a passkey check (review H1): the mint form's own
+	// assertion is what makes the session fresh.
+	if a := mint(); a.status != http.StatusForbidden || !strings.HasPrefix(alert(a), "Confirm with your passkey first") {
+		t.Fatalf("mint right after registering: %d %q", a.status, alert(a))
+	}
+	ceremony("assert")
 
 	a = mint()
 	if a.status != 200 {
@@ -257,6 +247,92 @@ func TestConsoleMintNeedsAFreshPasskey(t *testing.T) {
 	if r := b.post("agent-keys/nosuchkey000/revoke", url.Values{"csrf": {tok}}); r.status != http.StatusNotFound ||
 		alert(r) != "No agent key nosuchkey000 on this account." {
 		t.Errorf("revoking an unknown key: %d %q", r.status, alert(r))
+	}
+}
+
+// passkey runs one ceremony through the console's passkey calls, as
+// console.js does, with a software authenticator; it returns the begin's
+// answer when that is refused, else the finish's.
+func (b *browser) passkey(kind string, dev *passkeytest.Device, rp passkeytest.RelyingParty, tok string) answer {
+	b.t.Helper()
+	a := b.postJSON("passkeys/"+kind+"/begin", "{}", tok)
+	if a.status != 200 {
+		return a
+	}
+	var out struct {
+		Ceremony string          `json:"ceremony"`
+		Options  json.RawMessage `json:"options"`
+	}
+	if err := json.Unmarshal([]byte(a.body), &out); err != nil {
+		b.t.Fatal(err)
+	}
+	var resp []byte
+	if kind == "register" {
+		resp = dev.Attest(b.t, rp, out.Options)
+	} else {
+		resp = dev.Assert(b.t, rp, out.Options)
+	}
+	body, _ := json.Marshal(map[string]any{"ceremony": out.Ceremony, "response": json.RawMessage(resp)})
+	return b.postJSON("passkeys/"+kind+"/finish", string(body), tok)
+}
+
+// Review H1 through the console: the first passkey is registered with the
+// session alone; a second one only after an assertion with the first (the
+// page tells the script to run it first), so a session alone cannot add
+// its own authenticator; registering never makes the session fresh, and
+// the owner is mailed for each passkey added.
+func TestConsoleSecondPasskeyNeedsAnAssertion(t *testing.T) {
+	w := startWorld(t)
+	b := newBrowser(t, w.console)
+	b.signIn(w, "ana@example.org")
+	page := b.get("passkeys")
+	tok := csrf(t, page)
+	if !strings.Contains(page.body, `data-passkey-register="first"`) {
+		t.Errorf("the first passkey's button should not ask for an assertion first:\n%s", page.body)
+	}
+	acct := acctRE.FindString(b.get("").body)
+	rp := passkeytest.RelyingParty{Name: "agentmesh", ID: "localhost", Origin: b.origin}
+	first, second := passkeytest.NewDevice([]byte(acct)), passkeytest.NewDevice([]byte(acct))
+	if a := b.passkey("register", first, rp, tok); a.status != 200 || !strings.Contains(a.body, `"passkey_fresh":false`) {
+		t.Fatalf("register the first passkey: %d %s", a.status, a.body)
+	}
+	w.passkeyNotice("ana@example.org")
+
+	w.clock.Advance(6 * time.Minute)
+	page = b.get("passkeys")
+	if !strings.Contains(page.body, `data-passkey-register="assert-first"`) || !strings.Contains(page.body, "First confirm with a passkey you already have") {
+		t.Errorf("with a passkey, the page should assert before registering:\n%s", page.body)
+	}
+	a := b.passkey("register", second, rp, tok)
+	if a.status != http.StatusForbidden || !strings.Contains(a.body, "confirm with one of your passkeys first") || !strings.Contains(a.body, `"passkey_required":true`) {
+		t.Fatalf("a second passkey without an assertion: %d %s", a.status, a.body)
+	}
+	if a := b.post("agent-keys", url.Values{"name": {"coder"}, "operator_name": {"Ana"}, "csrf": {tok}}); a.status != http.StatusForbidden {
+		t.Errorf("mint without an assertion: %d %q", a.status, alert(a))
+	}
+	if a := b.passkey("assert", first, rp, tok); a.status != 200 || !strings.Contains(a.body, `"passkey_fresh":true`) {
+		t.Fatalf("assert: %d %s", a.status, a.body)
+	}
+	if a := b.passkey("register", second, rp, tok); a.status != 200 || !strings.Contains(a.body, `"registered":true`) {
+		t.Fatalf("a second passkey after an assertion: %d %s", a.status, a.body)
+	}
+	w.passkeyNotice("ana@example.org")
+	if page := b.get("passkeys"); !strings.Contains(page.body, "You have 2 passkeys.") {
+		t.Errorf("passkeys page:\n%s", page.body)
+	}
+}
+
+// passkeyNotice waits for the mail telling addr a passkey was added.
+func (w *world) passkeyNotice(addr string) {
+	w.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msg, err := w.smtp.Wait(ctx, addr)
+	if err != nil {
+		w.t.Fatalf("no passkey notice to %s: %v", addr, err)
+	}
+	if msg.Message.Kind != "passkey-added" || msg.Message.Subject != "A passkey was added to your account" {
+		w.t.Fatalf("not the passkey notice: %q %q", msg.Message.Kind, msg.Message.Subject)
 	}
 }
 
@@ -352,18 +428,39 @@ func bootstrap(t *testing.T, w *world, key string) (int, map[string]any) {
 }
 
 // After signing in, the visitor lands on the page they were sent from;
-// a "next" that leaves the console is ignored.
+// a "next" that leaves the console is ignored, before and after signing in
+// (review M1: "/console/../%5Cevil.example/" was cleaned by http.Redirect
+// into "/\evil.example/", which a browser follows off-site).
 func TestConsoleSignInReturnsToThePage(t *testing.T) {
 	w := startWorld(t)
-	for next, want := range map[string]string{"/console/tokens": "/console/tokens", "//evil.example/x": "/console/", "https://evil.example/console/": "/console/"} {
+	cases := []struct{ next, want string }{
+		{"/console/tokens", "/console/tokens"},
+		{"//evil.example/x", "/console/"},
+		{"https://evil.example/console/", "/console/"},
+		{"/console/../%5Cevil.example/", "/console/"},
+		{"/console/%2e%2e/%5Cevil.example/", "/console/"},
+		{"/\\evil.example/", "/console/"},
+	}
+	for i, c := range cases {
+		email := fmt.Sprintf("ana%d@example.org", i) // five code mails per address
 		b := newBrowser(t, w.console)
-		page := b.get("login?next=" + url.QueryEscape(next))
-		a := b.post("login", url.Values{"email": {"ana@example.org"}, "csrf": {csrf(t, page)}, "next": {next}})
+		page := b.get("login?next=" + url.QueryEscape(c.next))
+		a := b.post("login", url.Values{"email": {email}, "csrf": {csrf(t, page)}, "next": {c.next}})
 		page = b.get(a.location)
-		a = b.post("login/verify", url.Values{"email": {"ana@example.org"}, "code": {w.mailedCode("ana@example.org")}, "csrf": {csrf(t, page)}, "next": {next}})
-		if a.status != http.StatusSeeOther || a.location != want {
-			t.Errorf("next %q: %d → %q, want %q", next, a.status, a.location, want)
+		a = b.post("login/verify", url.Values{"email": {email}, "code": {w.mailedCode(email)}, "csrf": {csrf(t, page)}, "next": {c.next}})
+		if a.status != http.StatusSeeOther || a.location != c.want {
+			t.Errorf("next %q: %d → %q, want %q", c.next, a.status, a.location, c.want)
 		}
+		// Signed in, the sign-in page redirects at once: the same rule.
+		if a := b.get("login?next=" + url.QueryEscape(c.next)); a.status != http.StatusSeeOther || a.location != c.want {
+			t.Errorf("signed in, next %q: %d → %q, want %q", c.next, a.status, a.location, c.want)
+		}
+	}
+	// The review's link, exactly as it would be sent.
+	b := newBrowser(t, w.console)
+	b.signIn(w, "eve@example.org")
+	if a := b.get("/console/login?next=%2Fconsole%2F..%2F%255Cevil.example%2F"); a.status != http.StatusSeeOther || a.location != "/console/" {
+		t.Errorf("the review's link: %d → %q", a.status, a.location)
 	}
 }
 

@@ -2,9 +2,12 @@ package console
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/base64"
 	"net/http"
 	"net/url"
 	"sort"
+	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
@@ -17,8 +20,9 @@ import (
 // registrar session on that address rather than mailing a second code.
 type Registrar interface {
 	// SessionFor opens a registrar session for an address the caller has
-	// already proven, recording how (provenance).
-	SessionFor(ctx context.Context, email, provenance string) (token string, err error)
+	// already proven, recording how (provenance), and says until when it
+	// lasts.
+	SessionFor(ctx context.Context, email, provenance string) (token string, expiresAt time.Time, err error)
 	// Claim claims <name>.<email> for the session's address. A first claim
 	// needs an operator name; without one it fails with OPERATOR_REQUIRED.
 	Claim(ctx context.Context, token, name, operatorName string) (handle string, err error)
@@ -53,24 +57,75 @@ type pairing struct {
 // Command is what the person runs on the agent's machine.
 func (p pairing) Command() string { return "mesh-adapter pair " + p.Handle + " " + p.Code }
 
-// registrarSession opens the registrar session of the signed-in address.
-func (s *Server) registrarSession(ctx context.Context, ss *session) (string, error) {
-	return s.reg.SessionFor(ctx, ss.p.Account.Email, Provenance)
+// registrarCookie holds the registrar session the console opened for this
+// console session: one per console session, not one per request (each
+// lasts eight hours in the registrar's store). Its value is the registrar
+// token, a dot, and a binding to the console session token (below).
+const registrarCookie = "mesh_console_registrar"
+
+// registrarSlack is how long before the registrar session's end the
+// console stops using it, so that a form does not meet it expiring.
+const registrarSlack = 10 * time.Minute
+
+// registrarBinding ties a registrar token to the console session token the
+// cookie was set for: only the browser holding that HttpOnly session
+// cookie could have been given it, so a registrar cookie planted by
+// someone else (another subdomain, an earlier sign-in on the same browser)
+// is never used for this session.
+func registrarBinding(sessionToken, regToken string) string {
+	sum := sha256.Sum256([]byte("mesh-console-registrar-v1\x00" + sessionToken + "\x00" + regToken))
+	return base64.RawURLEncoding.EncodeToString(sum[:])
 }
 
-// handlesView lists the person's handles. Without a registrar the page
-// says so and offers nothing.
+// registrarToken is the registrar session of this console session: the
+// one its cookie holds, or (with fresh set, no valid cookie, or a cookie
+// bound to another session) a new one, then kept in the cookie. cached says
+// the token came from the cookie.
+func (s *Server) registrarToken(ctx context.Context, w http.ResponseWriter, r *http.Request, ss *session, fresh bool) (token string, cached bool, err error) {
+	if !fresh {
+		if c, err := r.Cookie(registrarCookie); err == nil {
+			i := strings.LastIndexByte(c.Value, '.') // the binding has no dot
+			if tok, bind := c.Value[:max(i, 0)], c.Value[i+1:]; i > 0 && equalToken(bind, registrarBinding(ss.token, tok)) {
+				return tok, true, nil
+			}
+		}
+	}
+	tok, exp, err := s.reg.SessionFor(ctx, ss.p.Account.Email, Provenance)
+	if err != nil {
+		return "", false, err
+	}
+	if until := exp.Add(-registrarSlack); until.After(time.Now()) {
+		s.setCookie(w, registrarCookie, tok+"."+registrarBinding(ss.token, tok), until)
+	}
+	return tok, false, nil
+}
+
+// withRegistrar runs fn with this console session's registrar session. A
+// kept session the registrar no longer knows (expired, swept) is replaced
+// once, and fn run again: fn must have done nothing when it was refused
+// as unauthorized, which is what the registrar does.
+func (s *Server) withRegistrar(ctx context.Context, w http.ResponseWriter, r *http.Request, ss *session, fn func(token string) error) (string, error) {
+	token, cached, err := s.registrarToken(ctx, w, r, ss, false)
+	if err != nil {
+		return "", err
+	}
+	err = fn(token)
+	if cached && errs.CodeOf(err) == errs.Unauthorized {
+		if token, _, err = s.registrarToken(ctx, w, r, ss, true); err != nil {
+			return "", err
+		}
+		err = fn(token)
+	}
+	return token, err
+}
+
+// handlesView lists the person's handles with the registrar session token.
+// Without a registrar the page says so and offers nothing.
 func (s *Server) handlesView(ctx context.Context, ss *session, token string) (*view, error) {
 	d := &handlesData{Configured: s.reg != nil, Email: ss.p.Account.Email}
 	v := &view{Title: "Handles", Nav: "handles", sess: ss, Data: d, Form: map[string]string{}}
 	if s.reg == nil {
 		return v, nil
-	}
-	var err error
-	if token == "" {
-		if token, err = s.registrarSession(ctx, ss); err != nil {
-			return nil, err
-		}
 	}
 	hs, err := s.reg.Mine(ctx, token)
 	if err != nil {
@@ -82,7 +137,16 @@ func (s *Server) handlesView(ctx context.Context, ss *session, token string) (*v
 }
 
 func (s *Server) handlesPage(w http.ResponseWriter, r *http.Request, ss *session) {
-	v, err := s.handlesView(r.Context(), ss, "")
+	var v *view
+	var err error
+	if s.reg == nil {
+		v, err = s.handlesView(r.Context(), ss, "")
+	} else {
+		_, err = s.withRegistrar(r.Context(), w, r, ss, func(token string) error {
+			v, err = s.handlesView(r.Context(), ss, token)
+			return err
+		})
+	}
 	if err != nil {
 		s.fail(w, r, ss, err)
 		return
@@ -108,15 +172,15 @@ func (s *Server) handleAction(w http.ResponseWriter, r *http.Request, ss *sessio
 		return
 	}
 	ctx := r.Context()
-	token, err := s.registrarSession(ctx, ss)
-	var callErr error
 	pending := &handlesData{}
-	if err == nil {
-		callErr = call(ctx, token, pending)
+	token, callErr := s.withRegistrar(ctx, w, r, ss, func(token string) error { return call(ctx, token, pending) })
+	var v *view
+	var err error
+	if token == "" {
+		err = callErr // no registrar session at all
 	} else {
-		callErr = err
+		v, err = s.handlesView(ctx, ss, token)
 	}
-	v, err := s.handlesView(ctx, ss, token)
 	if err != nil {
 		s.fail(w, r, ss, err)
 		return

@@ -4,8 +4,10 @@ import (
 	"encoding/json"
 	"net/http"
 	"net/url"
+	"path"
 	"strings"
 	"time"
+	"unicode"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
@@ -13,13 +15,36 @@ import (
 	"agentmesh.dev/mesh/shared/passkey"
 )
 
-// safeNext keeps a "next" page only when it is one of the console's own.
+// safeNext keeps a "next" page only when it is one of the console's own,
+// and returns it as the escaped, cleaned path to redirect to; "" otherwise.
+// The checks are made on the decoded path that will be sent, after
+// cleaning: a "%5C" or "%2e%2e" that decodes into a backslash or a "..",
+// which http.Redirect would clean into "/\evil.example/" (a browser reads
+// that as //evil.example/), can never get through. The query and fragment
+// are dropped.
 func safeNext(next string) string {
-	u, err := url.Parse(next)
-	if err != nil || u.Scheme != "" || u.Host != "" || !strings.HasPrefix(u.Path, Prefix) || strings.Contains(next, `\`) {
+	if next == "" || strings.ContainsRune(next, '\\') || hasControl(next) {
 		return ""
 	}
-	return u.Path
+	u, err := url.Parse(next)
+	if err != nil || u.Scheme != "" || u.Host != "" || u.User != nil || u.Opaque != "" || !strings.HasPrefix(u.Path, "/") {
+		return ""
+	}
+	if strings.ContainsRune(u.Path, '\\') || hasControl(u.Path) {
+		return ""
+	}
+	p := path.Clean(u.Path)
+	if !strings.HasPrefix(p+"/", Prefix) {
+		return ""
+	}
+	if p+"/" == Prefix {
+		return Prefix
+	}
+	return (&url.URL{Path: p}).EscapedPath()
+}
+
+func hasControl(s string) bool {
+	return strings.IndexFunc(s, unicode.IsControl) >= 0
 }
 
 // --- Sign in ---------------------------------------------------------------
@@ -101,6 +126,7 @@ func (s *Server) signOut(w http.ResponseWriter, r *http.Request, ss *session) {
 		return
 	}
 	s.clearCookie(w, sessionCookie)
+	s.clearCookie(w, registrarCookie)
 	redirect(w, r, Prefix+"login?signed_out=1")
 }
 
@@ -151,7 +177,7 @@ func (s *Server) passkeysPage(w http.ResponseWriter, r *http.Request, ss *sessio
 	v := &view{Title: "Passkeys", Nav: "passkeys", sess: ss,
 		Data: passkeysData{Count: n, Fresh: s.acc.Fresh(ss.p), FreshUntil: ss.p.PasskeyAt.Add(passkey.FreshFor)}}
 	if r.URL.Query().Get("registered") == "1" && n > 0 {
-		v.Notice = "Passkey registered. You can now mint agent keys."
+		v.Notice = "Passkey registered. You can now mint agent keys: you confirm with a passkey each time."
 	}
 	s.render(w, r, http.StatusOK, "passkeys", v)
 }
@@ -179,10 +205,11 @@ func (s *Server) passkeyFinish(w http.ResponseWriter, r *http.Request, ss *sessi
 	if b.Ceremony == "" || len(b.Response) == 0 {
 		return errs.New(errs.InvalidRequest, "ceremony and response are required")
 	}
-	if err := s.acc.FinishPasskey(r.Context(), ss.p, b.Ceremony, b.Response); err != nil {
+	res, err := s.acc.FinishPasskey(r.Context(), ss.p, b.Ceremony, b.Response)
+	if err != nil {
 		return err
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "passkey_fresh": true})
+	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "registered": res.Registered, "passkey_fresh": res.Fresh})
 	return nil
 }
 

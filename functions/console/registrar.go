@@ -15,9 +15,9 @@ type registrarService struct{ s *registrar.Service }
 // NewRegistrar is the console's view of the registrar service.
 func NewRegistrar(s *registrar.Service) Registrar { return registrarService{s} }
 
-func (r registrarService) SessionFor(ctx context.Context, email, provenance string) (string, error) {
+func (r registrarService) SessionFor(ctx context.Context, email, provenance string) (string, time.Time, error) {
 	v, err := r.s.SessionFor(ctx, email, provenance)
-	return v.Token, err
+	return v.Token, v.ExpiresAt, err
 }
 
 func (r registrarService) Claim(ctx context.Context, token, name, operatorName string) (string, error) {

@@ -42,12 +42,20 @@ func TestAgentKeysNeedAFreshPasskey(t *testing.T) {
 		t.Fatalf("without a passkey: %d %v", st, out)
 	}
 	dev := passkeytest.NewDevice([]byte(acct))
-	if st, out := c.passkeyCeremony(acct, tok, "register", dev, rp); st != 200 {
+	if st, out := c.passkeyCeremony(acct, tok, "register", dev, rp); st != 200 || out["registered"] != true || out["passkey_fresh"] != false {
 		t.Fatalf("register: %d %v", st, out)
+	}
+	c.passkeyAddedMail("ana@example.org")
+	// Registering is not a passkey check: only an assertion is.
+	if st, out := mint(); st != 403 {
+		t.Fatalf("mint right after registering, without an assertion: %d %v", st, out)
+	}
+	if st, out := c.passkeyCeremony(acct, tok, "assert", dev, rp); st != 200 || out["passkey_fresh"] != true {
+		t.Fatalf("assert: %d %v", st, out)
 	}
 	st, out = mint()
 	if st != 201 {
-		t.Fatalf("mint after registering: %d %v", st, out)
+		t.Fatalf("mint after asserting: %d %v", st, out)
 	}
 	key := out["token"].(string)
 	if !strings.HasPrefix(key, "am_") || out["expires_in"] != 604800.0 || out["label"] != "coder" ||
@@ -99,6 +107,135 @@ func TestAgentKeysNeedAFreshPasskey(t *testing.T) {
 	_ = other
 	if st, _ := c.post("/v1/accounts/"+acct+"/agent-tokens", map[string]any{"name": "x"}, otherTok); st != 401 {
 		t.Errorf("cross-account mint: %d", st)
+	}
+}
+
+// passkeyAddedMail waits for the notice mailed to addr when a passkey is
+// added to its account.
+func (c *cp) passkeyAddedMail(addr string) {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	msg, err := c.smtp.Wait(ctx, addr)
+	if err != nil {
+		c.t.Fatalf("no passkey notice to %s: %v", addr, err)
+	}
+	if msg.Message.Kind != "passkey-added" || !strings.Contains(msg.Message.Text, "A passkey was added to your account "+addr) {
+		c.t.Fatalf("mail to %s is not the passkey notice: %q %q", addr, msg.Message.Kind, msg.Message.Text)
+	}
+}
+
+// The review's H1: a session alone must not be able to add its own
+// authenticator and mint. The owner registers device A; six minutes later
+// registering device B without an assertion is refused, and so is a mint.
+// Registering never makes the session fresh; a registration begun while
+// fresh is refused at finish once the check went stale; a second session
+// (the attacker's) that began registering while the account had no passkey
+// is refused once the owner's first passkey exists. After an assertion with
+// A, B is added, and the owner is mailed each time.
+func TestRegisteringAPasskeyIsNotAFreshCheck(t *testing.T) {
+	c := startCP(t)
+	acct, tok := c.signIn("ana@example.org")
+	rp := passkeytest.RelyingParty{Name: "agentmesh", ID: "localhost", Origin: strings.TrimSuffix(c.m.URLs().Console, "/console/")}
+	mint := func(tok string) (int, map[string]any) {
+		return c.post("/v1/accounts/"+acct+"/agent-tokens", map[string]any{"name": "coder", "operator_name": "Ana Example"}, tok)
+	}
+	begin := func(tok, kind string) (int, map[string]any) {
+		return c.post("/v1/accounts/"+acct+"/passkeys/"+kind+"/begin", nil, tok)
+	}
+	finish := func(tok string, out map[string]any, resp []byte) (int, map[string]any) {
+		return c.post("/v1/accounts/"+acct+"/passkeys/register/finish",
+			map[string]any{"ceremony": out["ceremony"], "response": json.RawMessage(resp)}, tok)
+	}
+	attest := func(d *passkeytest.Device, out map[string]any) []byte {
+		opts, _ := json.Marshal(out["options"])
+		return d.Attest(t, rp, opts)
+	}
+	passkeys := func() float64 {
+		_, out := c.do("GET", "/v1/session", nil, tok)
+		return out["passkeys"].(float64)
+	}
+
+	// A second session of the account (say a leaked sign-in code) begins
+	// registering its own device while the account has no passkey.
+	_, evilTok := c.signIn("ana@example.org")
+	evil := passkeytest.NewDevice([]byte(acct))
+	st, evilBegin := begin(evilTok, "register")
+	if st != 200 {
+		t.Fatalf("first-passkey registration begin: %d %v", st, evilBegin)
+	}
+
+	// The owner registers A with the session alone (the account's first).
+	a := passkeytest.NewDevice([]byte(acct))
+	if st, out := c.passkeyCeremony(acct, tok, "register", a, rp); st != 200 || out["registered"] != true || out["passkey_fresh"] != false {
+		t.Fatalf("register A: %d %v", st, out)
+	}
+	c.passkeyAddedMail("ana@example.org")
+	if st, _ := mint(tok); st != 403 {
+		t.Errorf("a registration made the session fresh: mint %d", st)
+	}
+
+	// The other session's registration, begun before A existed, is now
+	// the second passkey of the account, and that session never asserted.
+	if st, out := finish(evilTok, evilBegin, attest(evil, evilBegin)); st != 403 || out["details"].(map[string]any)["passkey_required"] != true {
+		t.Errorf("second passkey finished by a session without an assertion: %d %v", st, out)
+	}
+
+	// Six minutes on: registering B without an assertion is refused at
+	// begin, and a mint is refused.
+	c.clock.Advance(6 * time.Minute)
+	b := passkeytest.NewDevice([]byte(acct))
+	if st, out := begin(tok, "register"); st != 403 || out["details"].(map[string]any)["passkey_required"] != true {
+		t.Errorf("register B without an assertion: %d %v", st, out)
+	}
+	if st, out := mint(tok); st != 403 {
+		t.Errorf("mint without an assertion: %d %v", st, out)
+	}
+	if n := passkeys(); n != 1 {
+		t.Fatalf("passkeys: %v, want 1", n)
+	}
+
+	// Asserted, begun, but finished after the check went stale: refused.
+	if st, out := c.passkeyCeremony(acct, tok, "assert", a, rp); st != 200 || out["passkey_fresh"] != true {
+		t.Fatalf("assert A: %d %v", st, out)
+	}
+	c.clock.Advance(4 * time.Minute)
+	st, out := begin(tok, "register")
+	if st != 200 {
+		t.Fatalf("register B after asserting: %d %v", st, out)
+	}
+	c.clock.Advance(70 * time.Second) // the ceremony is young; the assertion is not
+	if st, out := finish(tok, out, attest(b, out)); st != 403 {
+		t.Errorf("register B finished after the assertion went stale: %d %v", st, out)
+	}
+
+	// With a fresh assertion, B is added (and the owner told).
+	if st, out := c.passkeyCeremony(acct, tok, "assert", a, rp); st != 200 {
+		t.Fatalf("assert A again: %d %v", st, out)
+	}
+	if st, out := c.passkeyCeremony(acct, tok, "register", b, rp); st != 200 || out["registered"] != true || out["passkey_fresh"] != true {
+		t.Fatalf("register B after asserting: %d %v", st, out)
+	}
+	c.passkeyAddedMail("ana@example.org")
+	if n := passkeys(); n != 2 {
+		t.Errorf("passkeys: %v, want 2", n)
+	}
+	// Registering A's credential again cannot replace it.
+	if st, out := c.passkeyCeremony(acct, tok, "register", a, rp); st < 400 {
+		t.Errorf("registering an existing credential again: %d %v", st, out)
+	}
+	if n := passkeys(); n != 2 {
+		t.Errorf("passkeys after re-registering A: %v, want 2", n)
+	}
+	// The other session still cannot register or mint.
+	if st, _ := begin(evilTok, "register"); st != 403 {
+		t.Errorf("the other session registers: %d", st)
+	}
+	if st, _ := mint(evilTok); st != 403 {
+		t.Errorf("the other session mints: %d", st)
+	}
+	if st, out := mint(tok); st != 201 {
+		t.Errorf("the owner's mint after asserting: %d %v", st, out)
 	}
 }
 

@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"syscall"
 
 	"github.com/nats-io/nkeys"
 )
@@ -258,7 +259,11 @@ func LoadOrGenerate[R Role](path string) (*Key[R], error) {
 }
 
 // WriteSecretFile writes data to path atomically with mode 0600 and its
-// directory with 0700.
+// directory with 0700, durably: the temporary file is fsynced before the
+// rename and the directory after it, so once this returns the new content
+// survives a power cut (without the directory's fsync the rename itself
+// could be lost, and a caller that saved something "before" spending a
+// single-use key would find the old file, or none).
 func WriteSecretFile(path string, data []byte) error {
 	dir := filepath.Dir(path)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
@@ -287,6 +292,31 @@ func WriteSecretFile(path string, data []byte) error {
 	}
 	if err := os.Rename(tmp, path); err != nil {
 		return fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := syncDirHook(dir); err != nil {
+		return fmt.Errorf("write %s: the directory could not be synced: %w", path, err)
+	}
+	return nil
+}
+
+// syncDirHook is syncDir; tests replace it to see it called.
+var syncDirHook = syncDir
+
+// syncDir fsyncs a directory so that a rename in it is durable. Windows
+// cannot open a directory for syncing (and its renames are journaled by
+// NTFS), and some filesystems answer EINVAL or "not supported": those are
+// not errors, since nothing more can be done there.
+func syncDir(dir string) error {
+	if runtime.GOOS == "windows" {
+		return nil
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil && !errors.Is(err, syscall.EINVAL) && !errors.Is(err, errors.ErrUnsupported) {
+		return err
 	}
 	return nil
 }

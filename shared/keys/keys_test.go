@@ -484,3 +484,37 @@ func spoilLast(s string) string {
 	}
 	return s[:len(s)-1] + string(repl)
 }
+
+// WriteSecretFile syncs the directory after the rename (review M2: without
+// it a power cut can undo the rename of a file saved "before" a single-use
+// key is spent), and a failure to sync is an error the caller sees.
+func TestWriteSecretFileSyncsTheDirectory(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "state")
+	path := filepath.Join(dir, "identity.json")
+	var synced []string
+	syncDirHook = func(d string) error {
+		// By the time the directory is synced, the rename has happened.
+		if b, err := os.ReadFile(path); err != nil || string(b) != "new" {
+			t.Errorf("directory synced before the rename: %q %v", b, err)
+		}
+		synced = append(synced, d)
+		return syncDir(d)
+	}
+	t.Cleanup(func() { syncDirHook = syncDir })
+	if err := WriteSecretFile(path, []byte("new")); err != nil {
+		t.Fatal(err)
+	}
+	if len(synced) != 1 || synced[0] != dir {
+		t.Errorf("directories synced: %v, want [%s]", synced, dir)
+	}
+	syncDirHook = func(string) error { return errors.New("disk on fire") }
+	if err := WriteSecretFile(path, []byte("new")); err == nil || !strings.Contains(err.Error(), "disk on fire") {
+		t.Errorf("a failed directory sync: %v", err)
+	}
+	if err := syncDir(dir); err != nil {
+		t.Errorf("syncDir on a real directory: %v", err)
+	}
+	if err := syncDir(filepath.Join(dir, "missing")); err == nil && runtime.GOOS != "windows" {
+		t.Error("syncDir on a missing directory succeeded")
+	}
+}

@@ -39,7 +39,9 @@
     var data = {};
     try { data = await res.json(); } catch (e) { /* not JSON */ }
     if (!res.ok || data.ok === false) {
-      throw new Error(data.error || ('The server answered ' + res.status + '.'));
+      var err = new Error(data.error || ('The server answered ' + res.status + '.'));
+      err.details = data.details || {};
+      throw err;
     }
     return data;
   }
@@ -83,7 +85,8 @@
   }
 
   // ceremony runs one passkey ceremony: "register" adds a passkey,
-  // "assert" checks one; either leaves the session's passkey check fresh.
+  // "assert" checks one. Only an assertion makes the session's passkey
+  // check fresh (for minting, and for adding a second passkey).
   async function ceremony(kind) {
     if (!window.PublicKeyCredential || !navigator.credentials) {
       throw new Error('This browser cannot use passkeys.');
@@ -94,6 +97,25 @@
       : await navigator.credentials.get({ publicKey: requestOptions(begin.options) });
     if (!cred) throw new Error('The browser returned no passkey.');
     await post('/console/passkeys/' + kind + '/finish', { ceremony: begin.ceremony, response: credentialJSON(cred) });
+  }
+
+  // register adds a passkey. On an account that already has one, the
+  // server accepts a registration only after a fresh assertion with an
+  // existing passkey: the page says so (data-passkey-register="assert-first")
+  // and the assertion runs first; should the server still ask for one (the
+  // page was stale), it runs and the registration is tried once more.
+  async function register(assertFirst, status) {
+    if (assertFirst) {
+      status('Confirm with a passkey you already have…');
+      await ceremony('assert');
+      status('Now create the new passkey…');
+    }
+    try {
+      await ceremony('register');
+    } catch (err) {
+      if (assertFirst || !err.details || !err.details.passkey_required) throw err;
+      await register(true, status);
+    }
   }
 
   function explain(err) {
@@ -126,7 +148,8 @@
         say('register-error', '');
         say('register-status', 'Waiting for your passkey…');
         try {
-          await ceremony('register');
+          await register(reg.getAttribute('data-passkey-register') === 'assert-first',
+            function (text) { say('register-status', text); });
           say('register-status', 'Passkey registered.');
           window.location.assign('/console/passkeys?registered=1');
         } catch (err) {
