@@ -1,6 +1,7 @@
 package admission_test
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -780,13 +781,26 @@ func TestGuardSwitchCarriesTheMailbox(t *testing.T) {
 			}
 		}
 	}
+	stream, err := h.js.Stream(t.Context(), protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// publish waits until the stream holds the message: the stream stores
+	// asynchronously, and a switch only carries what is stored when it runs.
 	publish := func(subject string, from *keys.Agent) string {
 		t.Helper()
 		data, env := signedRequest(t, from, a)
 		if err := h.nc.Publish(subject, data); err != nil {
 			t.Fatal(err)
 		}
-		_ = h.nc.Flush()
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if m, err := stream.GetLastMsgForSubject(t.Context(), subject); err == nil && bytes.Equal(m.Data, data) {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the stream never stored %s", env.ID)
+			}
+		}
 		return env.ID
 	}
 
