@@ -8,9 +8,11 @@
 package account
 
 import (
+	netmail "net/mail"
 	"strings"
 	"time"
 	"unicode"
+	"unicode/utf8"
 
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/secret"
@@ -171,6 +173,17 @@ func NormalizeEmail(s string) (string, error) {
 	local, domain, _ := strings.Cut(e, "@")
 	if local == "" || !strings.Contains(domain, ".") || strings.HasPrefix(domain, ".") || strings.HasSuffix(domain, ".") {
 		return bad()
+	}
+	// The address the mail goes to must be the address that is verified:
+	// net/mail would deliver "ana<eve@evil.org>" to eve.
+	if a, err := netmail.ParseAddress(e); err != nil || a.Name != "" || a.Address != e {
+		return "", errs.New(errs.InvalidRequest, "email must be a bare address like ana@example.org: no display name, angle brackets, quotes, commas, parentheses or consecutive dots")
+	}
+	// Invisible formatting characters (bidi controls, zero-width) would
+	// let one address look like another.
+	if i := strings.IndexFunc(e, func(r rune) bool { return unicode.Is(unicode.Cf, r) }); i >= 0 {
+		r, _ := utf8.DecodeRuneInString(e[i:])
+		return "", errs.Newf(errs.InvalidRequest, "email must not contain invisible formatting characters (here %U): bidi controls and zero-width characters can make one address look like another", r)
 	}
 	return e, nil
 }

@@ -1,7 +1,6 @@
 package registrar
 
 import (
-	netmail "net/mail"
 	"strings"
 	"unicode"
 	"unicode/utf8"
@@ -53,21 +52,7 @@ const formatHint = "bidirectional controls (U+202E, U+2066, …) and zero-width 
 // the code could be mailed to another address than the one it proves
 // ("ana<eve@evil.org>" is mailed to eve@evil.org), or the mail could not be
 // sent at all after the limits were counted ("a,b@example.org").
-func NormalizeEmail(email string) (string, error) {
-	e, err := account.NormalizeEmail(email)
-	if err != nil {
-		return "", err
-	}
-	if a, err := netmail.ParseAddress(e); err != nil || a.Name != "" || a.Address != e {
-		return "", errs.New(errs.InvalidRequest, "email must be a bare address like ana@example.org: no display name, angle brackets, quotes, commas, parentheses or consecutive dots")
-	}
-	// The address is half of every handle of it.
-	if i := strings.IndexFunc(e, func(r rune) bool { return unicode.Is(unicode.Cf, r) }); i >= 0 {
-		r, _ := utf8.DecodeRuneInString(e[i:])
-		return "", errs.Newf(errs.InvalidRequest, "email must not contain invisible formatting characters (here %U): %s", r, formatHint)
-	}
-	return e, nil
-}
+func NormalizeEmail(email string) (string, error) { return account.NormalizeEmail(email) }
 
 // HandleOf is the handle `<name>.<email>` for a checked name and a
 // normalised address.
