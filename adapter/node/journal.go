@@ -208,10 +208,14 @@ func (j *FileJournal) compactLocked() error {
 		return fmt.Errorf("journal: compact: %w", err)
 	}
 	defer os.Remove(tmp.Name())
-	if err := tmp.Chmod(0o600); err == nil {
-		if _, err = tmp.WriteString(b.String()); err == nil {
-			err = tmp.Sync()
-		}
+	// One err throughout: a failed chmod, write or sync must stop the
+	// rename below, or a torn journal would replace a whole one.
+	err = tmp.Chmod(0o600)
+	if err == nil {
+		_, err = tmp.WriteString(b.String())
+	}
+	if err == nil {
+		err = tmp.Sync()
 	}
 	if cerr := tmp.Close(); err == nil {
 		err = cerr

@@ -286,12 +286,6 @@ func (c *Call) release(why error) {
 	c.answered, c.lost = false, why
 }
 
-func (c *Call) isAnswered() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.answered
-}
-
 // Reply answers in bare mode: a terminal {status:"completed", output}.
 func (c *Call) Reply(output any) error {
 	if err := c.claim(); err != nil {

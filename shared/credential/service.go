@@ -103,9 +103,6 @@ func (s *Service) meshBlock() map[string]any {
 
 const storeDown = "the credential store is unavailable; retry shortly"
 
-// unavailable is the 503 of a store that cannot answer.
-func unavailable(err error) error { return errs.Wrap(errs.Unavailable, storeDown, err) }
-
 // txErr passes protocol errors through and turns store failures into 503.
 func txErr(err error) error { return errs.OrUnavailable(err, storeDown) }
 

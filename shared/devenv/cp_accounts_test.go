@@ -136,6 +136,9 @@ func TestAPITokens(t *testing.T) {
 		t.Fatal("revoke")
 	}
 	st, out = c.do(http.MethodGet, path, nil, tok)
+	if st != 200 {
+		t.Fatalf("list after revoke: %d %v", st, out)
+	}
 	if out["tokens"].([]any)[0].(map[string]any)["revoked"] != true {
 		t.Errorf("not revoked: %v", out)
 	}

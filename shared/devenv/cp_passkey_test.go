@@ -94,6 +94,9 @@ func TestAgentKeysNeedAFreshPasskey(t *testing.T) {
 		t.Errorf("wrong origin: %d", st)
 	}
 	st, out = c.post("/v1/accounts/"+acct+"/passkeys/assert/begin", nil, tok)
+	if st != 200 {
+		t.Fatalf("assert begin: %d %v", st, out)
+	}
 	opts, _ := json.Marshal(out["options"])
 	body := map[string]any{"ceremony": out["ceremony"], "response": json.RawMessage(dev.Assert(t, rp, opts))}
 	if st, _ := c.post("/v1/accounts/"+acct+"/passkeys/assert/finish", body, tok); st != 200 {
