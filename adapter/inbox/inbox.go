@@ -22,6 +22,7 @@ import (
 	"time"
 
 	bolt "go.etcd.io/bbolt"
+	bolterrors "go.etcd.io/bbolt/errors"
 )
 
 // States of a message.
@@ -107,7 +108,7 @@ type Queue struct {
 func Open(path string, timeout time.Duration) (*Queue, error) {
 	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: timeout})
 	if err != nil {
-		if errors.Is(err, bolt.ErrTimeout) {
+		if errors.Is(err, bolterrors.ErrTimeout) {
 			return nil, fmt.Errorf("inbox %s is in use by another adapter", path)
 		}
 		return nil, fmt.Errorf("inbox %s: %w", path, err)
