@@ -219,6 +219,14 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	}
 	id.Name = firstNonEmpty(*name, r.Label, "agent")
 	id.Handle = r.Handle
+	// The credential's key is the node key from now on: the node
+	// credential it is renewed for binds to the node key, and the
+	// connection's private reply prefix is named after it, so the two must
+	// be one key for the prefix to survive renewal.
+	id.NodeSeed = r.Credential.Seed
+	if _, err := id.Keys(); err != nil {
+		return fmt.Errorf("the credential's key cannot serve as the node key: %w", err)
+	}
 	if err := dir.SaveIdentity(id); err != nil {
 		return err
 	}

@@ -116,9 +116,12 @@ type Redeemed struct {
 	Label, Handle string
 }
 
-// Bootstrap redeems an am_ agent key for agent (POST /v1/bootstrap). The
-// key is spent by the call, so the caller saves everything it returns
-// before doing anything else.
+// Bootstrap redeems an am_ agent key for agent (POST /v1/bootstrap), with
+// the agent's proof of possession. The key is spent by the call, so the
+// caller saves everything it returns before doing anything else. The
+// credential's key becomes the adapter's node key (up): renewal then binds
+// the node credential to the same key, so the connection's reply prefix
+// never changes.
 func Bootstrap(ctx context.Context, controlURL, agentKey string, agent *keys.Agent, hc *http.Client) (*Redeemed, error) {
 	if hc == nil {
 		hc = http.DefaultClient
@@ -132,7 +135,13 @@ func Bootstrap(ctx context.Context, controlURL, agentKey string, agent *keys.Age
 		ExpiresAt string   `json:"expires_at"`
 		Mesh      meshInfo `json:"mesh"`
 	}
-	err := controlClient{base: controlURL, http: hc}.post(ctx, "/v1/bootstrap", map[string]any{"token": agentKey, "agent_id": agent.Public()}, &out)
+	// The proof says this adapter holds the agent's seed, which the
+	// control plane requires for any agent key with a history (an owner, a
+	// registration, mail, a retirement); private_inbox asks for a
+	// credential whose replies only this connection can read.
+	body := map[string]any{"token": agentKey, "agent_id": agent.Public(),
+		"proof": protocol.SignBootstrap(agent, agentKey), "private_inbox": true}
+	err := controlClient{base: controlURL, http: hc}.post(ctx, "/v1/bootstrap", body, &out)
 	if err != nil {
 		return nil, fmt.Errorf("redeem the agent key: %w", err)
 	}
@@ -256,4 +265,29 @@ func credentialFor(c *state.Credential, nodeKey *keys.Node) (node.Credential, er
 		return node.Credential{JWT: c.JWT, Sign: k.SignNonce}, nil
 	}
 	return node.Credential{}, fmt.Errorf("the saved credential is of kind %q, which this adapter does not know", c.Kind)
+}
+
+// adoptCredentialKey makes a bootstrap credential's key the node key, as
+// up does right after the exchange; here for an identity saved before up
+// did (or an up interrupted between the two saves). The node credential it
+// is renewed for binds to the node key, and the connection's private reply
+// prefix is named after the credential key: one key keeps the prefix
+// across renewal.
+func adoptCredentialKey(dir *state.Dir, id *state.Identity, ks *state.Keys, c *state.Credential) error {
+	if c == nil || c.Kind != "bootstrap" {
+		return nil
+	}
+	k, err := keys.FromSeed[keys.NodeRole]([]byte(c.Seed))
+	if err != nil {
+		return fmt.Errorf("the saved credential's seed: %w", err)
+	}
+	if k.Public() == ks.Node.Public() {
+		return nil
+	}
+	id.NodeSeed = c.Seed
+	if err := dir.SaveIdentity(*id); err != nil {
+		return fmt.Errorf("adopt the credential key as the node key: %w", err)
+	}
+	ks.Node = k
+	return nil
 }

@@ -212,6 +212,9 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 				return nil, nil, err
 			}
 		}
+		if err := adoptCredentialKey(cfg.Dir, &a.id, &a.keys, conf.Credential); err != nil {
+			return nil, nil, err
+		}
 		if cred, err = credentialFor(conf.Credential, a.keys.Node); err != nil {
 			return nil, nil, err
 		}

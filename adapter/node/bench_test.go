@@ -40,7 +40,7 @@ func startBenchMesh(b *testing.B) *benchMesh {
 		ak, _ := keys.Generate[keys.AgentRole]()
 		ids := []string{ak.Public()}
 		jwtStr, err := m.Trust().MintUser(creds.UserSpec{PublicKey: nk.Public(), Kind: creds.KindNode, Hosted: ids,
-			Permissions: creds.NodePermissions(ids), Expires: time.Now().Add(time.Hour)})
+			Permissions: creds.NodePermissions(ids, creds.PrivateOnly(nk.Public())), Expires: time.Now().Add(time.Hour)})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -24,8 +24,8 @@ import (
 const asyncWait = 5 * time.Second
 
 // testMesh is a real mesh (devenv: broker, JetStream, control plane and
-// every bus worker: the registry makes the mailbox stream and each agent's
-// consumer, the tasks worker keeps task records, presence reads heartbeats).
+// every bus worker: the mailbox worker makes the mailbox stream and reads
+// it for the nodes, the tasks worker keeps task records, presence reads heartbeats).
 type testMesh struct {
 	m   *devenv.Mesh
 	svc *nats.Conn // a service connection, for the test's own traffic
@@ -56,18 +56,23 @@ func newMesh(t *testing.T) *testMesh {
 	return tm
 }
 
-// mailboxPending is what the agent's consumer still holds.
-func (tm *testMesh) mailboxPending(t *testing.T, agent string) (pending uint64, ackPending int) {
+// mailboxStored is how many messages the mailbox still holds for agent
+// (on its open and guarded inboxes): what no drain has deleted yet.
+func (tm *testMesh) mailboxStored(t *testing.T, agent string) uint64 {
 	t.Helper()
-	c, err := tm.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
+	st, err := tm.js.Stream(t.Context(), protocol.MailboxStream)
 	if err != nil {
 		t.Fatal(err)
 	}
-	info, err := c.Info(t.Context())
+	info, err := st.Info(t.Context(), jetstream.WithSubjectFilter("mesh.agent."+agent+".>"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	return info.NumPending, info.NumAckPending
+	var n uint64
+	for _, c := range info.State.Subjects {
+		n += c
+	}
+	return n
 }
 
 // registered reads an agent's registration (mesh.registry.get.<id>),
@@ -98,7 +103,7 @@ func (tm *testMesh) nodeCredential(t *testing.T, nk *keys.Node, expires time.Tim
 	}
 	tok, err := tm.m.Trust().MintUser(creds.UserSpec{
 		PublicKey: nk.Public(), Name: "node", Kind: creds.KindNode, Hosted: ids,
-		Permissions: creds.NodePermissions(ids), Expires: expires,
+		Permissions: creds.NodePermissions(ids, creds.PrivateOnly(nk.Public())), Expires: expires,
 	})
 	if err != nil {
 		t.Fatal(err)

@@ -80,7 +80,7 @@ func TestOfflineDeliveryThroughTheMailbox(t *testing.T) {
 	_, err := a.Request(t.Context(), kb.Public(), "echo", "while you were out", RequestOptions{Timeout: 300 * time.Millisecond})
 	mustCode(t, err, errs.TransportTimeout)
 	reqID := errs.As(err).Details["request_id"].(string)
-	if p, _ := tm.mailboxPending(t, kb.Public()); p != 1 {
+	if p := tm.mailboxStored(t, kb.Public()); p != 1 {
 		t.Fatalf("mailbox holds %d", p)
 	}
 
@@ -100,8 +100,7 @@ func TestOfflineDeliveryThroughTheMailbox(t *testing.T) {
 		t.Fatalf("handled %d times", second.count(reqID))
 	}
 	eventually(t, "the mailbox acknowledged", func() bool {
-		p, ack := tm.mailboxPending(t, kb.Public())
-		return p == 0 && ack == 0
+		return tm.mailboxStored(t, kb.Public()) == 0
 	})
 }
 
@@ -133,8 +132,7 @@ func TestAnsweredLiveIsNotAnsweredAgainAfterRestart(t *testing.T) {
 		t.Fatalf("live: %+v %v", res, err)
 	}
 	eventually(t, "the mailbox to keep a copy of the live request", func() bool {
-		p, _ := tm.mailboxPending(t, kb.Public())
-		return p == 1
+		return tm.mailboxStored(t, kb.Public()) == 1
 	})
 	if err := n1.Close(); err != nil {
 		t.Fatal(err)
@@ -147,8 +145,7 @@ func TestAnsweredLiveIsNotAnsweredAgainAfterRestart(t *testing.T) {
 	second := newCounter()
 	n2 := run(second)
 	eventually(t, "the drain to acknowledge the copy", func() bool {
-		p, ack := tm.mailboxPending(t, kb.Public())
-		return p == 0 && ack == 0
+		return tm.mailboxStored(t, kb.Public()) == 0
 	})
 	select {
 	case r := <-late:

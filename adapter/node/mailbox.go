@@ -2,23 +2,30 @@ package node
 
 import (
 	"context"
-	"errors"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // The offline mailbox (bus.md "Mailboxes", upstream-notes §6.1): one stream
-// MESH_MAILBOX over every inbox, and a durable pull consumer inbox_<agent>
-// per agent, both made by the registry. The node reaches them only through
-// the scoped JetStream API its credential allows: STREAM.INFO on the
-// mailbox stream, CONSUMER.INFO and MSG.NEXT on its own consumer, and its
-// acknowledgements.
+// MESH_MAILBOX over every inbox, read through the mailbox worker. The node
+// asks mesh.mailbox.fetch as the agent (the agent's signature is the whole
+// access check) and gets the agent's mail in stream order; once it has
+// handled a message it asks mesh.mailbox.ack to delete it. Nothing is made
+// per agent at the broker, and the node's credential reaches no JetStream
+// subject.
 
-// drainBatch is the pull batch size.
-const drainBatch = 100
+// drainBatch is the fetch batch size; drainRounds bounds one drain (the
+// next drain, a minute later or at the next reconnect, goes on).
+const (
+	drainBatch  = 100
+	drainRounds = 20
+	// maxTries is how many drains a message whose answer cannot be
+	// published is tried in before it is given up (and deleted).
+	maxTries = 5
+)
 
 // kickDrain asks for a drain soon (coalesced).
 func (a *Agent) kickDrain() {
@@ -60,51 +67,73 @@ func (a *Agent) drainOnce() {
 	a.drains.Add(1)
 }
 
-// drainLocked reads the stream's last sequence once (the bound), then pulls
-// batches of up to 100 until a batch reaches the bound or nothing is left.
-// Every message goes through the same receive order as live traffic, with
-// the mailbox freshness window; requests get no accept and are answered at
-// the sender's inbox. A message is acknowledged once handled; one whose
-// answer could not be published stays for redelivery.
+// drainLocked fetches the mailbox in batches of up to 100 until a batch
+// says nothing is left (or drainRounds). Every message goes through the
+// same receive order as live traffic, with the mailbox freshness window;
+// requests get no accept and are answered at the sender's inbox. A message
+// is deleted once handled; one whose answer could not be published stays
+// for the next drain (at most maxTries), and from then on this drain
+// deletes what it handles one by one, so the one that stays is not swept
+// away with the rest.
 func (a *Agent) drainLocked() int {
 	if a.ctx.Err() != nil || a.Sandbox() {
 		return 0
 	}
-	ctx, cancel := context.WithTimeout(a.ctx, time.Minute)
+	ctx, cancel := context.WithTimeout(a.ctx, 5*time.Minute)
 	defer cancel()
-	stream, err := a.n.js.Stream(ctx, protocol.MailboxStream)
-	if err != nil {
-		if !errors.Is(err, jetstream.ErrStreamNotFound) {
-			a.n.log.Warn("mailbox: stream info", "agent", a.id, "err", err)
-		}
-		return 0
-	}
-	bound := stream.CachedInfo().State.LastSeq
-	if bound == 0 {
-		return 0
-	}
-	cons, err := a.n.js.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(a.id))
-	if err != nil {
-		if !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			a.n.log.Warn("mailbox: consumer info", "agent", a.id, "err", err)
-		}
-		return 0
-	}
-	info := cons.CachedInfo()
-	taken := 0
-	for info.NumPending+uint64(info.NumAckPending) > 0 && ctx.Err() == nil {
-		batch, err := cons.FetchNoWait(drainBatch)
+	taken, after, stuck := 0, uint64(0), false
+	for range drainRounds {
+		fctx, fcancel := context.WithTimeout(ctx, 15*time.Second)
+		mail, res, err := mailbox.Fetch(fctx, a.n.nc, a.key, after, drainBatch)
+		fcancel()
 		if err != nil {
-			a.n.log.Warn("mailbox: fetch", "agent", a.id, "err", err)
-			return taken
-		}
-		got, reached, ok := a.drainBatch(ctx, batch, bound)
-		taken += got
-		if !ok || got == 0 || reached {
+			if errs.CodeOf(err) == errs.TransportNoResponders {
+				a.n.log.Debug("mailbox: no mailbox worker answers", "agent", a.id)
+			} else if ctx.Err() == nil {
+				a.n.log.Warn("mailbox: fetch", "agent", a.id, "err", err)
+			}
 			break
 		}
-		if info, err = cons.Info(ctx); err != nil {
-			a.n.log.Warn("mailbox: consumer info", "agent", a.id, "err", err)
+		if len(mail) == 0 {
+			break
+		}
+		// A request still queued on the live subscription should be claimed
+		// by the live path (which answers on the reply subject, after an
+		// accept), and is then a duplicate here.
+		select {
+		case <-time.After(liveGrace):
+		case <-ctx.Done():
+			return taken
+		}
+		var upTo uint64
+		var singles []uint64
+		for _, m := range mail {
+			taken++
+			if err := a.receive(m.Data, origin{src: protocol.SourceMailbox}); err != nil && a.retry(m.Seq) {
+				a.n.log.Warn("mailbox: answer not sent; left for the next drain", "agent", a.id, "seq", m.Seq, "err", err)
+				stuck = true
+				continue
+			}
+			a.forgetTries(m.Seq)
+			if stuck {
+				singles = append(singles, m.Seq)
+			} else {
+				upTo = m.Seq + 1
+			}
+		}
+		if upTo > 0 || len(singles) > 0 {
+			actx, acancel := context.WithTimeout(ctx, 15*time.Second)
+			err := mailbox.Ack(actx, a.n.nc, a.key, res.Box, upTo, singles)
+			acancel()
+			if err != nil {
+				// Not deleted: the next drain sees them again, and the
+				// journal keeps them from being answered twice.
+				a.n.log.Warn("mailbox: ack", "agent", a.id, "err", err)
+				break
+			}
+		}
+		after = res.Last
+		if !res.More {
 			break
 		}
 	}
@@ -116,56 +145,30 @@ func (a *Agent) drainLocked() int {
 
 // liveGrace is how long a drained batch waits before its messages go
 // through the receive order. The stream stores every request, including
-// those arriving live at this very moment; a request still queued on the
-// live subscription should be claimed by the live path (which answers on
-// the reply subject, after an accept), and is then a duplicate here.
+// those arriving live at this very moment.
 const liveGrace = 250 * time.Millisecond
 
-// drainBatch handles one batch. reached reports a message at or past the
-// bound; ok is false when the batch stalled.
-func (a *Agent) drainBatch(ctx context.Context, batch jetstream.MessageBatch, bound uint64) (got int, reached, ok bool) {
-	var msgs []jetstream.Msg
-	stall := time.NewTimer(10 * time.Second)
-	defer stall.Stop()
-collect:
-	for {
-		select {
-		case msg, open := <-batch.Messages():
-			if !open {
-				if err := batch.Error(); err != nil {
-					a.n.log.Warn("mailbox: batch", "agent", a.id, "err", err)
-				}
-				break collect
-			}
-			msgs = append(msgs, msg)
-		case <-stall.C:
-			a.n.log.Warn("mailbox: a pull got no answer", "agent", a.id)
-			return 0, false, false
-		case <-ctx.Done():
-			return 0, false, false
-		}
+// retry counts a failed try of the message at seq and reports whether it
+// stays for another drain.
+func (a *Agent) retry(seq uint64) bool {
+	a.triesMu.Lock()
+	defer a.triesMu.Unlock()
+	if a.tries == nil {
+		a.tries = map[uint64]int{}
 	}
-	if len(msgs) == 0 {
-		return 0, false, true
+	a.tries[seq]++
+	if a.tries[seq] >= maxTries {
+		delete(a.tries, seq)
+		return false
 	}
-	select {
-	case <-time.After(liveGrace):
-	case <-ctx.Done():
-		return 0, false, false
+	if len(a.tries) > 10*drainBatch {
+		clear(a.tries) // bounded: a forgotten count only allows more tries
 	}
-	for _, msg := range msgs {
-		got++
-		if meta, err := msg.Metadata(); err == nil && meta.Sequence.Stream >= bound {
-			reached = true
-		}
-		err := a.receive(msg.Data(), origin{src: protocol.SourceMailbox, progress: func() { _ = msg.InProgress() }})
-		if err != nil {
-			a.n.log.Warn("mailbox: answer not sent; left for redelivery", "agent", a.id, "err", err)
-			continue
-		}
-		if err := msg.Ack(); err != nil {
-			a.n.log.Warn("mailbox: ack", "agent", a.id, "err", err)
-		}
-	}
-	return got, reached, true
+	return true
+}
+
+func (a *Agent) forgetTries(seq uint64) {
+	a.triesMu.Lock()
+	delete(a.tries, seq)
+	a.triesMu.Unlock()
 }

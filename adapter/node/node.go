@@ -24,7 +24,6 @@ import (
 
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -87,6 +86,11 @@ type Config struct {
 	Name string
 	// NATSOptions are added to the connection options (TLS, dialers).
 	NATSOptions []nats.Option
+	// InboxPrefix is the reply prefix the credential may subscribe (the
+	// inbox_prefix of its answer). Empty means the one the credential's JWT
+	// grants (ReplyPrefixOf), or NATS's default _INBOX when it grants none
+	// (a credential with only the shared _INBOX.> grant).
+	InboxPrefix string
 }
 
 // Warning is one security warning.
@@ -146,7 +150,6 @@ type Node struct {
 	log     *slog.Logger
 	journal Journal
 	nc      *nats.Conn
-	js      jetstream.JetStream
 	started time.Time
 
 	ctx    context.Context
@@ -239,6 +242,17 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 	if err := n.setCredential(cfg.Credential); err != nil {
 		return nil, err
 	}
+	if cfg.InboxPrefix == "" {
+		cfg.InboxPrefix = ReplyPrefixOf(n.cs.claims)
+	}
+	var inbox []nats.Option
+	if cfg.InboxPrefix != "" {
+		// Every reply this node receives (request answers, mailbox
+		// fetches) arrives under its own prefix, which no other credential
+		// may subscribe (docs/security.md).
+		inbox = append(inbox, nats.CustomInboxPrefix(cfg.InboxPrefix))
+	}
+	n.cfg.InboxPrefix = cfg.InboxPrefix
 	opts := append([]nats.Option{
 		nats.Name(cfg.Name),
 		nats.UserJWT(n.userJWT, n.signNonce),
@@ -259,18 +273,13 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 			}
 			n.log.Warn("connection error", "subject", subj, "err", err)
 		}),
-	}, cfg.NATSOptions...)
+	}, append(inbox, cfg.NATSOptions...)...)
 	nc, err := nats.Connect(cfg.NATSURL, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("node: connect: %w", err)
 	}
-	js, err := jetstream.New(nc)
-	if err != nil {
-		nc.Close()
-		return nil, fmt.Errorf("node: jetstream: %w", err)
-	}
-	n.nc, n.js = nc, js
-	n.respPrefix = nats.NewInbox() + "."
+	n.nc = nc
+	n.respPrefix = nc.NewInbox() + "."
 	if _, err := nc.Subscribe(n.respPrefix+"*", n.onReplyMsg); err != nil {
 		nc.Close()
 		return nil, fmt.Errorf("node: reply subscription: %w", err)

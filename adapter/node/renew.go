@@ -8,9 +8,11 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/keys"
@@ -45,6 +47,10 @@ type NodeCredentialRenewer struct {
 	HTTPClient *http.Client
 	// Now stamps the request (nil: time.Now).
 	Now func() time.Time
+	// SharedInbox asks for the shared _INBOX.> grant instead of a private
+	// reply prefix alone: only for a node whose connection uses NATS's
+	// default inbox prefix. This runtime sets its own (Config.InboxPrefix).
+	SharedInbox bool
 }
 
 // RenewError is a renewal that failed without being refused (network, 5xx,
@@ -88,22 +94,26 @@ func (r *NodeCredentialRenewer) Renew(ctx context.Context, agents []*keys.Agent)
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	body, err := json.Marshal(map[string]any{"node_id": r.NodeKey.Public(), "agents": entries, "ts": ts, "node_sig": nodeSig})
+	req := map[string]any{"node_id": r.NodeKey.Public(), "agents": entries, "ts": ts, "node_sig": nodeSig}
+	if !r.SharedInbox {
+		req["private_inbox"] = true
+	}
+	body, err := json.Marshal(req)
 	if err != nil {
 		return "", time.Time{}, err
 	}
 	ctx, cancel := context.WithTimeout(ctx, RenewTimeout)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(r.ControlURL, "/")+"/v1/node-credential", bytes.NewReader(body))
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(r.ControlURL, "/")+"/v1/node-credential", bytes.NewReader(body))
 	if err != nil {
 		return "", time.Time{}, err
 	}
-	req.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Content-Type", "application/json")
 	client := r.HTTPClient
 	if client == nil {
 		client = http.DefaultClient
 	}
-	resp, err := client.Do(req)
+	resp, err := client.Do(hreq)
 	if err != nil {
 		return "", time.Time{}, &RenewError{Err: err}
 	}
@@ -201,6 +211,9 @@ func (n *Node) renewLocked(ctx context.Context, ks []*keys.Agent, own bool) erro
 	}
 	token, _, err := n.cfg.Renewer.Renew(ctx, ks)
 	if err == nil {
+		err = n.checkReplyPrefix(token)
+	}
+	if err == nil {
 		err = n.setCredential(Credential{JWT: token, Sign: n.cfg.NodeKey.SignNonce})
 	}
 	if err != nil && !own {
@@ -279,6 +292,40 @@ func (n *Node) waitConnected(ctx context.Context) error {
 			return fmt.Errorf("node: waiting for the reconnect: %w", ctx.Err())
 		case <-t.C:
 		}
+	}
+	return nil
+}
+
+// ReplyPrefixOf returns the private reply prefix the credential c grants
+// (protocol.PrivateInboxPrefix of its own key, when it may subscribe
+// everything under it), or "".
+func ReplyPrefixOf(c *jwt.UserClaims) string {
+	if c == nil {
+		return ""
+	}
+	p := protocol.PrivateInboxPrefix(c.Subject)
+	if slices.Contains(c.Sub.Allow, p+".>") {
+		return p
+	}
+	return ""
+}
+
+// checkReplyPrefix refuses a renewed credential that does not grant the
+// reply prefix this connection was made with: replies would stop arriving
+// the moment it is used. It happens only when the credential key changes
+// (a bootstrap credential renewed for a different node key); the adapter
+// avoids it by adopting the bootstrap credential key as its node key.
+func (n *Node) checkReplyPrefix(token string) error {
+	c, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		return fmt.Errorf("node: renewed credential JWT: %w", err)
+	}
+	want := n.cfg.InboxPrefix + ".>"
+	if n.cfg.InboxPrefix == "" {
+		want = protocol.SharedInboxSpace // NATS's default prefix
+	}
+	if !slices.Contains(c.Sub.Allow, want) {
+		return fmt.Errorf("node: the renewed credential does not cover this connection's replies (%s); it is saved, restart the node to use it", want)
 	}
 	return nil
 }

@@ -18,7 +18,7 @@ func startOn(t *testing.T, m *devenv.Mesh, nk *keys.Node, k *keys.Agent) *node.N
 	t.Helper()
 	ids := []string{k.Public()}
 	jwtStr, err := m.Trust().MintUser(creds.UserSpec{PublicKey: nk.Public(), Kind: creds.KindNode, Hosted: ids,
-		Permissions: creds.NodePermissions(ids), Expires: time.Now().Add(time.Hour)})
+		Permissions: creds.NodePermissions(ids, creds.PrivateOnly(nk.Public())), Expires: time.Now().Add(time.Hour)})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -21,24 +21,21 @@ type origin struct {
 	// reply is the NATS reply subject of a live request; answers to a
 	// request without one (a drained request) go to the sender's inbox.
 	reply string
-	// progress tells the mailbox that a drained request is still being
-	// worked on (JetStream InProgress), so it is not redelivered meanwhile.
-	progress func()
 }
 
 func (a *Agent) onInboxMsg(m *nats.Msg) {
 	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: replySubject(m.Reply)})
 }
 
-// replySubject keeps the reply subject a sender named only when it is a
-// NATS inbox (_INBOX.…, where every client's request replies arrive).
-// Anything else — mesh.task.<id>.update, mesh.event.…, another agent's
+// replySubject keeps the reply subject a sender named only when it lies in
+// a reply namespace (protocol.IsReplySubject: the shared _INBOX.…, a private
+// _MESH_INBOX.<key>.…, the admission relay's _MESH_RELAY.…). Anything else — mesh.task.<id>.update, mesh.event.…, another agent's
 // inbox — would have this agent's signed accept and answer published where
 // the sender chose, as if the agent had sent them there. Such a request is
 // served as one without a reply subject: no accept, and the answer goes to
 // the verified sender's own inbox, like a drained request's.
 func replySubject(reply string) string {
-	if strings.HasPrefix(reply, nats.InboxPrefix) && len(reply) > len(nats.InboxPrefix) {
+	if protocol.IsReplySubject(reply) && !strings.HasPrefix(reply, protocol.ServiceInboxPrefix+".") {
 		return reply
 	}
 	return ""
@@ -415,22 +412,6 @@ func (a *Agent) serve(c *Call) (err error) {
 	if _, ok := a.offering(c.Offering); !ok {
 		defer c.cancel()
 		return c.fail(errs.Newf(errs.OfferingNotFound, "agent %s has no offering %q", a.id, c.Offering))
-	}
-	if c.o.progress != nil {
-		stop := make(chan struct{})
-		defer close(stop)
-		go func() {
-			t := time.NewTicker(10 * time.Second)
-			defer t.Stop()
-			for {
-				select {
-				case <-stop:
-					return
-				case <-t.C:
-					c.o.progress()
-				}
-			}
-		}()
 	}
 	herr := a.runHandler(c)
 	c.mu.Lock()

@@ -167,7 +167,7 @@ func hostAgent(ctx context.Context, trust *creds.Trust, url string, h node.Handl
 	}
 	ids := []string{ak.Public()}
 	jwtStr, err := trust.MintUser(creds.UserSpec{PublicKey: nk.Public(), Name: "meshbench", Kind: creds.KindNode, Hosted: ids,
-		Permissions: creds.NodePermissions(ids), Expires: time.Now().Add(time.Hour)})
+		Permissions: creds.NodePermissions(ids, creds.PrivateOnly(nk.Public())), Expires: time.Now().Add(time.Hour)})
 	if err != nil {
 		return nil, err
 	}

@@ -27,6 +27,7 @@ import (
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
@@ -175,7 +176,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 			if err != nil {
 				return nil, err
 			}
-			nc, err := nats.Connect(strings.Join(c.NATSURLs, ","), svc.NATSOption(), nats.Name("control-plane-views"),
+			nc, err := nats.Connect(strings.Join(c.NATSURLs, ","), svc.NATSOption(), creds.ServiceInbox(), nats.Name("control-plane-views"),
 				nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
 			if err != nil {
 				return nil, fmt.Errorf("nats: %w", err)
@@ -185,8 +186,12 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	}
 	meshInfo := credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs}
 	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL})
+	var history credential.History
+	if caller != nil {
+		history = mailbox.History{Bus: caller}
+	}
 	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
-		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log})
+		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log, History: history})
 	var evictor guest.Evictor
 	if caller != nil {
 		evictor = &guest.BusEvictor{Bus: caller}

@@ -33,14 +33,11 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 	switch rt.EntryPoint {
 	case "Bootstrap":
 		return func(w http.ResponseWriter, r *http.Request) error {
-			var b struct {
-				Token   string `json:"token"`
-				AgentID string `json:"agent_id"`
-			}
+			var b credential.BootstrapRequest
 			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 				return err
 			}
-			res, err := cs.Bootstrap(r.Context(), b.Token, b.AgentID)
+			res, err := cs.Bootstrap(r.Context(), b)
 			if err != nil {
 				return err
 			}
@@ -53,6 +50,7 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 				return err
 			}
+			b.Client = httpx.ClientKey(r, d.TrustedProxyHops)
 			res, err := cs.NodeCredential(r.Context(), b)
 			if err != nil {
 				return err

@@ -26,10 +26,12 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
+	"github.com/nats-io/nuid"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -122,6 +124,9 @@ type Record struct {
 	// account: any valid owner signature is accepted).
 	OwnerKey  string `json:"owner_key,omitempty"`
 	UpdatedAt string `json:"updated_at"`
+	// Box is where the agent's waiting mail was last carried (applyBox):
+	// mailbox.BoxOpen (also when empty) or mailbox.BoxGuarded.
+	Box string `json:"box,omitempty"`
 }
 
 // HasRoster reports whether r carries a roster.
@@ -321,6 +326,9 @@ func (w *Worker) guard(ctx context.Context, r *bus.Request) (any, error) {
 	now := protocol.FormatTime(w.svc.Now())
 	if _, _, err := bus.CAS(ctx, w.kv, agent, func(cur *Record, exists bool) (*Record, error) {
 		next := Record{Guarded: true, Roster: json.RawMessage("null"), UpdatedAt: now}
+		if exists {
+			next.Box = cur.Box
+		}
 		if exists && cur.HasRoster() {
 			next.Roster, next.OwnerKey = cur.Roster, cur.OwnerKey
 		}
@@ -338,14 +346,14 @@ func (w *Worker) guard(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	w.forget(agent)
-	if err := w.applyFilter(ctx, agent); err != nil {
+	if err := w.applyBox(ctx, agent); err != nil {
 		return nil, err
 	}
 	return map[string]any{"status": StatusGuarded, "output": map[string]any{"ok": true, "guarded": true}}, nil
 }
 
 // unguard answers mesh.admission.unguard: guarded becomes false (the roster
-// is kept for a later guard) and the mailbox consumer goes back to .inbox.
+// is kept for a later guard) and the waiting mail goes back to .inbox (applyBox).
 func (w *Worker) unguard(ctx context.Context, r *bus.Request) (any, error) {
 	agent, err := caller(r)
 	if err != nil {
@@ -364,7 +372,7 @@ func (w *Worker) unguard(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	w.forget(agent)
-	if err := w.applyFilter(ctx, agent); err != nil {
+	if err := w.applyBox(ctx, agent); err != nil {
 		return nil, err
 	}
 	return map[string]any{"status": StatusUnguarded, "output": map[string]any{"ok": true, "guarded": false}}, nil
@@ -444,96 +452,110 @@ func validStance(v any) bool {
 	return s == StanceAllow || s == StanceHold || s == StanceBlock
 }
 
-// applyFilter points the agent's mailbox consumer (inbox_<agent> on
-// MESH_MAILBOX) at .inbox.guarded or .inbox as the stored guard says. A
-// missing stream or consumer is skipped: the registry creates the consumer
-// at registration and reads mesh_admission then. The stored state is read
-// again after the update so that two copies racing a guard and an unguard
-// leave the filter matching the last write.
+// applyBox carries the agent's waiting mail to the inbox subject the
+// stored guard says the mailbox worker reads (mailbox.BoxGuarded while
+// guarded, else mailbox.BoxOpen), and records in Box where it was carried.
+// A missing record is nothing to do. The stored state is read again after
+// the move so that two copies racing a guard and an unguard leave the mail
+// where the last write says.
 //
-// Changing the filter alone would be wrong both ways, because a consumer
-// resumes from its last delivery, not from the switch: messages stored on
-// the new subject before the switch would be delivered, and those waiting
-// on the old one would never be. So the switch carries the mail across
-// (switchMailbox): on guard, offline mail that arrived while the agent was
-// open moves to the guarded subject; on unguard, what was published to the
-// open inbox while guarded (blocked or held senders, and copies of what was
-// relayed) is purged, and relayed mail not yet drained moves to the open
-// inbox.
-func (w *Worker) applyFilter(ctx context.Context, agent string) error {
+// The worker reads whichever subject the guard names, from its start, so
+// the switch carries the mail across (switchMailbox): on guard, offline
+// mail that arrived while the agent was open moves to the guarded subject;
+// on unguard, what was published to the open inbox while guarded (blocked
+// or held senders, and copies of what was relayed) is purged, and relayed
+// mail not yet drained moves to the open inbox.
+func (w *Worker) applyBox(ctx context.Context, agent string) error {
 	for range 4 {
-		rec, rev, err := w.read(ctx, agent)
-		if err != nil {
+		rec, _, err := w.read(ctx, agent)
+		if err != nil || rec == nil {
 			return err
 		}
-		want := protocol.InboxSubject(agent)
-		if rec != nil && rec.Guarded {
-			want = protocol.GuardedInboxSubject(agent)
-		}
-		cons, err := w.svc.JS.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(agent))
-		if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+		want := rec.wantBox()
+		if rec.box() == want {
 			return nil
 		}
-		if err != nil {
-			return fmt.Errorf("mailbox consumer of %s: %w", agent, err)
+		if err := w.switchMailbox(ctx, agent, want); err != nil {
+			return err
 		}
-		info := cons.CachedInfo()
-		if cfg := info.Config; cfg.FilterSubject != want || len(cfg.FilterSubjects) > 0 {
-			if err := w.switchMailbox(ctx, agent, info, want); err != nil {
-				return err
+		_, _, err = bus.CAS(ctx, w.kv, agent, func(cur *Record, exists bool) (*Record, error) {
+			if !exists || cur.wantBox() != want || cur.box() == want {
+				return nil, bus.ErrNoChange // changed meanwhile: look again
 			}
-		}
-		_, again, err := w.read(ctx, agent)
+			next := *cur
+			next.Box = want
+			return &next, nil
+		})
 		if err != nil {
 			return err
-		}
-		if again == rev {
-			return nil
 		}
 	}
-	return fmt.Errorf("mailbox consumer of %s: guard state keeps changing", agent)
+	return fmt.Errorf("mailbox of %s: guard state keeps changing", agent)
 }
 
-// switchMailbox moves the consumer described by info to the subject want,
-// carrying its mail as applyFilter says. Every step is idempotent (moved
-// copies carry a Nats-Msg-Id, purges are bounded by a sequence), so a copy
-// that fails half way, or two copies switching at once, converge.
-func (w *Worker) switchMailbox(ctx context.Context, agent string, info *jetstream.ConsumerInfo, want string) error {
+// wantBox is where the record's guard state says mail is read from.
+func (r *Record) wantBox() string {
+	if r.Guarded {
+		return mailbox.BoxGuarded
+	}
+	return mailbox.BoxOpen
+}
+
+// box is where the mail was last carried (open when never switched).
+func (r *Record) box() string {
+	if r.Box == "" {
+		return mailbox.BoxOpen
+	}
+	return r.Box
+}
+
+// switchMailbox carries agent's waiting mail to the box want, as applyBox
+// says. Every step is idempotent (moved copies carry a Nats-Msg-Id, purges
+// are bounded by a sequence), so a copy that fails half way, or two copies
+// switching at once, converge.
+func (w *Worker) switchMailbox(ctx context.Context, agent, want string) error {
 	stream, err := w.svc.JS.Stream(ctx, protocol.MailboxStream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil
+	}
 	if err != nil {
 		return fmt.Errorf("mailbox stream: %w", err)
 	}
 	last := stream.CachedInfo().State.LastSeq
-	open, guarded := protocol.InboxSubject(agent), protocol.GuardedInboxSubject(agent)
-	from := info.AckFloor.Stream + 1
-	if want == guarded {
-		// Guard: offline mail accepted while open keeps its delivery.
-		if err := w.moveMail(ctx, open, guarded, from, last); err != nil {
-			return err
-		}
-	} else {
-		// Unguard: relayed mail not yet drained keeps its delivery; what
-		// reached the open inbox while guarded is dropped before the
-		// consumer can see it.
-		if err := w.moveMail(ctx, guarded, open, from, last); err != nil {
-			return err
-		}
-		if last > 0 {
-			if err := stream.Purge(ctx, jetstream.WithPurgeSubject(open), jetstream.WithPurgeSequence(last+1)); err != nil {
-				return fmt.Errorf("mailbox of %s: purge the open inbox: %w", agent, err)
-			}
-		}
-	}
-	cfg := info.Config
-	cfg.FilterSubject, cfg.FilterSubjects = want, nil
-	_, err = w.svc.JS.UpdateConsumer(ctx, protocol.MailboxStream, cfg)
-	if errors.Is(err, jetstream.ErrStreamNotFound) || errors.Is(err, jetstream.ErrConsumerNotFound) {
+	if last == 0 {
 		return nil
 	}
-	if err != nil {
-		return fmt.Errorf("update mailbox consumer of %s: %w", agent, err)
+	open, guarded := protocol.InboxSubject(agent), protocol.GuardedInboxSubject(agent)
+	src := open
+	if want == mailbox.BoxOpen {
+		src = guarded
+	}
+	// Waiting mail keeps its delivery.
+	if err := w.moveMail(ctx, src, dst(src, open, guarded), 1, last); err != nil {
+		return err
+	}
+	// On guard, what was on the open inbox has moved; on unguard, what
+	// reached the open inbox while guarded is dropped before the agent can
+	// read it. Either way the open inbox is empty up to the switch, and on
+	// unguard the guarded one too (its mail has moved).
+	purge := []string{open}
+	if want == mailbox.BoxOpen {
+		purge = append(purge, guarded)
+	}
+	for _, subj := range purge {
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(last+1)); err != nil {
+			return fmt.Errorf("mailbox of %s: purge %s: %w", agent, subj, err)
+		}
 	}
 	return nil
+}
+
+// dst is the other one of open and guarded.
+func dst(src, open, guarded string) string {
+	if src == open {
+		return guarded
+	}
+	return open
 }
 
 // moveMail republishes the messages stored on subject src with sequence in
@@ -895,7 +917,10 @@ func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
 		_ = nc.PublishMsg(out)
 		return
 	}
-	out.Reply = nc.NewRespInbox()
+	// The agent answers under the relay's own reply prefix: clients may
+	// publish there (to answer) but never subscribe it, and it is not the
+	// services' prefix, which clients may not touch at all.
+	out.Reply = protocol.RelayReplyPrefix + "." + nuid.Next()
 	sub, err := nc.SubscribeSync(out.Reply)
 	if err != nil {
 		w.svc.Log.Warn("admission relay", "agent", agent, "err", err)

@@ -20,6 +20,7 @@ import (
 	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -132,35 +133,50 @@ func (h *harness) record(agent string) (admission.Record, bool) {
 	return r, found
 }
 
-// mailbox creates the stream and an agent's consumer as the registry would.
-func (h *harness) mailbox(agents ...string) {
+// mailbox runs the mailbox worker, which makes the stream and reads the
+// box the stored guard names.
+func (h *harness) mailbox() {
 	h.t.Helper()
-	ctx := h.t.Context()
-	if _, err := h.js.CreateOrUpdateStream(ctx, jetstream.StreamConfig{Name: protocol.MailboxStream,
-		Subjects: []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")},
-		NoAck:    true, MaxAge: 7 * 24 * time.Hour, Discard: jetstream.DiscardOld}); err != nil {
+	w, err := mailbox.Start(h.t.Context(), bustest.Env(h.t, h.m, "mailbox", nil), mailbox.Config{})
+	if err != nil {
 		h.t.Fatal(err)
 	}
-	for _, a := range agents {
-		if _, err := h.js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
-			Durable: protocol.MailboxConsumer(a), FilterSubject: protocol.InboxSubject(a),
-			AckPolicy: jetstream.AckExplicitPolicy, AckWait: 30 * time.Second, MaxDeliver: 5}); err != nil {
+	h.t.Cleanup(func() { _ = w.Stop() })
+}
+
+// fetch reads agent's mail as its node would: the box it came from and
+// the messages in order.
+func (h *harness) fetch(agent *keys.Agent) (string, []mailbox.Mail) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
+	defer cancel()
+	mail, res, err := mailbox.Fetch(ctx, h.nc, agent, 0, mailbox.MaxFetch)
+	if err != nil {
+		h.t.Fatal(err)
+	}
+	return res.Box, mail
+}
+
+// drain fetches agent's mail and deletes what it got, returning the ids.
+func (h *harness) drain(agent *keys.Agent) []string {
+	h.t.Helper()
+	box, mail := h.fetch(agent)
+	var ids []string
+	for _, m := range mail {
+		env, err := protocol.Decode(m.Data)
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		ids = append(ids, env.ID)
+	}
+	if len(mail) > 0 {
+		ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
+		defer cancel()
+		if err := mailbox.Ack(ctx, h.nc, agent, box, mail[len(mail)-1].Seq+1, nil); err != nil {
 			h.t.Fatal(err)
 		}
 	}
-}
-
-func (h *harness) filter(agent string) string {
-	h.t.Helper()
-	c, err := h.js.Consumer(h.t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	info, err := c.Info(h.t.Context())
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	return info.Config.FilterSubject
+	return ids
 }
 
 func signedRoster(t *testing.T, owner *keys.Agent, entries map[string]string) map[string]any {
@@ -183,26 +199,30 @@ func signedRoster(t *testing.T, owner *keys.Agent, entries map[string]string) ma
 
 // Guard and unguard answer as pinned, write KV mesh_admission, keep the
 // roster across a bare re-guard, refuse a roster that does not verify, and
-// switch the agent's mailbox consumer between .inbox and .inbox.guarded.
+// switch the box the mailbox worker reads between .inbox and .inbox.guarded.
 func TestGuardUnguard(t *testing.T) {
 	h := start(t, admission.Config{})
 	agent, owner := bustest.Agent(t), bustest.Agent(t)
 	a := agent.Public()
 
-	// No stream yet: the guard is stored and the consumer is skipped.
+	// No stream yet: the guard is stored and the mail switch is skipped.
 	h.guard(agent, map[string]any{})
 	if r, ok := h.record(a); !ok || !r.Guarded || r.HasRoster() || r.UpdatedAt == "" {
 		t.Fatalf("record after guard: %+v", r)
 	}
+	if _, err := h.call(agent, protocol.SubjAdmissionUnguard, map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
 
-	h.mailbox(a)
-	if f := h.filter(a); f != protocol.InboxSubject(a) {
-		t.Fatalf("initial filter %s", f)
+	// With the mailbox running, the worker reads the box the guard names.
+	h.mailbox()
+	if box, _ := h.fetch(agent); box != mailbox.BoxOpen {
+		t.Fatalf("initial box %s", box)
 	}
 	roster := signedRoster(t, owner, map[string]string{bustest.Agent(t).Public(): "allow"})
 	h.guard(agent, map[string]any{"roster": roster})
-	if f := h.filter(a); f != protocol.GuardedInboxSubject(a) {
-		t.Fatalf("guarded filter %s", f)
+	if box, _ := h.fetch(agent); box != mailbox.BoxGuarded {
+		t.Fatalf("guarded box %s", box)
 	}
 	r, _ := h.record(a)
 	if !r.Guarded || r.OwnerKey != owner.Public() || !r.HasRoster() {
@@ -240,8 +260,8 @@ func TestGuardUnguard(t *testing.T) {
 	if rep.DecodePayload(&p); p.Status != admission.StatusUnguarded || p.Output["ok"] != true || p.Output["guarded"] != false {
 		t.Fatalf("unguard answered %s", rep.Payload)
 	}
-	if f := h.filter(a); f != protocol.InboxSubject(a) {
-		t.Fatalf("unguarded filter %s", f)
+	if box, _ := h.fetch(agent); box != mailbox.BoxOpen {
+		t.Fatalf("unguarded box %s", box)
 	}
 	if r2, _ := h.record(a); r2.Guarded || !r2.HasRoster() {
 		t.Fatalf("record after unguard: %+v", r2)
@@ -400,7 +420,7 @@ func TestRelayWithRoster(t *testing.T) {
 	h.register(registered.Public(), false)
 	h.register(blockedContact.Public(), false)
 	h.register(guest.Public(), true)
-	h.mailbox(a)
+	h.mailbox()
 	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, map[string]string{
 		contact.Public(): "allow", blockedContact.Public(): "block"})})
 	nodeConn := bustest.Client(t, h.m)
@@ -467,27 +487,20 @@ func TestRelayWithRoster(t *testing.T) {
 
 	// The node goes offline: the allowed sender gets the queued ack after
 	// the relay timeout and the relayed copy waits in the mailbox on the
-	// guarded subject, where the agent's consumer reads.
+	// guarded subject, where the mailbox worker reads for a guarded agent.
 	// Flushed, so the broker has dropped the interest before the next
 	// request: otherwise the relay may still find it and wait it out.
 	_ = n.sub.Unsubscribe()
 	_ = nodeConn.Flush()
 	data2, req2 := signedRequest(t, contact, a)
 	queuedAck(t, h, req2, send(t, h.nc, a, data2, 3*time.Second))
-	cons, err := h.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(a))
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mailed []string
-	batch, err := cons.FetchNoWait(10)
-	if err != nil {
-		t.Fatal(err)
+	box, mail := h.fetch(agent)
+	if box != mailbox.BoxGuarded {
+		t.Fatalf("mail read from the %s box", box)
 	}
-	for m := range batch.Messages() {
-		if m.Subject() != protocol.GuardedInboxSubject(a) {
-			t.Fatalf("consumer delivered %s", m.Subject())
-		}
-		mailed = append(mailed, string(m.Data()))
+	for _, m := range mail {
+		mailed = append(mailed, string(m.Data))
 	}
 	// The first relay (answered live) and the offline one are both there;
 	// the node's journal skips the one it already answered.
@@ -752,35 +765,8 @@ func TestGuardSwitchCarriesTheMailbox(t *testing.T) {
 	h := start(t, admission.Config{})
 	agent, owner, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
 	a := agent.Public()
-	h.mailbox(a)
-	cons, err := h.js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(a))
-	if err != nil {
-		t.Fatal(err)
-	}
-	pull := func() []string {
-		t.Helper()
-		var ids []string
-		deadline := time.Now().Add(2 * time.Second)
-		for {
-			batch, err := cons.Fetch(10, jetstream.FetchMaxWait(200*time.Millisecond))
-			if err != nil {
-				t.Fatal(err)
-			}
-			n := 0
-			for m := range batch.Messages() {
-				n++
-				env, err := protocol.Decode(m.Data())
-				if err != nil {
-					t.Fatal(err)
-				}
-				ids = append(ids, env.ID)
-				_ = m.Ack()
-			}
-			if n == 0 && (len(ids) > 0 || time.Now().After(deadline)) {
-				return ids
-			}
-		}
-	}
+	h.mailbox()
+	pull := func() []string { t.Helper(); return h.drain(agent) }
 	stream, err := h.js.Stream(t.Context(), protocol.MailboxStream)
 	if err != nil {
 		t.Fatal(err)

@@ -86,8 +86,19 @@ func (s *Service) Stop() error { return s.micro.Stop() }
 type Request struct {
 	Env     *protocol.Envelope
 	Subject string
+	// Reply is the NATS reply subject the request named ("" for none).
+	Reply string
 	// Payload is the decoded payload (generic JSON value).
 	Payload any
+}
+
+// Decode unmarshals the payload into dst; a payload that does not fit is
+// INVALID_ENVELOPE.
+func (r *Request) Decode(dst any) error {
+	if err := r.Env.DecodePayload(dst); err != nil {
+		return errs.Wrap(errs.InvalidEnvelope, "payload does not fit "+r.Subject, err)
+	}
+	return nil
 }
 
 // Object returns the payload as an object ({} when it is not one).
@@ -133,7 +144,7 @@ func (s *Service) serve(req micro.Request, h Handler) {
 		s.answerError(req, env, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err))
 		return
 	}
-	out, err := h(ctx, &Request{Env: env, Subject: req.Subject(), Payload: payload})
+	out, err := h(ctx, &Request{Env: env, Subject: req.Subject(), Reply: req.Reply(), Payload: payload})
 	if err != nil {
 		e := errs.As(err)
 		if e.Code == errs.InternalError {

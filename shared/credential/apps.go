@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"time"
 
 	"github.com/nats-io/jwt/v2"
 
@@ -29,6 +28,10 @@ type AppResult struct {
 	Creds     string         `json:"creds,omitempty"`
 	ExpiresAt string         `json:"expires_at"`
 	Mesh      map[string]any `json:"mesh"`
+	// InboxPrefix is the app's private reply prefix. An app credential also
+	// holds the shared _INBOX.> grant, for programs built on upstream SDKs
+	// that cannot set a prefix (docs/security.md).
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 // CreateApp makes a durable app credential for an account: a fresh key that
@@ -73,7 +76,7 @@ func (s *Service) CreateApp(ctx context.Context, accountID, name string) (AppRes
 		if live >= MaxAppsPerAccount {
 			return errs.Newf(errs.QuotaExceeded, "an account has at most %d apps; revoke one first", MaxAppsPerAccount)
 		}
-		tok, err := s.mint(creds.KindApp, app.Key, "app "+name, []string{app.Key}, "", expires, time.Time{})
+		tok, err := s.mint(mintSpec{kind: creds.KindApp, key: app.Key, name: "app " + name, hosted: []string{app.Key}, expires: expires, shared: true})
 		if err != nil {
 			return err
 		}
@@ -90,7 +93,7 @@ func (s *Service) CreateApp(ctx context.Context, accountID, name string) (AppRes
 			return err
 		}
 		res = AppResult{OK: true, AppID: app.ID, Name: name, PublicKey: app.Key, JWT: tok, Seed: string(seed), Creds: string(cf),
-			ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock()}
+			ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock(), InboxPrefix: protocol.PrivateInboxPrefix(app.Key)}
 		return nil
 	})
 	if errors.Is(err, store.ErrNotFound) {
@@ -126,7 +129,7 @@ func (s *Service) RefreshApp(ctx context.Context, accountID, appID string) (AppR
 		if app.RevokedAt != 0 {
 			return errs.New(errs.Forbidden, "this app was revoked; create a new one")
 		}
-		tok, err := s.mint(creds.KindApp, app.Key, "app "+app.Name, []string{app.Key}, "", expires, rev)
+		tok, err := s.mint(mintSpec{kind: creds.KindApp, key: app.Key, name: "app " + app.Name, hosted: []string{app.Key}, expires: expires, revokedAt: rev, shared: true})
 		if err != nil {
 			return err
 		}
@@ -134,7 +137,8 @@ func (s *Service) RefreshApp(ctx context.Context, accountID, appID string) (AppR
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
-		res = AppResult{OK: true, AppID: app.ID, Name: app.Name, PublicKey: app.Key, JWT: tok, ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock()}
+		res = AppResult{OK: true, AppID: app.ID, Name: app.Name, PublicKey: app.Key, JWT: tok, ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock(),
+			InboxPrefix: protocol.PrivateInboxPrefix(app.Key)}
 		return nil
 	})
 	return res, txErr(err)

@@ -42,6 +42,9 @@ type JobResult struct {
 	TaskID    string         `json:"task_id"`
 	ExpiresAt string         `json:"expires_at"`
 	Mesh      map[string]any `json:"mesh"`
+	// InboxPrefix is the reply prefix the job's connection sets: its only
+	// reply space.
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 // JobString is the signed string of a job credential request.
@@ -97,7 +100,7 @@ func (s *Service) JobCredential(ctx context.Context, r JobRequest) (JobResult, e
 		if err != nil {
 			return err
 		}
-		tok, err := s.mint(creds.KindJob, cred.Public(), "job "+r.TaskID, []string{r.AgentID}, r.TaskID, expires, time.Time{})
+		tok, err := s.mint(mintSpec{kind: creds.KindJob, key: cred.Public(), name: "job " + r.TaskID, hosted: []string{r.AgentID}, taskID: r.TaskID, expires: expires})
 		if err != nil {
 			return err
 		}
@@ -115,7 +118,7 @@ func (s *Service) JobCredential(ctx context.Context, r JobRequest) (JobResult, e
 			return err
 		}
 		res = JobResult{OK: true, JWT: tok, Seed: string(seed), Creds: string(cf), AgentID: r.AgentID, TaskID: r.TaskID,
-			ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock()}
+			ExpiresAt: protocol.FormatTime(expires), Mesh: s.meshBlock(), InboxPrefix: protocol.PrivateInboxPrefix(cred.Public())}
 		return nil
 	})
 	if err != nil {

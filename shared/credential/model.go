@@ -22,6 +22,9 @@ const (
 	// and when, to the second the broker was told: a credential minted
 	// later for the same key must be issued after it.
 	CollRevocations = "revocations"
+	// CollRateLimits holds the counters of the unowned-mint limits (see
+	// shared/ratelimit).
+	CollRateLimits = "credential_rate_limits"
 )
 
 // Lifetimes and limits (spec §2.9, §8; upstream-notes §13).

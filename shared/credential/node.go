@@ -12,6 +12,7 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -22,6 +23,12 @@ type NodeRequest struct {
 	Agents  []AgentSig `json:"agents"`
 	TS      *int64     `json:"ts"`
 	NodeSig string     `json:"node_sig"`
+	// PrivateInbox asks for no shared _INBOX.> grant (BootstrapRequest).
+	// It is outside the signed string: it only ever narrows the credential.
+	PrivateInbox bool `json:"private_inbox,omitempty"`
+	// Client is the caller's rate-limit key (httpx.ClientKey), set by the
+	// handler, never read from the body.
+	Client string `json:"-"`
 }
 
 // AgentSig is one roster entry: the agent's consent to this node.
@@ -38,6 +45,9 @@ type NodeResult struct {
 	Agents    []string       `json:"agents"`
 	ExpiresAt any            `json:"expires_at"` // ISO string, or null without expiry
 	Mesh      map[string]any `json:"mesh"`
+	// InboxPrefix is the reply prefix the node sets on its connection
+	// (BootstrapResult.InboxPrefix).
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 func bad(msg string) error { return errs.New(errs.InvalidRequest, msg) }
@@ -116,7 +126,16 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		if err != nil {
 			return err
 		}
-		tok, err := s.mint(creds.KindNode, r.NodeID, "node", ids, "", expires, rev)
+		if accountID == "" {
+			// No account vouches for these keys, and anyone can make keys:
+			// count the mint against the caller's address, the node and
+			// each agent (docs/security.md). Take reads, then writes: every
+			// other read of this transaction is done.
+			if err := ratelimit.Take(tx, CollRateLimits, now, s.unownedLimits(r.Client, r.NodeID, ids)...); err != nil {
+				return limitErr(err)
+			}
+		}
+		tok, err := s.mint(mintSpec{kind: creds.KindNode, key: r.NodeID, name: "node", hosted: ids, expires: expires, revokedAt: rev, shared: !r.PrivateInbox, class: classOf(accountID)})
 		if err != nil {
 			return err
 		}
@@ -132,7 +151,8 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
-		res = NodeResult{OK: true, JWT: tok, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock()}
+		res = NodeResult{OK: true, JWT: tok, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock(),
+			InboxPrefix: protocol.PrivateInboxPrefix(r.NodeID)}
 		return nil
 	})
 	if err != nil {
@@ -190,4 +210,63 @@ func standing(tx store.Tx, ids []string) (string, []hosts, error) {
 		}
 	}
 	return owner, hs, nil
+}
+
+// classOf is the fence class of a node credential for a roster owned by
+// accountID: unowned when no account owns it.
+func classOf(accountID string) string {
+	if accountID == "" {
+		return creds.ClassUnowned
+	}
+	return ""
+}
+
+// UnownedLimits bound node credentials minted for rosters no account owns
+// (docs/security.md). Renewal at two thirds of a 30-day life is one mint
+// in twenty days, so honest nodes never meet them.
+type UnownedLimits struct {
+	// PerClient is mints per Window from one address (an IPv6 /64).
+	PerClient int
+	// PerKey is mints per Window naming one node key, or one agent key.
+	PerKey int
+	Window time.Duration
+}
+
+// DefaultUnownedLimits: 20 mints an hour per address, 5 per key.
+var DefaultUnownedLimits = UnownedLimits{PerClient: 20, PerKey: 5, Window: time.Hour}
+
+// unownedLimits are the limits one unowned mint is counted against.
+func (s *Service) unownedLimits(client, node string, agents []string) []ratelimit.Limit {
+	l := s.cfg.Unowned
+	if l.Window <= 0 {
+		l = DefaultUnownedLimits
+	}
+	var out []ratelimit.Limit
+	if client != "" {
+		out = append(out, ratelimit.Limit{Name: "unowned-mint-per-address", Key: client, Max: l.PerClient, Window: l.Window})
+	}
+	out = append(out, ratelimit.Limit{Name: "unowned-mint-per-key", Key: node, Max: l.PerKey, Window: l.Window})
+	for _, a := range agents {
+		if a != node {
+			out = append(out, ratelimit.Limit{Name: "unowned-mint-per-key", Key: a, Max: l.PerKey, Window: l.Window})
+		}
+	}
+	return out
+}
+
+// limitErr turns a ratelimit refusal into 429 with retry_after_ms.
+func limitErr(err error) error {
+	var ex *ratelimit.Exceeded
+	if !errors.As(err, &ex) {
+		return err
+	}
+	return errs.Newf(errs.RateLimited, "too many node credentials for keys no account owns (%s: %d per %s); retry later, or redeem an agent key (am_) so an account owns them",
+		ex.Limit.Name, ex.Limit.Max, ex.Limit.Window).
+		WithRetryAfter(max(ex.RetryAfter.Milliseconds(), 1))
+}
+
+// SweepLimits deletes the rate-limit counters that no longer matter.
+func (s *Service) SweepLimits(ctx context.Context) (int, error) {
+	n, err := ratelimit.Sweep(ctx, s.st, CollRateLimits, s.now())
+	return n, txErr(err)
 }

@@ -33,8 +33,17 @@ type Config struct {
 	// (30 days by default); NoExpiry mints node credentials without one.
 	CredentialTTL time.Duration
 	NoExpiry      bool
-	Now           func() time.Time
-	Log           *slog.Logger
+	// Unowned are the limits on node credentials for rosters no account
+	// owns; zero means DefaultUnownedLimits.
+	Unowned UnownedLimits
+	// History answers whether the bus knows an agent key (a registration
+	// or mail); nil refuses every exchange that carries no proof.
+	History History
+	// Classes are the limits of the fence classes (creds.ClassUnowned for
+	// node credentials no account owns); nil means the defaults.
+	Classes map[string]creds.ClassLimits
+	Now     func() time.Time
+	Log     *slog.Logger
 }
 
 // Service issues and revokes credentials.
@@ -71,26 +80,57 @@ func (s *Service) minting() error {
 	return nil
 }
 
+// mintSpec is one credential to sign.
+type mintSpec struct {
+	kind      creds.Kind
+	key, name string
+	hosted    []string
+	taskID    string
+	expires   time.Time
+	revokedAt time.Time
+	// shared grants the shared _INBOX.> space beside the credential's own
+	// reply prefix (for upstream SDKs; docs/security.md).
+	shared bool
+	// class is the fence class ("" for none); its JWT limits come from
+	// Config.Classes.
+	class string
+}
+
 // mint signs one user JWT through the guarded builder of its kind.
-func (s *Service) mint(kind creds.Kind, key, name string, hosted []string, taskID string, expires, revokedAt time.Time) (string, error) {
+func (s *Service) mint(m mintSpec) (string, error) {
+	r := creds.Replies{Key: m.key, Shared: m.shared}
 	var p creds.Permissions
-	switch kind {
+	switch m.kind {
 	case creds.KindBootstrap:
-		p = creds.BootstrapPermissions(hosted[0])
+		p = creds.BootstrapPermissions(m.hosted[0], r)
 	case creds.KindNode:
-		p = creds.NodePermissions(hosted)
+		p = creds.NodePermissions(m.hosted, r)
 	case creds.KindApp:
-		p = creds.AppPermissions(key)
+		p = creds.AppPermissions(m.key, m.shared)
 	case creds.KindJob:
-		p = creds.JobPermissions(hosted[0], taskID)
+		p = creds.JobPermissions(m.key, m.hosted[0], m.taskID)
 	default:
-		return "", errs.Newf(errs.InternalError, "no permission builder for %v", kind)
+		return "", errs.Newf(errs.InternalError, "no permission builder for %v", m.kind)
 	}
-	tok, err := s.cfg.Trust.MintUser(creds.UserSpec{PublicKey: key, Name: name, Kind: kind, Hosted: hosted, Permissions: p, Expires: expires, RevokedAt: revokedAt})
+	spec := creds.UserSpec{PublicKey: m.key, Name: m.name, Kind: m.kind, Hosted: m.hosted, Permissions: p,
+		Expires: m.expires, RevokedAt: m.revokedAt}
+	if m.class != "" {
+		spec.Class, spec.Limits = m.class, s.classes()[m.class].ConnLimits
+	}
+	tok, err := s.cfg.Trust.MintUser(spec)
 	if err != nil {
 		return "", errs.Wrap(errs.InternalError, "the credential could not be signed", err)
 	}
 	return tok, nil
+}
+
+// classes are the fence classes' limits: the configured ones, else the
+// defaults.
+func (s *Service) classes() map[string]creds.ClassLimits {
+	if s.cfg.Classes != nil {
+		return s.cfg.Classes
+	}
+	return creds.DefaultClassLimits()
 }
 
 func (s *Service) expiry(now time.Time) time.Time { return now.Add(s.cfg.CredentialTTL) }
@@ -146,6 +186,28 @@ func getOptional(tx store.Tx, coll, id string, dst any) (bool, error) {
 	return err == nil, err
 }
 
+// BootstrapRequest is the body of POST /v1/bootstrap (spec §4.5) with this
+// mesh's two optional members.
+type BootstrapRequest struct {
+	Token   string `json:"token"`
+	AgentID string `json:"agent_id"`
+	// Proof is the agent's signature (standard base64) over
+	// protocol.BootstrapString(token, agent_id): possession of the agent
+	// key. Without it only a brand-new key is exchanged (Bootstrap).
+	Proof string `json:"proof,omitempty"`
+	// PrivateInbox asks for a credential whose replies arrive only at its
+	// own prefix (inbox_prefix in the answer), without the shared _INBOX.>
+	// grant upstream SDKs need. mesh-adapter always sends it.
+	PrivateInbox bool `json:"private_inbox,omitempty"`
+}
+
+// History is what the bus knows of an agent key: whether the registry has
+// a registration for it, and whether its mailbox holds mail. A proof-less
+// exchange asks it (Bootstrap).
+type History interface {
+	AgentHistory(ctx context.Context, agent string) (registered, mail bool, err error)
+}
+
 // BootstrapResult is the answer of an am_ key exchange (spec §4.5).
 type BootstrapResult struct {
 	OK           bool           `json:"ok"`
@@ -159,6 +221,10 @@ type BootstrapResult struct {
 	RenewURL     string         `json:"renew_url"`
 	Mesh         map[string]any `json:"mesh"`
 	AgentID      string         `json:"agent_id"`
+	// InboxPrefix is the reply prefix the client must set on its
+	// connection (nats.CustomInboxPrefix): the one its credential may
+	// subscribe besides, without private_inbox, the shared _INBOX.>.
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 // errKeyUnusable is the one answer for an am_ key that is unknown, used,
@@ -177,20 +243,59 @@ func CheckAgentID(id, member string) error {
 	return nil
 }
 
+// errProofRequired refuses a proof-less exchange for a key with history.
+var errProofRequired = errs.New(errs.Unauthorized,
+	"this agent key already has an owner, a registration, mail or a retirement record; exchanging an agent key (am_) for it needs proof that you hold its seed (send proof, see docs/control-plane.md); the agent key (am_) was not used").
+	WithDetail("proof_required", true)
+
 // Bootstrap exchanges a single-use am_ key for a 30-day connection
-// credential for agentID (spec §4.5, §3.3). The key is claimed in the same
-// transaction that checks it; when the exchange is refused because the
-// account is at its agent ceiling or the agent belongs to another account,
-// nothing is written, so the key is still there to retry with.
-func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (BootstrapResult, error) {
+// credential for the agent r names (spec §4.5, §3.3). The key is claimed in
+// the same transaction that checks it; when the exchange is refused because
+// the account is at its agent ceiling or the agent belongs to another
+// account, nothing is written, so the key is still there to retry with.
+//
+// The credential reads the agent's inbox and mail, so the agent key must be
+// the caller's: with r.Proof the caller proves it holds the agent's seed;
+// without it (upstream SDKs send only token and agent_id, for a key they
+// just made) the key must be brand new — no owner, no host, no tombstone in
+// the store, no registration and no mail on the bus (DESIGN §4).
+func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapResult, error) {
+	token, agentID := r.Token, r.AgentID
 	if err := CheckAgentID(agentID, "agent_id"); err != nil {
 		return BootstrapResult{}, err
 	}
 	if !strings.HasPrefix(token, account.AgentKeyPrefix) {
 		return BootstrapResult{}, errKeyUnusable
 	}
+	proven := r.Proof != ""
+	if proven && protocol.VerifyBootstrap(token, agentID, r.Proof) != nil {
+		return BootstrapResult{}, unauth(errs.IdentityMismatch, "proof does not verify for agent_id; the agent key (am_) was not used")
+	}
 	if err := s.minting(); err != nil {
 		return BootstrapResult{}, err
+	}
+	h := secret.Hash(token)
+	if !proven {
+		// The bus is asked only for a key that can be spent: an unknown or
+		// used token costs no question to the mailbox worker.
+		if err := s.st.RunTx(ctx, func(tx store.Tx) error {
+			var k account.AgentKey
+			if err := tx.Get(account.CollAgentKeys, h, &k); err != nil {
+				if errors.Is(err, store.ErrNotFound) {
+					return errKeyUnusable
+				}
+				return err
+			}
+			if !k.Usable(s.now()) {
+				return errKeyUnusable
+			}
+			return nil
+		}); err != nil {
+			return BootstrapResult{}, txErr(err)
+		}
+		if err := s.brandNewOnBus(ctx, agentID); err != nil {
+			return BootstrapResult{}, err
+		}
 	}
 	cred, err := keys.Generate[keys.CredentialRole]()
 	if err != nil {
@@ -198,7 +303,7 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 	}
 	now := s.now()
 	expires := s.expiry(now)
-	h := secret.Hash(token)
+	sharedInbox := !r.PrivateInbox
 	var res BootstrapResult
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		res = BootstrapResult{}
@@ -232,7 +337,8 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 			return err
 		}
 		var hs hosts
-		if _, err := getOptional(tx, CollHosts, agentID, &hs); err != nil {
+		hosted, err := getOptional(tx, CollHosts, agentID, &hs)
+		if err != nil {
 			return err
 		}
 		var handle account.Handle
@@ -245,6 +351,9 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 		}
 
 		// Checks. A refusal here writes nothing: the key stays usable.
+		if !proven && (known || tombstoned || hosted) {
+			return errProofRequired
+		}
 		if acct.Disabled {
 			return errs.New(errs.Forbidden, "the account that minted this key is disabled")
 		}
@@ -258,7 +367,7 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 		}
 
 		// Mint, then write everything in the same transaction.
-		tok, err := s.mint(creds.KindBootstrap, cred.Public(), k.Label, []string{agentID}, "", expires, time.Time{})
+		tok, err := s.mint(mintSpec{kind: creds.KindBootstrap, key: cred.Public(), name: k.Label, hosted: []string{agentID}, expires: expires, shared: sharedInbox})
 		if err != nil {
 			return err
 		}
@@ -306,8 +415,8 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 		}
 		res = BootstrapResult{OK: true, JWT: tok, Seed: seed, Creds: string(credsFile), Label: k.Label,
 			AccountEmail: acct.Email, ExpiresAt: protocol.FormatTime(expires), AgentID: agentID,
-			RenewURL: strings.TrimRight(s.cfg.ControlURL, "/") + "/v1/node-credential",
-			Mesh:     map[string]any{"name": s.cfg.Mesh.Name, "protocol": s.cfg.Mesh.Protocol, "endpoints": append([]string{}, s.cfg.Mesh.WS...)}}
+			RenewURL: strings.TrimRight(s.cfg.ControlURL, "/") + "/v1/node-credential", InboxPrefix: protocol.PrivateInboxPrefix(cred.Public()),
+			Mesh: map[string]any{"name": s.cfg.Mesh.Name, "protocol": s.cfg.Mesh.Protocol, "endpoints": append([]string{}, s.cfg.Mesh.WS...)}}
 		if bound != "" {
 			res.Handle = &bound
 		}
@@ -316,6 +425,26 @@ func (s *Service) Bootstrap(ctx context.Context, token, agentID string) (Bootstr
 	if err != nil {
 		return BootstrapResult{}, txErr(err)
 	}
-	s.log.Info("agent key exchanged", "agent", agentID, "credential", cred.Public(), "handle", res.Handle != nil)
+	s.log.Info("agent key exchanged", "agent", agentID, "credential", cred.Public(), "handle", res.Handle != nil, "proof", proven)
 	return res, nil
+}
+
+// brandNewOnBus refuses a proof-less exchange for a key the bus knows: one
+// with a registration or mail. An instance without a view of the bus
+// cannot tell, so it refuses every proof-less exchange.
+func (s *Service) brandNewOnBus(ctx context.Context, agentID string) error {
+	if s.cfg.History == nil {
+		return errs.New(errs.Unauthorized, "this instance cannot check an agent key's history; send proof (docs/control-plane.md); the agent key (am_) was not used").
+			WithDetail("proof_required", true)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	registered, mail, err := s.cfg.History.AgentHistory(ctx, agentID)
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, "cannot check the agent key's history now; retry, or send proof; the agent key (am_) was not used", err)
+	}
+	if registered || mail {
+		return errProofRequired
+	}
+	return nil
 }

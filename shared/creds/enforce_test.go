@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -29,11 +30,13 @@ const violationWait = 2 * time.Second
 func TestBrokerEnforcesCredentials(t *testing.T) {
 	m := startMesh(t)
 	svc := serviceConn(t, m)
-	stranger := agentKey(t) // an agent on no roster
+	stranger := agentKey(t)  // an agent on no roster
+	otherCred := agentKey(t) // another credential's key
 
 	// The forbidden acts every guarded credential shares.
 	common := []forbidden{
 		{"subscribe", protocol.InboxSubject(stranger)},
+		{"subscribe", protocol.GuardedInboxSubject(stranger)},
 		{"publish", "$KV.mesh_registry.x"},
 		{"subscribe", "$KV.mesh_registry.x"},
 		{"publish", "mesh.peer.x"},
@@ -43,24 +46,30 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		{"publish", "$SYS.REQ.SERVER.PING"},
 		{"subscribe", "$SYS.REQ.SERVER.PING"},
 		{"publish", protocol.FeedSubject(stranger, "status")},
-		{"publish", protocol.MailboxNextSubject(stranger)},
+		// Another credential's replies, every private prefix, the
+		// services' replies and the admission relay's replies.
+		{"subscribe", protocol.PrivateInboxPrefix(otherCred) + ".>"},
+		{"subscribe", protocol.PrivateInboxPrefix(otherCred) + ".abc.1"},
+		{"subscribe", "_MESH_INBOX.>"},
+		{"subscribe", protocol.ServiceInboxSpace},
+		{"subscribe", protocol.ServiceInboxPrefix + ".abc.1"},
+		{"subscribe", protocol.RelayReplySpace},
+		{"publish", protocol.ServiceInboxPrefix + ".abc.1"},
+		// Another agent's mail, however it is asked for: no client reaches
+		// the mailbox stream's API, its direct gets or its acks.
+		{"publish", "$JS.API.STREAM.INFO." + protocol.MailboxStream},
+		{"publish", "$JS.API.STREAM.MSG.GET." + protocol.MailboxStream},
+		{"publish", "$JS.API.DIRECT.GET." + protocol.MailboxStream},
+		{"publish", "$JS.API.DIRECT.GET." + protocol.MailboxStream + "." + protocol.InboxSubject(stranger)},
+		{"publish", "$JS.API.STREAM.PURGE." + protocol.MailboxStream},
+		{"publish", "$JS.API.CONSUMER.CREATE." + protocol.MailboxStream},
+		{"publish", "$JS.ACK." + protocol.MailboxStream + ".inbox_" + stranger + ".1.1.1.1.0"},
+		{"subscribe", "$JS.ACK.>"},
+		{"publish", protocol.SubjMailboxKnown},
+		{"subscribe", protocol.SubjMailboxFetch},
 	}
-
-	// The shared mailbox stream, as the registry creates it.
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	sjs, err := jetstream.New(svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sjs.CreateStream(ctx, jetstream.StreamConfig{
-		Name:     protocol.MailboxStream,
-		Subjects: []string{protocol.InboxSubject("*")},
-		Storage:  jetstream.MemoryStorage,
-		NoAck:    true,
-	}); err != nil {
-		t.Fatalf("create mailbox stream: %v", err)
-	}
+	// What a credential without the shared grant is refused on top.
+	private := []forbidden{{"subscribe", protocol.SharedInboxSpace}, {"subscribe", "_INBOX.abc.1"}}
 
 	// A node of one agent fits the broker's default 4096-byte control line;
 	// the spec's case of two, and the largest roster, need a larger
@@ -68,7 +77,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 	for _, n := range []int{1, 2, creds.MaxNodeAgents} {
 		t.Run(fmt.Sprintf("node of %d", n), func(t *testing.T) {
 			t.Parallel()
-			nodeCase(t, m, svc, n, common)
+			nodeCase(t, m, svc, n, append(slices.Clone(common), private...))
 		})
 	}
 
@@ -78,19 +87,20 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		agent := agentKey(t)
 		jwtStr := mint(t, m, creds.UserSpec{
 			PublicKey: key.Public(), Name: "bootstrap", Kind: creds.KindBootstrap, Hosted: []string{agent},
-			Permissions: creds.BootstrapPermissions(agent), Expires: time.Now().Add(time.Hour),
+			Permissions: creds.BootstrapPermissions(agent, creds.PrivateOnly(key.Public())), Expires: time.Now().Add(time.Hour),
 		})
-		nc := dial(t, m, jwtStr, key.SignNonce)
-		// It serves its agent's inbox: a request gets its reply.
+		nc := dial(t, m, jwtStr, key.SignNonce, creds.PrivateInbox(key.Public()))
+		// It serves its agent's inbox: a request relayed as the admission
+		// service relays (its reply under _MESH_RELAY) gets its reply.
 		_, err := nc.Subscribe(protocol.InboxSubject(agent), func(msg *nats.Msg) { _ = msg.Respond([]byte("accepted")) })
 		must(t, err)
 		must(t, nc.Flush())
-		reply, err := svc.Request(protocol.InboxSubject(agent), []byte("request"), violationWait)
-		if err != nil || string(reply.Data) != "accepted" {
-			t.Fatalf("request to the bootstrap agent: %v %v", reply, err)
-		}
+		relay, err := svc.SubscribeSync(protocol.RelayReplyPrefix + ".bootstrap-test")
+		must(t, err)
+		must(t, svc.PublishRequest(protocol.InboxSubject(agent), protocol.RelayReplyPrefix+".bootstrap-test", []byte("request")))
+		receive(t, relay, "accepted")
 		nc.quiet(t)
-		nc.refuse(t, common)
+		nc.refuse(t, append(slices.Clone(common), private...))
 	})
 
 	t.Run("app", func(t *testing.T) {
@@ -98,9 +108,9 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		key := credKey(t)
 		jwtStr := mint(t, m, creds.UserSpec{
 			PublicKey: key.Public(), Name: "app", Kind: creds.KindApp, Hosted: []string{key.Public()},
-			Permissions: creds.AppPermissions(key.Public()), Expires: time.Now().Add(time.Hour),
+			Permissions: creds.AppPermissions(key.Public(), false), Expires: time.Now().Add(time.Hour),
 		})
-		nc := dial(t, m, jwtStr, key.SignNonce)
+		nc := dial(t, m, jwtStr, key.SignNonce, creds.PrivateInbox(key.Public()))
 		events := nc.subscribe(t, protocol.EventSubject(">"))
 		own := nc.subscribe(t, protocol.InboxSubject(key.Public()))
 		must(t, nc.Publish(protocol.EventSubject("app.started"), []byte("hello")))
@@ -108,7 +118,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		receive(t, events, "hello")
 		receive(t, own, "for the app")
 		nc.quiet(t)
-		nc.refuse(t, common)
+		nc.refuse(t, append(slices.Clone(common), private...))
 	})
 
 	t.Run("guest", func(t *testing.T) {
@@ -119,7 +129,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 			PublicKey: g, Name: "guest", Kind: creds.KindGuest, Hosted: []string{g},
 			Permissions: creds.GuestPermissions(g), Expires: time.Now().Add(time.Hour),
 		})
-		nc := dial(t, m, jwtStr, key.SignNonce)
+		nc := dial(t, m, jwtStr, key.SignNonce, creds.PrivateInbox(g))
 		inbox := nc.subscribe(t, protocol.InboxSubject(g))
 		// Within its grant mesh.feed.*.*, narrowed to its own feeds so the
 		// other subtests' traffic stays out.
@@ -135,14 +145,13 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		receive(t, feeds, "curious")
 		receive(t, bound, "register")
 		nc.quiet(t)
-		nc.refuse(t, append(common,
+		nc.refuse(t, append(append(slices.Clone(common), private...),
 			// Nowhere else: not the untokenized subject, not another key's.
 			forbidden{"publish", protocol.SubjRegister},
 			forbidden{"publish", protocol.SubjRegister + "." + stranger},
 			forbidden{"subscribe", protocol.GuardedInboxSubject(g)},
-			forbidden{"publish", protocol.MailboxStreamInfoSubject()},
-			forbidden{"publish", protocol.MailboxNextSubject(g)},
-			forbidden{"publish", "$JS.ACK." + protocol.MailboxStream + "." + protocol.MailboxConsumer(g) + ".1.1.1.1.0"},
+			forbidden{"publish", protocol.SubjMailboxFetch},
+			forbidden{"publish", protocol.SubjMailboxAck},
 			forbidden{"publish", protocol.SubjAdmissionGuard},
 			forbidden{"publish", "mesh.rooms.provision"},
 			forbidden{"publish", "mesh.board.post"},
@@ -156,18 +165,19 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		const task = "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b"
 		jwtStr := mint(t, m, creds.UserSpec{
 			PublicKey: key.Public(), Name: "job", Kind: creds.KindJob, Hosted: []string{agent},
-			Permissions: creds.JobPermissions(agent, task), Expires: time.Now().Add(5 * time.Minute),
+			Permissions: creds.JobPermissions(key.Public(), agent, task), Expires: time.Now().Add(5 * time.Minute),
 		})
-		nc := dial(t, m, jwtStr, key.SignNonce)
+		nc := dial(t, m, jwtStr, key.SignNonce, creds.PrivateInbox(key.Public()))
 		updates := nc.subscribe(t, "mesh.task."+task+".>")
 		must(t, nc.Publish(protocol.TaskUpdateSubject(task), []byte("working")))
 		receive(t, updates, "working")
 		nc.quiet(t)
-		nc.refuse(t, append(common,
+		nc.refuse(t, append(append(slices.Clone(common), private...),
 			forbidden{"subscribe", protocol.InboxSubject(agent)},
 			forbidden{"publish", protocol.TaskUpdateSubject("another-task")},
 			forbidden{"subscribe", protocol.TaskUpdateSubject("another-task")},
 			forbidden{"publish", protocol.FeedSubject(agent, "status")},
+			forbidden{"publish", protocol.SubjMailboxFetch},
 		))
 	})
 
@@ -179,7 +189,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		// seconds of life.
 		jwtStr := mint(t, m, creds.UserSpec{
 			PublicKey: key.Public(), Name: "short job", Kind: creds.KindJob, Hosted: []string{agent},
-			Permissions: creds.JobPermissions(agent, "t-short"), Expires: time.Now().Add(2 * time.Second),
+			Permissions: creds.JobPermissions(key.Public(), agent, "t-short"), Expires: time.Now().Add(2 * time.Second),
 		})
 		start := time.Now()
 		nc := dial(t, m, jwtStr, key.SignNonce)
@@ -262,9 +272,10 @@ func controlLineTooShort(m *devenv.Mesh, userJWT string, sign nats.SignatureHand
 	return false
 }
 
-// nodeCase proves a node credential hosting n agents: the mailbox flow of its
-// first agent, live traffic of its last, and the broker's refusals.
-func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, common []forbidden) {
+// nodeCase proves a node credential hosting n agents: live traffic of its
+// last agent and its first agent's feed, its replies arriving under its own
+// prefix, and the broker's refusals.
+func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, forbid []forbidden) {
 	nodeKey, err := keys.Generate[keys.NodeRole]()
 	if err != nil {
 		t.Fatal(err)
@@ -274,110 +285,113 @@ func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, common []forb
 		roster[i] = agentKey(t)
 	}
 	first, last := roster[0], roster[n-1]
-	stranger := agentKey(t) // has a mailbox consumer, is on no roster
+	stranger := agentKey(t) // is on no roster
 	jwtStr := mint(t, m, creds.UserSpec{
 		PublicKey: nodeKey.Public(), Name: "node", Kind: creds.KindNode, Hosted: roster,
-		Permissions: creds.NodePermissions(roster), Expires: time.Now().Add(time.Hour),
+		Permissions: creds.NodePermissions(roster, creds.PrivateOnly(nodeKey.Public())), Expires: time.Now().Add(time.Hour),
 	})
 	if controlLineTooShort(m, jwtStr, nodeKey.SignNonce) {
 		t.Skipf("SKIPPED, NOT PROVEN: the broker refuses a %d-byte node JWT in the CONNECT line "+
 			"(max_control_line 4096); devenv must set server.Options.MaxControlLine >= creds.MaxControlLine (%d)",
 			len(jwtStr), creds.MaxControlLine)
 	}
-	nc := dial(t, m, jwtStr, nodeKey.SignNonce)
-
-	// The service creates the durable consumers (the hosted agent's and the
-	// stranger's) and leaves mail.
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	sjs, err := jetstream.New(svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, a := range []string{first, stranger} {
-		if _, err := sjs.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
-			Durable:       protocol.MailboxConsumer(a),
-			FilterSubject: protocol.InboxSubject(a),
-			AckPolicy:     jetstream.AckExplicitPolicy,
-			DeliverPolicy: jetstream.DeliverAllPolicy,
-		}); err != nil {
-			t.Fatalf("create consumer: %v", err)
-		}
-	}
-	must(t, svc.Publish(protocol.InboxSubject(first), []byte("offline mail")))
-	waitPending(t, sjs, first, 1)
-
-	// The node reads the stream bound, its own consumer, pulls and acks.
-	js, err := jetstream.New(nc.Conn)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stream, err := js.Stream(ctx, protocol.MailboxStream)
-	if err != nil {
-		t.Fatalf("node stream info: %v", err)
-	}
-	if lastSeq := stream.CachedInfo().State.LastSeq; lastSeq < 1 {
-		t.Fatalf("stream last seq = %d", lastSeq)
-	}
-	cons, err := js.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(first))
-	if err != nil {
-		t.Fatalf("node consumer info: %v", err)
-	}
-	batch, err := cons.Fetch(1, jetstream.FetchMaxWait(violationWait))
-	if err != nil {
-		t.Fatalf("node fetch: %v", err)
-	}
-	var got jetstream.Msg
-	for msg := range batch.Messages() {
-		got = msg
-	}
-	if batch.Error() != nil || got == nil || string(got.Data()) != "offline mail" {
-		t.Fatalf("pulled %v (err %v), want the offline mail", got, batch.Error())
-	}
-	t.Logf("ack subject used by this server: %s", got.Reply())
-	if err := got.DoubleAck(ctx); err != nil {
-		t.Fatalf("node ack: %v", err)
-	}
-	info, err := sjs.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(first))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ci := info.CachedInfo(); ci.NumAckPending != 0 || ci.AckFloor.Consumer != 1 {
-		t.Fatalf("after the node's ack: pending %d, ack floor %d", ci.NumAckPending, ci.AckFloor.Consumer)
-	}
+	nc := dial(t, m, jwtStr, nodeKey.SignNonce, creds.PrivateInbox(nodeKey.Public()))
 
 	// Live traffic: the last agent's inbox and guarded inbox, the first
-	// agent's feed.
+	// agent's feed, and a request whose reply comes back under the node's
+	// own prefix.
 	inbox := nc.subscribe(t, protocol.InboxSubject(last))
 	guarded := nc.subscribe(t, protocol.GuardedInboxSubject(last))
 	feeds := nc.subscribe(t, protocol.FeedSubject(first, "*"))
+	echo, err := svc.Subscribe("mesh.event.echo."+first, func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	must(t, err)
+	defer func() { _ = echo.Unsubscribe() }()
+	must(t, svc.Flush())
 	must(t, svc.Publish(protocol.InboxSubject(last), []byte("live")))
 	must(t, svc.Publish(protocol.GuardedInboxSubject(last), []byte("relayed")))
 	must(t, nc.Publish(protocol.FeedSubject(first, "status"), []byte("up")))
 	receive(t, inbox, "live")
 	receive(t, guarded, "relayed")
 	receive(t, feeds, "up")
+	reply, err := nc.Request("mesh.event.echo."+first, []byte("ping"), violationWait)
+	if err != nil || string(reply.Data) != "ping" || !strings.HasPrefix(reply.Subject, protocol.PrivateInboxPrefix(nodeKey.Public())+".") {
+		t.Fatalf("request under the private prefix: %v %v", reply, err)
+	}
 	nc.quiet(t)
 
-	nc.refuse(t, append(common,
+	nc.refuse(t, append(forbid,
 		forbidden{"subscribe", protocol.InboxSubject(stranger)},
 		forbidden{"subscribe", protocol.GuardedInboxSubject(stranger)},
 		forbidden{"subscribe", "mesh.agent.*.inbox"},
 		forbidden{"subscribe", "mesh.agent.>"},
 		forbidden{"publish", protocol.GuardedInboxSubject(first)},
-		forbidden{"publish", protocol.MailboxNextSubject(stranger)},
-		forbidden{"publish", protocol.MailboxConsumerInfoSubject(stranger)},
-		forbidden{"publish", "$JS.ACK." + protocol.MailboxStream + "." + protocol.MailboxConsumer(stranger) + ".1.1.1.1.0"},
-		forbidden{"publish", "$JS.API.STREAM.DELETE." + protocol.MailboxStream},
-		forbidden{"publish", forgedAck(stranger, first)},
 		forbidden{"publish", protocol.OutboxSubject(stranger)},
 		forbidden{"publish", protocol.FeedSubject(stranger, "status")},
+		// Its own agents' mail too: only through the mailbox worker.
+		forbidden{"publish", "$JS.API.DIRECT.GET." + protocol.MailboxStream + "." + protocol.InboxSubject(first)},
+		forbidden{"publish", "$JS.API.CONSUMER.INFO." + protocol.MailboxStream + ".inbox_" + first},
 	))
-	// The refused pull really took nothing: the stranger's mail stays.
-	must(t, svc.Publish(protocol.InboxSubject(stranger), []byte("not yours")))
-	if ci := waitPending(t, sjs, stranger, 1); ci.Delivered.Consumer != 0 {
-		t.Fatalf("stranger's consumer delivered %d messages", ci.Delivered.Consumer)
+}
+
+// TestPrivateRepliesAreNotSharedReplies: a credential holding the shared
+// _INBOX.> grant (what upstream SDKs need) sees the replies of every other
+// client on the shared prefix, and none of those of a client on its own
+// private prefix. This is the whole of what the shared grant still
+// exposes (docs/security.md).
+func TestPrivateRepliesAreNotSharedReplies(t *testing.T) {
+	m := startMesh(t)
+	svc := serviceConn(t, m)
+	echo, err := svc.Subscribe("mesh.event.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	must(t, err)
+	must(t, svc.Flush())
+
+	// An upstream-style node: the shared grant, NATS's default prefix.
+	spyKey, err := keys.Generate[keys.NodeRole]()
+	must(t, err)
+	spyAgent := agentKey(t)
+	spy := dial(t, m, mint(t, m, creds.UserSpec{PublicKey: spyKey.Public(), Kind: creds.KindNode, Hosted: []string{spyAgent},
+		Permissions: creds.NodePermissions([]string{spyAgent}, creds.Replies{Key: spyKey.Public(), Shared: true}),
+		Expires:     time.Now().Add(time.Hour)}), spyKey.SignNonce)
+	seen := spy.subscribe(t, protocol.SharedInboxSpace)
+
+	// A node of this mesh, on its private prefix.
+	ourKey, err := keys.Generate[keys.NodeRole]()
+	must(t, err)
+	ourAgent := agentKey(t)
+	ours := dial(t, m, mint(t, m, creds.UserSpec{PublicKey: ourKey.Public(), Kind: creds.KindNode, Hosted: []string{ourAgent},
+		Permissions: creds.NodePermissions([]string{ourAgent}, creds.PrivateOnly(ourKey.Public())),
+		Expires:     time.Now().Add(time.Hour)}), ourKey.SignNonce, creds.PrivateInbox(ourKey.Public()))
+	if r, err := ours.Request("mesh.event.echo", []byte("private reply"), violationWait); err != nil || string(r.Data) != "private reply" {
+		t.Fatalf("private request: %v %v", r, err)
 	}
+
+	// Another upstream-style client on the shared prefix.
+	otherKey, err := keys.Generate[keys.NodeRole]()
+	must(t, err)
+	otherAgent := agentKey(t)
+	other := dial(t, m, mint(t, m, creds.UserSpec{PublicKey: otherKey.Public(), Kind: creds.KindNode, Hosted: []string{otherAgent},
+		Permissions: creds.NodePermissions([]string{otherAgent}, creds.Replies{Key: otherKey.Public(), Shared: true}),
+		Expires:     time.Now().Add(time.Hour)}), otherKey.SignNonce)
+	if r, err := other.Request("mesh.event.echo", []byte("shared reply"), violationWait); err != nil || string(r.Data) != "shared reply" {
+		t.Fatalf("shared request: %v %v", r, err)
+	}
+
+	// The spy sees the shared one (and the request's own reply subject),
+	// never the private one.
+	var got []string
+	for {
+		msg, err := seen.NextMsg(200 * time.Millisecond)
+		if err != nil {
+			break
+		}
+		got = append(got, string(msg.Data))
+	}
+	if !slices.Contains(got, "shared reply") || slices.Contains(got, "private reply") {
+		t.Fatalf("the shared grant saw %q: want the shared client's reply and not the private one", got)
+	}
+	_ = echo.Unsubscribe()
+	spy.quiet(t)
+	ours.quiet(t)
 }
 
 // TestRevokedNodeIsCutOffAndRemintable revokes a live node credential's key
@@ -391,7 +405,7 @@ func TestRevokedNodeIsCutOffAndRemintable(t *testing.T) {
 	roster := []string{agentKey(t)}
 	spec := creds.UserSpec{
 		PublicKey: nodeKey.Public(), Name: "node", Kind: creds.KindNode, Hosted: roster,
-		Permissions: creds.NodePermissions(roster), Expires: time.Now().Add(time.Hour),
+		Permissions: creds.NodePermissions(roster, creds.PrivateOnly(nodeKey.Public())), Expires: time.Now().Add(time.Hour),
 	}
 	old := mint(t, m, spec)
 	nc := dial(t, m, old, nodeKey.SignNonce)
@@ -453,92 +467,6 @@ func TestRevokedNodeIsCutOffAndRemintable(t *testing.T) {
 	dial(t, m, mint(t, m, spec), nodeKey.SignNonce).quiet(t)
 }
 
-// waitPending waits until agent's mailbox consumer holds n undelivered
-// messages: the stream stores a NoAck publish asynchronously.
-func waitPending(t *testing.T, js jetstream.JetStream, agent string, n uint64) *jetstream.ConsumerInfo {
-	t.Helper()
-	deadline := time.Now().Add(violationWait)
-	for {
-		c, err := js.Consumer(t.Context(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
-		if err != nil {
-			t.Fatal(err)
-		}
-		ci := c.CachedInfo()
-		if ci.NumPending == n {
-			return ci
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("mailbox of %s: pending %d, want %d", agent, ci.NumPending, n)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-// forgedAck is a nine-token subject the broker routes, by the v1 layout,
-// to the acknowledgement handler of victim's mailbox consumer, while its
-// fifth and sixth tokens name own's: what a loose v2 ack grant
-// ($JS.ACK.*.*.MESH_MAILBOX.inbox_<own>.>) lets own's node publish.
-func forgedAck(victim, own string) string {
-	return "$JS.ACK." + protocol.MailboxStream + "." + protocol.MailboxConsumer(victim) + "." +
-		protocol.MailboxStream + "." + protocol.MailboxConsumer(own) + ".1.1.1"
-}
-
-// TestLooseAckGrantReadsOtherMailboxes shows why the builders keep only
-// exact ack patterns and the guard refuses loose ones: with the
-// domain-qualified pattern $JS.ACK.*.*.MESH_MAILBOX.inbox_<own>.> a node
-// sends "+NXT" to another agent's consumer through a forged ack subject and
-// receives that agent's offline mail. The set is minted on the unguarded
-// path on purpose; the guard refuses it.
-func TestLooseAckGrantReadsOtherMailboxes(t *testing.T) {
-	m := startMesh(t)
-	svc := serviceConn(t, m)
-	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
-	defer cancel()
-	sjs, err := jetstream.New(svc)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := sjs.CreateStream(ctx, jetstream.StreamConfig{Name: protocol.MailboxStream,
-		Subjects: []string{protocol.InboxSubject("*")}, Storage: jetstream.MemoryStorage, NoAck: true}); err != nil {
-		t.Fatal(err)
-	}
-	own, victim := agentKey(t), agentKey(t)
-	for _, a := range []string{own, victim} {
-		if _, err := sjs.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, jetstream.ConsumerConfig{
-			Durable: protocol.MailboxConsumer(a), FilterSubject: protocol.InboxSubject(a),
-			AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	must(t, svc.Publish(protocol.InboxSubject(victim), []byte("the victim's mail")))
-	waitPending(t, sjs, victim, 1)
-
-	loose := creds.NodePermissions([]string{own})
-	loose.PubAllow = append(loose.PubAllow, "$JS.ACK.*.*."+protocol.MailboxStream+"."+protocol.MailboxConsumer(own)+".>")
-	var ge *creds.GuardError
-	if err := creds.Guard(creds.KindNode, []string{own}, loose); !errors.As(err, &ge) || ge.Rule != creds.RuleStreamSubjects {
-		t.Fatalf("guard on the loose ack grant: %v", err)
-	}
-
-	nodeKey, err := keys.Generate[keys.NodeRole]()
-	if err != nil {
-		t.Fatal(err)
-	}
-	unguarded := mint(t, m, creds.UserSpec{Kind: creds.KindService, PublicKey: nodeKey.Public(), Permissions: loose})
-	nc := dial(t, m, unguarded, nodeKey.SignNonce)
-	loot := nc.subscribe(t, "_INBOX.loot")
-	must(t, nc.PublishRequest(forgedAck(victim, own), "_INBOX.loot", []byte(`+NXT {"batch":1}`)))
-	receive(t, loot, "the victim's mail")
-	nc.quiet(t)
-
-	// The guarded set refuses the same act.
-	guarded := mint(t, m, creds.UserSpec{PublicKey: nodeKey.Public(), Kind: creds.KindNode, Hosted: []string{own},
-		Permissions: creds.NodePermissions([]string{own}), Expires: time.Now().Add(time.Hour)})
-	gc := dial(t, m, guarded, nodeKey.SignNonce)
-	must(t, gc.PublishRequest(forgedAck(victim, own), "_INBOX.loot", []byte(`+NXT {"batch":1}`)))
-	expectViolation(t, gc.errs, "Publish to", forgedAck(victim, own))
-}
-
 // forbidden is one act the broker must refuse.
 type forbidden struct {
 	op      string // "publish" or "subscribe"
@@ -557,8 +485,8 @@ func startMesh(t *testing.T) *devenv.Mesh {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	// No workers: these tests make the mailbox stream and consumers they
-	// need themselves, and are about what the broker lets each credential do.
+	// No workers: these tests are about what the broker lets each
+	// credential do.
 	m, err := devenv.Start(ctx, devenv.Config{
 		DataDir: t.TempDir(),
 		Logger:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError + 4})),
@@ -600,17 +528,17 @@ func connect(m *devenv.Mesh, userJWT string, sign nats.SignatureHandler, opts ..
 	}, opts...)...)
 }
 
-func dial(t *testing.T, m *devenv.Mesh, userJWT string, sign nats.SignatureHandler) *watched {
+func dial(t *testing.T, m *devenv.Mesh, userJWT string, sign nats.SignatureHandler, opts ...nats.Option) *watched {
 	t.Helper()
 	w := &watched{errs: make(chan error, 64), closed: make(chan struct{})}
-	nc, err := connect(m, userJWT, sign,
+	nc, err := connect(m, userJWT, sign, append(opts,
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {
 			case w.errs <- err:
 			default:
 			}
 		}),
-		nats.ClosedHandler(func(*nats.Conn) { close(w.closed) }))
+		nats.ClosedHandler(func(*nats.Conn) { close(w.closed) }))...)
 	if err != nil {
 		t.Fatalf("connect: %v", err)
 	}

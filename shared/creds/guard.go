@@ -22,19 +22,34 @@ const (
 	// RuleAllowLists: both allow lists are non-empty; an empty set would
 	// inherit the account's defaults.
 	RuleAllowLists Rule = "allow-lists"
-	// RuleDenies: $KV.>, mesh.peer.>, mesh.aclroom.> and $SYS.> are denied for
-	// both publish and subscribe (for a guest also $JS.API.> and $JS.ACK.>).
+	// RuleDenies: $KV.>, mesh.peer.>, mesh.aclroom.> and $SYS.> (spec §4.6),
+	// and $JS.>, $O.>, mesh.internal.> and the services' reply prefix
+	// _MESH_SVC.> are denied for both publish and subscribe, and the relay
+	// reply space _MESH_RELAY.> for subscribe (MeshDenies).
 	RuleDenies Rule = "deny-entries"
 	// RuleInboxSubscribe: a subscription that reaches any agent inbox must be
 	// exactly a hosted agent's inbox or guarded inbox, never a wildcard.
 	RuleInboxSubscribe Rule = "inbox-subscribe"
-	// RuleStreamSubjects: JetStream subjects ($JS.>, and the $KV.> and $O.>
-	// stream namespaces) are granted only as the hosted agents' own mailbox
-	// subjects plus the one stream-info subject, and only to publish. An ack
-	// pattern passes only if, in both ack layouts the broker routes, it
-	// reaches the hosted agents' own mailbox consumers and no other
-	// (ackGrantSafe).
+	// RuleStreamSubjects: no JetStream subject ($JS.>, and the $KV.> and
+	// $O.> stream namespaces) is granted in either direction. Spec §4.6
+	// allows a node its own mailbox stream's subjects; this mesh grants none,
+	// because a client reads its mail through the mailbox worker
+	// (mesh.mailbox.fetch and .ack) and JetStream answers travel on reply
+	// subjects others could read.
 	RuleStreamSubjects Rule = "stream-subjects"
+	// RuleMailbox: mesh.mailbox.fetch and mesh.mailbox.ack, and nothing else
+	// under mesh.mailbox, only for kinds that have a mailbox.
+	RuleMailbox Rule = "mailbox"
+	// RuleReplySubscribe: of the reply spaces (_INBOX.>, _MESH_INBOX.>,
+	// _MESH_SVC.>, _MESH_RELAY.>) a credential subscribes exactly its own
+	// private prefix _MESH_INBOX.<credential key>.>, and the shared
+	// _INBOX.> only where its kind may serve an upstream SDK (node,
+	// bootstrap, app): never a guest or a job.
+	RuleReplySubscribe Rule = "reply-subscribe"
+	// RuleReplyPublish: no client publishes into the services' reply prefix.
+	RuleReplyPublish Rule = "reply-publish"
+	// RuleInternal: no client reaches mesh.internal.>.
+	RuleInternal Rule = "internal"
 	// RuleFeedPublish: a feed publish is mesh.feed.<hosted agent>.<topic or *>.
 	RuleFeedPublish Rule = "feed-publish"
 	// RuleOwnerPublish: outbox and trace publishes name a hosted agent.
@@ -78,11 +93,11 @@ func (e *GuardError) Error() string {
 type profile struct {
 	minHosted, maxHosted int
 	inboxes              bool // may subscribe the hosted agents' inboxes
-	mailbox              bool // may use the hosted agents' mailbox consumers
+	mailbox              bool // may fetch and acknowledge the hosted agents' mail
 	feeds                bool // may publish the hosted agents' feeds
+	sharedInbox          bool // may hold the shared _INBOX.> grant
 	sandbox              bool
 	job                  bool
-	denies               []string
 }
 
 // What "hosted" means per kind:
@@ -98,13 +113,13 @@ type profile struct {
 func profileOf(k Kind) (profile, bool) {
 	switch k {
 	case KindNode:
-		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, denies: RequiredDenies()}, true
+		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
 	case KindBootstrap, KindApp:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, denies: RequiredDenies()}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
 	case KindGuest:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, sandbox: true, denies: guestDenies()}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, sandbox: true}, true
 	case KindJob:
-		return profile{minHosted: 1, maxHosted: 1, job: true, denies: RequiredDenies()}, true
+		return profile{minHosted: 1, maxHosted: 1, job: true}, true
 	}
 	return profile{}, false
 }
@@ -112,7 +127,9 @@ func profileOf(k Kind) (profile, bool) {
 // The subject spaces the guard watches, as wildcard patterns.
 var (
 	inboxSpaces       = []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")}
-	streamSpaces      = []string{"$JS.>", denyKV, "$O.>"}
+	streamSpaces      = []string{denyJS, denyKV, denyObjects}
+	mailboxSpace      = "mesh.mailbox.>"
+	replySpaces       = []string{protocol.SharedInboxSpace, protocol.PrivateInboxSpace, protocol.ServiceInboxSpace, protocol.RelayReplySpace}
 	feedSpace         = protocol.FeedSubject("*", "*")
 	outboxSpace       = protocol.OutboxSubject("*")
 	traceSpace        = protocol.TraceSubject(">")
@@ -125,11 +142,12 @@ var (
 )
 
 // Guard checks a permission set against the rules of spec §4.6 rule 4 for a
-// credential of kind hosting the agents in hosted, and returns a *GuardError
+// credential of kind, issued to the credential key key and hosting the
+// agents in hosted, and returns a *GuardError
 // naming the first broken rule and the offending subject. Only guarded kinds
 // (Kind.Guarded) have a guard; the others are refused. Subjects are compared
 // as NATS subjects, token by token, with * and > as the broker reads them.
-func Guard(kind Kind, hosted []string, p Permissions) error {
+func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 	prof, ok := profileOf(kind)
 	if !ok {
 		return &GuardError{Kind: kind, Rule: RuleRoster, Reason: "is not a guarded kind; only credentials that never leave the process go unguarded"}
@@ -163,30 +181,36 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 	}
 
 	// Denies.
-	for _, d := range prof.denies {
+	for _, d := range MeshDenies() {
 		if !anyCovers(p.PubDeny, d) {
 			return refuse(RuleDenies, d, "is missing from the publish deny list")
 		}
+	}
+	for _, d := range subDenies() {
 		if !anyCovers(p.SubDeny, d) {
 			return refuse(RuleDenies, d, "is missing from the subscribe deny list")
 		}
 	}
+	if !keys.IsUserPublicKey(key) {
+		return refuse(RuleReplySubscribe, key, "is not a credential public key, so it names no reply prefix")
+	}
+	ownReplies := []string{protocol.PrivateInboxPrefix(key) + ".>"}
+	if prof.sharedInbox {
+		ownReplies = append(ownReplies, protocol.SharedInboxSpace)
+	}
+	var ownMailbox []string
+	if prof.mailbox {
+		ownMailbox = []string{protocol.SubjMailboxFetch, protocol.SubjMailboxAck}
+	}
 
 	// The hosted agents' own subjects, by what this kind may do with them.
-	var ownInboxes, ownStream, ownConsumers, ownFeeds, ownOutboxes, ownTraces, ownRegister []string
-	if prof.mailbox {
-		ownStream = append(ownStream, protocol.MailboxStreamInfoSubject())
-	}
+	var ownInboxes, ownFeeds, ownOutboxes, ownTraces, ownRegister []string
 	for _, h := range hosted {
 		if prof.inboxes {
 			ownInboxes = append(ownInboxes, protocol.InboxSubject(h))
 			if !prof.sandbox {
 				ownInboxes = append(ownInboxes, protocol.GuardedInboxSubject(h))
 			}
-		}
-		if prof.mailbox {
-			ownStream = append(ownStream, mailboxSubjects(h)...)
-			ownConsumers = append(ownConsumers, protocol.MailboxConsumer(h))
 		}
 		if prof.feeds {
 			ownFeeds = append(ownFeeds, h)
@@ -214,10 +238,19 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 		if anyOverlaps(streamSpaces, s) {
 			return refuse(RuleStreamSubjects, s, "subscribes to a JetStream subject")
 		}
+		if anyOverlaps(replySpaces, s) && !slices.Contains(ownReplies, s) {
+			if s == protocol.SharedInboxSpace {
+				return refuse(RuleReplySubscribe, s, "is the shared reply space, which a %s credential never gets", kind)
+			}
+			return refuse(RuleReplySubscribe, s, "reaches replies outside the credential's own prefix %s.>", protocol.PrivateInboxPrefix(key))
+		}
 		if prof.job {
 			if err := jobScope(s); err != "" {
 				return refuse(RuleJobScope, s, "%s", err)
 			}
+		}
+		if patternsOverlap(denyInternal, s) {
+			return refuse(RuleInternal, s, "reaches the internal service subjects")
 		}
 	}
 
@@ -226,15 +259,17 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 		if !validPattern(s) {
 			return refuse(RuleAllowLists, s, "is not a valid publish subject")
 		}
-		if anyOverlaps(streamSpaces, s) && !slices.Contains(ownStream, s) {
-			switch {
-			case len(ownStream) == 0:
-				return refuse(RuleStreamSubjects, s, "reaches JetStream; a %s credential has no mailbox", kind)
-			case patternsOverlap(ackSpace, s) && !ackGrantSafe(s, ownConsumers):
-				return refuse(RuleStreamSubjects, s, "reaches the acknowledgement subjects of consumers other than the hosted agents' own mailboxes")
-			case !patternsOverlap(ackSpace, s):
-				return refuse(RuleStreamSubjects, s, "reaches JetStream outside the hosted agents' own mailbox subjects")
+		if anyOverlaps(streamSpaces, s) {
+			return refuse(RuleStreamSubjects, s, "reaches JetStream; clients read their mail through the mailbox worker")
+		}
+		if patternsOverlap(mailboxSpace, s) && !slices.Contains(ownMailbox, s) {
+			if len(ownMailbox) == 0 {
+				return refuse(RuleMailbox, s, "reaches the mailbox; a %s credential has none", kind)
 			}
+			return refuse(RuleMailbox, s, "reaches mailbox subjects other than fetch and ack")
+		}
+		if patternsOverlap(protocol.ServiceInboxSpace, s) {
+			return refuse(RuleReplyPublish, s, "publishes into the services' reply prefix")
 		}
 		if patternsOverlap(feedSpace, s) && !ownFeed(s, ownFeeds) {
 			if len(ownFeeds) == 0 {
@@ -262,41 +297,11 @@ func Guard(kind Kind, hosted []string, p Permissions) error {
 				return refuse(RuleJobScope, s, "%s", err)
 			}
 		}
+		if patternsOverlap(denyInternal, s) {
+			return refuse(RuleInternal, s, "reaches the internal service subjects")
+		}
 	}
 	return nil
-}
-
-// The two layouts of JetStream acknowledgement subjects, as the broker
-// subscribes them for every consumer: v1 $JS.ACK.<stream>.<consumer> plus
-// exactly five tokens, and v2 $JS.ACK.<domain>.<account hash>.<stream>
-// .<consumer> plus five or more.
-var (
-	ackSpace   = "$JS.ACK.>"
-	ackV1Shape = "$JS.ACK.*.*.*.*.*.*.*"
-	ackV2Shape = "$JS.ACK.*.*.*.*.*.*.*.*.>"
-)
-
-// ackGrantSafe reports whether the publish pattern s reaches the
-// acknowledgement subjects of the given consumers of the mailbox stream and
-// of no other consumer, in either layout. Where s can take the v1 layout, the
-// stream and consumer tokens (third and fourth) must be literal and one of
-// ours; where it can take the v2 layout, the fifth and sixth must be, unless
-// the third and fourth already are (a v2 reading would then need an account
-// hash equal to a consumer name, which cannot be).
-func ackGrantSafe(s string, consumers []string) bool {
-	t := strings.Split(s, ".")
-	if len(t) < 4 || t[0] != "$JS" || t[1] != "ACK" {
-		return false
-	}
-	v1Own := t[2] == protocol.MailboxStream && slices.Contains(consumers, t[3])
-	v2Own := len(t) >= 6 && t[4] == protocol.MailboxStream && slices.Contains(consumers, t[5])
-	if patternsOverlap(ackV1Shape, s) && !v1Own {
-		return false
-	}
-	if patternsOverlap(ackV2Shape, s) && !v2Own && !v1Own {
-		return false
-	}
-	return v1Own || v2Own
 }
 
 // ownFeed reports whether s is mesh.feed.<owner>.<topic or *> for one of owners.

@@ -25,28 +25,32 @@ func TestMintUserGuardsKinds(t *testing.T) {
 		wantErr  string
 		wantRule Rule
 	}{
-		{"node", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2]), Expires: hour}, "", ""},
-		{"node without expiry", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2])}, "", ""},
-		{"bootstrap", UserSpec{PublicKey: cred, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a), Expires: hour}, "", ""},
-		{"app", UserSpec{PublicKey: a, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a), Expires: hour}, "", ""},
+		{"node", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2], PrivateOnly(cred)), Expires: hour}, "", ""},
+		{"node without expiry", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2], PrivateOnly(cred))}, "", ""},
+		{"bootstrap", UserSpec{PublicKey: cred, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a, PrivateOnly(cred)), Expires: hour}, "", ""},
+		{"app", UserSpec{PublicKey: a, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a, true), Expires: hour}, "", ""},
 		{"guest", UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a), Expires: hour}, "", ""},
-		{"job", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1"), Expires: time.Now().Add(10 * time.Minute)}, "", ""},
+		{"job", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(cred, a, "t1"), Expires: time.Now().Add(10 * time.Minute)}, "", ""},
 		{"service", UserSpec{PublicKey: cred, Kind: KindService, Permissions: ServicePermissions()}, "", ""},
 
-		{"node roster beyond its set", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: []string{a}, Permissions: NodePermissions(ag[:2])},
+		{"node roster beyond its set", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: []string{a}, Permissions: NodePermissions(ag[:2], PrivateOnly(cred))},
 			"guard", RuleInboxSubscribe},
-		{"node with no roster", UserSpec{PublicKey: cred, Kind: KindNode, Permissions: NodePermissions(nil)}, "guard", RuleRoster},
+		{"node with no roster", UserSpec{PublicKey: cred, Kind: KindNode, Permissions: NodePermissions(nil, PrivateOnly(cred))}, "guard", RuleRoster},
+		{"node reading another key's replies", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: ag[:2], Permissions: NodePermissions(ag[:2], PrivateOnly(b))},
+			"guard", RuleReplySubscribe},
+		{"bootstrap reading the agent's replies", UserSpec{PublicKey: cred, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a, PrivateOnly(a)), Expires: hour},
+			"guard", RuleReplySubscribe},
 		{"guest issued to another key", UserSpec{PublicKey: cred, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a), Expires: hour},
 			"issued to the key it hosts", ""},
-		{"app issued to another key", UserSpec{PublicKey: b, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a), Expires: hour},
+		{"app issued to another key", UserSpec{PublicKey: b, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a, true), Expires: hour},
 			"issued to the key it hosts", ""},
-		{"bootstrap issued to the agent key", UserSpec{PublicKey: a, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a), Expires: hour},
+		{"bootstrap issued to the agent key", UserSpec{PublicKey: a, Kind: KindBootstrap, Hosted: []string{a}, Permissions: BootstrapPermissions(a, PrivateOnly(cred)), Expires: hour},
 			"never to the agent key", ""},
 		{"guest without expiry", UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a)}, "must expire", ""},
-		{"job without expiry", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1")}, "must expire", ""},
-		{"job for a day", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(a, "t1"), Expires: time.Now().Add(24 * time.Hour)},
+		{"job without expiry", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(cred, a, "t1")}, "must expire", ""},
+		{"job for a day", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(cred, a, "t1"), Expires: time.Now().Add(24 * time.Hour)},
 			"lives at most", ""},
-		{"hosted agents without a kind", UserSpec{Kind: KindService, PublicKey: cred, Hosted: []string{a}, Permissions: NodePermissions([]string{a})}, "set the kind", ""},
+		{"hosted agents without a kind", UserSpec{Kind: KindService, PublicKey: cred, Hosted: []string{a}, Permissions: NodePermissions([]string{a}, PrivateOnly(cred))}, "set the kind", ""},
 		{"service with hosted agents", UserSpec{PublicKey: cred, Kind: KindService, Hosted: []string{a}, Permissions: ServicePermissions()}, "set the kind", ""},
 		{"unknown kind", UserSpec{PublicKey: cred, Kind: Kind(42), Permissions: ServicePermissions()}, "unknown credential kind", ""},
 	}
@@ -76,6 +80,41 @@ func TestMintUserGuardsKinds(t *testing.T) {
 				t.Fatal("JWT permissions differ from the spec's")
 			}
 		})
+	}
+}
+
+// TestMintUserCarriesClassAndLimits: a fence class travels as a JWT tag
+// the broker reports in its connection events, and the limits as the
+// JWT's own, which the broker enforces.
+func TestMintUserCarriesClassAndLimits(t *testing.T) {
+	tr := mustTrust(t)
+	a := agentKeys(t, 1)[0]
+	lim := DefaultClassLimits()[ClassGuest]
+	token, err := tr.MintUser(UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a),
+		Expires: time.Now().Add(time.Hour), Class: ClassGuest, Limits: lim.ConnLimits})
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := ClassOfTags(uc.Tags); got != ClassGuest {
+		t.Errorf("class of tags %q = %q, want %q", uc.Tags, got, ClassGuest)
+	}
+	if uc.Limits.Payload != lim.Payload || uc.Limits.Subs != lim.Subs {
+		t.Errorf("limits payload %d subs %d, want %d and %d", uc.Limits.Payload, uc.Limits.Subs, lim.Payload, lim.Subs)
+	}
+	// Unclassed: no tag, the account's limits.
+	token, err = tr.MintUser(UserSpec{PublicKey: a, Kind: KindApp, Hosted: []string{a}, Permissions: AppPermissions(a, true), Expires: time.Now().Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uc, err = jwt.DecodeUserClaims(token); err != nil {
+		t.Fatal(err)
+	}
+	if ClassOfTags(uc.Tags) != "" || uc.Limits.Payload != jwt.NoLimit || uc.Limits.Subs != jwt.NoLimit {
+		t.Errorf("unclassed credential: tags %q, payload %d, subs %d", uc.Tags, uc.Limits.Payload, uc.Limits.Subs)
 	}
 }
 
@@ -125,7 +164,7 @@ func TestMintUserIssuesAfterRevocation(t *testing.T) {
 				Name:        "node",
 				Kind:        KindNode,
 				Hosted:      ag,
-				Permissions: NodePermissions(ag),
+				Permissions: NodePermissions(ag, PrivateOnly(key.Public())),
 				Expires:     now.Add(time.Hour),
 				RevokedAt:   tc.revokedAt,
 			})
@@ -147,7 +186,7 @@ func TestMintUserIssuesAfterRevocation(t *testing.T) {
 			if uc.Validate(vr); vr.IsBlocking(true) {
 				t.Fatalf("re-issued JWT invalid: %v", vr.Errors())
 			}
-			if !slices.Equal(uc.Pub.Allow, NodePermissions(ag).PubAllow) || uc.Name != "node" {
+			if !slices.Equal(uc.Pub.Allow, NodePermissions(ag, PrivateOnly(key.Public())).PubAllow) || uc.Name != "node" {
 				t.Fatal("re-issued JWT lost its claims")
 			}
 			// The claim id is the library's own: re-encoding the decoded claims
@@ -250,7 +289,7 @@ func BenchmarkMintNode16(b *testing.B) {
 			Name:        "node",
 			Kind:        KindNode,
 			Hosted:      ag,
-			Permissions: NodePermissions(ag),
+			Permissions: NodePermissions(ag, PrivateOnly(node.Public())),
 			Expires:     expires,
 		}); err != nil {
 			b.Fatal(err)
@@ -260,11 +299,13 @@ func BenchmarkMintNode16(b *testing.B) {
 
 // BenchmarkGuardNode16 is the guard alone, for the same roster.
 func BenchmarkGuardNode16(b *testing.B) {
-	ag := agentKeys(b, MaxNodeAgents)
-	p := NodePermissions(ag)
+	ag := agentKeys(b, MaxNodeAgents+1)
+	node := ag[MaxNodeAgents]
+	ag = ag[:MaxNodeAgents]
+	p := NodePermissions(ag, PrivateOnly(node))
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := Guard(KindNode, ag, p); err != nil {
+		if err := Guard(KindNode, node, ag, p); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -275,9 +316,11 @@ func BenchmarkGuardNode16(b *testing.B) {
 func TestLargestCredentialFitsMaxControlLine(t *testing.T) {
 	tr := mustTrust(t)
 	ag := agentKeys(t, MaxNodeAgents)
+	cred := mustUserKey(t).Public()
 	token, err := tr.MintUser(UserSpec{
-		PublicKey: mustUserKey(t).Public(), Name: strings.Repeat("n", 256), Kind: KindNode, Hosted: ag,
-		Permissions: NodePermissions(ag), Expires: time.Now().Add(time.Hour),
+		PublicKey: cred, Name: strings.Repeat("n", 256), Kind: KindNode, Hosted: ag,
+		Permissions: NodePermissions(ag, Replies{Key: cred, Shared: true}), Expires: time.Now().Add(time.Hour),
+		Class: ClassUnowned, Limits: DefaultClassLimits()[ClassUnowned].ConnLimits,
 	})
 	if err != nil {
 		t.Fatal(err)

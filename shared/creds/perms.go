@@ -2,7 +2,6 @@ package creds
 
 import (
 	"fmt"
-	"slices"
 
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -83,7 +82,6 @@ const MaxControlLine = 32 * 1024
 const (
 	subjRegistryAll = "mesh.registry.>"
 	subjTaskAll     = "mesh.task.>"
-	subjReplies     = "_INBOX.>" // request replies, JetStream API replies and pull deliveries
 	roomsPrefix     = "mesh.rooms."
 	artifactsPrefix = "mesh.artifacts."
 	boardPrefix     = "mesh.board."
@@ -100,47 +98,95 @@ const (
 	denySys     = "$SYS.>"
 )
 
-// The guest's extra denies: a sandbox has no mailbox, so no JetStream API
-// call and no acknowledgement is ever needed.
+// What this mesh denies every guarded credential on top of the spec's four,
+// both ways: no client reaches JetStream (the mailbox worker reads and
+// acknowledges mail for it, so nothing in $JS — API, acknowledgements, flow
+// control — is needed), the object store namespace, the internal service
+// subjects, and the services' own reply prefix (so no client reads or
+// forges a worker's key-value reads and JetStream answers).
 const (
-	denyJSAPI = "$JS.API.>"
-	denyJSAck = "$JS.ACK.>"
+	denyJS       = "$JS.>"
+	denyObjects  = "$O.>"
+	denyInternal = "mesh.internal.>"
 )
 
-// RequiredDenies returns the four namespaces every guarded credential must
-// deny for both publish and subscribe.
+// RequiredDenies returns the four namespaces spec §4.6 requires every
+// guarded credential to deny for both publish and subscribe.
 func RequiredDenies() []string { return []string{denyKV, denyPeer, denyACLRoom, denySys} }
 
-// guestDenies are RequiredDenies plus the JetStream API and ack namespaces.
-func guestDenies() []string { return append(RequiredDenies(), denyJSAPI, denyJSAck) }
+// MeshDenies returns everything a guarded credential of this mesh denies
+// both ways: RequiredDenies and the JetStream, object store, internal and
+// service reply namespaces.
+func MeshDenies() []string {
+	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace)
+}
+
+// subDenies are MeshDenies plus the relay reply space, which clients
+// publish answers to and never read.
+func subDenies() []string { return append(MeshDenies(), protocol.RelayReplySpace) }
+
+// Replies says where a credential's connection receives replies.
+type Replies struct {
+	// Key is the credential's own public key: it subscribes
+	// protocol.PrivateInboxPrefix(Key).> and no other private prefix.
+	Key string
+	// Shared also grants the shared _INBOX.> space, for upstream SDKs that
+	// cannot set an inbox prefix. A client on it can read every reply sent
+	// to every other client on it (docs/security.md). Guests and jobs never
+	// get it; the guard refuses it for them.
+	Shared bool
+}
+
+// PrivateOnly is the reply grant of a client that sets its prefix.
+func PrivateOnly(key string) Replies { return Replies{Key: key} }
+
+// subAllow is the subscribe side of r.
+func (r Replies) subAllow() []string {
+	out := []string{protocol.PrivateInboxPrefix(r.Key) + ".>"}
+	if r.Shared {
+		out = append(out, protocol.SharedInboxSpace)
+	}
+	return out
+}
+
+// replyPublish are the reply spaces a client that answers requests
+// publishes to: the shared and private inboxes of callers, and the
+// admission relay's replies. Never the services' prefix.
+func replyPublish() []string {
+	return []string{protocol.SharedInboxSpace, protocol.PrivateInboxSpace, protocol.RelayReplySpace}
+}
 
 // NodePermissions is the permission set of a node credential hosting agents
-// (spec §4.6), and exactly that set:
+// (spec §4.6), with this mesh's changes:
 //
 // Publish, once for the node: mesh.registry.>, mesh.agent.*.inbox (one
 // token wildcard: it does not reach the five-token .inbox.guarded),
 // mesh.task.>, mesh.event.>, mesh.presence.get, mesh.heartbeat.*,
 // mesh.feed.get, mesh.admission.guard, mesh.admission.unguard, every verb of
-// mesh.rooms, mesh.artifacts and mesh.board one by one, _INBOX.>, and the
-// mailbox stream-info subject.
+// mesh.rooms, mesh.artifacts and mesh.board one by one, mesh.mailbox.fetch
+// and mesh.mailbox.ack, and the reply spaces (_INBOX.>, _MESH_INBOX.>,
+// _MESH_RELAY.>). The mailbox is reached through the mailbox worker, so no
+// JetStream subject is granted.
 //
 // Publish, per hosted agent: its outbox, its trace subject, its own feeds
-// mesh.feed.<agent>.*, and its own mailbox consumer's info, next and ack
-// subjects.
+// mesh.feed.<agent>.*.
 //
 // Subscribe: per hosted agent its inbox, guarded inbox and outbox; then
-// mesh.event.>, mesh.task.>, mesh.feed.*.* and _INBOX.>.
+// mesh.event.>, mesh.task.>, mesh.feed.*.*, its private reply prefix
+// _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
 //
-// Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.>.
+// Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.> (spec), and
+// $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>; subscribe also _MESH_RELAY.>.
 //
 // The builder does not check the roster; the guard (run by MintUser) refuses
 // an empty, oversized, duplicated or malformed one.
-func NodePermissions(agents []string) Permissions {
-	return nodeLike(agents, true)
+func NodePermissions(agents []string, r Replies) Permissions {
+	return nodeLike(agents, r, true)
 }
 
 // BootstrapPermissions is the connection credential issued by an am_ key
-// exchange (spec §4.5): the node set for a roster of that one agent.
+// exchange (spec §4.5): the node set for a roster of that one agent, with
+// the credential key's reply prefix.
 //
 // It is the node set because the adapter that redeems an am_ key runs as a
 // node hosting that agent, and renews the credential through
@@ -151,26 +197,27 @@ func NodePermissions(agents []string) Permissions {
 // by another account is refused), which is what entitles the credential to
 // that agent's inbox and mailbox. The credential key is a separate key
 // (spec §2.3); MintUser refuses a bootstrap credential issued to the agent key.
-func BootstrapPermissions(agent string) Permissions {
-	return nodeLike([]string{agent}, true)
+func BootstrapPermissions(agent string, r Replies) Permissions {
+	return nodeLike([]string{agent}, r, true)
 }
 
 // AppPermissions is an app's durable credential: the app key is both the
 // credential key and an agent the app hosts, so it is the node set for a
 // roster of that one key.
-func AppPermissions(appKey string) Permissions {
-	return nodeLike([]string{appKey}, true)
+func AppPermissions(appKey string, shared bool) Permissions {
+	return nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, true)
 }
 
 // GuestPermissions is the sandbox fence of a leased guest credential whose
 // key is also the guest agent's key. It is the node set of a node hosting
 // only that key, less everything a sandbox does not get:
 //
-//   - no offline mailbox: no stream, consumer or ack subject, and $JS.API.>
-//     and $JS.ACK.> are denied both ways on top of the four denies;
+//   - no offline mailbox (no mesh.mailbox subject);
 //   - no admission guard (so no guarded inbox either: only the admission
 //     service publishes there, and it guards no sandbox);
 //   - no rooms, artifacts or work board;
+//   - no shared _INBOX.> grant: its replies arrive only at its private
+//     prefix;
 //   - of the registry, only the subjects it needs, and one register
 //     subject: mesh.registry.register.<key>, the node-bound form pinned to
 //     its own key (a guest is its own node). It reaches neither the
@@ -183,26 +230,25 @@ func AppPermissions(appKey string) Permissions {
 // Publish: mesh.registry.register.<key>, mesh.registry.deregister,
 // mesh.registry.discover, mesh.registry.get.*, mesh.registry.nodes.list,
 // mesh.agent.*.inbox, mesh.task.>, mesh.event.>, mesh.presence.get,
-// mesh.heartbeat.*, mesh.feed.get, _INBOX.>, and for the guest key its
-// outbox, trace subject and feeds mesh.feed.<key>.*.
+// mesh.heartbeat.*, mesh.feed.get, the reply spaces, and for the guest key
+// its outbox, trace subject and feeds mesh.feed.<key>.*.
 // Subscribe: its inbox and outbox, mesh.event.>, mesh.task.>, mesh.feed.*.*,
-// _INBOX.>. Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.>,
-// $JS.API.>, $JS.ACK.>.
+// _MESH_INBOX.<key>.>. Denied both ways as for a node.
 func GuestPermissions(publicKey string) Permissions {
-	return nodeLike([]string{publicKey}, false)
+	return nodeLike([]string{publicKey}, PrivateOnly(publicKey), false)
 }
 
 // JobPermissions is the narrow credential of one job: the performing agent
 // reports on one task and nothing else.
 //
 // Publish: mesh.task.<task>.update, mesh.task.<task>.stream,
-// mesh.task.get.<task>, mesh.agent.<agent>.outbox, mesh.trace.<agent>,
-// _INBOX.>. Subscribe: mesh.task.<task>.>, _INBOX.>. Denied both ways:
-// $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.>.
+// mesh.task.get.<task>, mesh.agent.<agent>.outbox, mesh.trace.<agent>.
+// Subscribe: mesh.task.<task>.>, _MESH_INBOX.<credential key>.>. Denied both
+// ways as for a node.
 //
 // taskID must be one subject token (protocol.ValidToken); the guard refuses
 // a wildcard in the task position.
-func JobPermissions(agent, taskID string) Permissions {
+func JobPermissions(credKey, agent, taskID string) Permissions {
 	return Permissions{
 		PubAllow: []string{
 			protocol.TaskUpdateSubject(taskID),
@@ -210,11 +256,10 @@ func JobPermissions(agent, taskID string) Permissions {
 			protocol.TaskGetSubject(taskID),
 			protocol.OutboxSubject(agent),
 			protocol.TraceSubject(agent),
-			subjReplies,
 		},
-		SubAllow: []string{"mesh.task." + taskID + ".>", subjReplies},
-		PubDeny:  RequiredDenies(),
-		SubDeny:  RequiredDenies(),
+		SubAllow: append([]string{"mesh.task." + taskID + ".>"}, PrivateOnly(credKey).subAllow()...),
+		PubDeny:  MeshDenies(),
+		SubDeny:  subDenies(),
 	}
 }
 
@@ -223,7 +268,8 @@ func JobPermissions(agent, taskID string) Permissions {
 // for the buckets, every service subject), except the broker's system
 // namespace. JetStream works without $SYS: its API lives on $JS.API in the
 // account itself (TestServicePermissionsKeepJetStream). These credentials are
-// never guarded and must never leave the process.
+// never guarded and must never leave the process; their connections set the
+// reply prefix protocol.ServiceInboxPrefix (ServiceInboxOption).
 func ServicePermissions() Permissions {
 	return Permissions{
 		PubAllow: []string{">"},
@@ -235,7 +281,7 @@ func ServicePermissions() Permissions {
 
 // nodeLike builds the node set for agents; full is false for the guest's
 // sandbox cut.
-func nodeLike(agents []string, full bool) Permissions {
+func nodeLike(agents []string, r Replies, full bool) Permissions {
 	var pub []string
 	if full {
 		pub = append(pub, subjRegistryAll)
@@ -251,15 +297,13 @@ func nodeLike(agents []string, full bool) Permissions {
 		protocol.SubjFeedGet,
 	)
 	if full {
-		pub = append(pub, protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard)
+		pub = append(pub, protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard,
+			protocol.SubjMailboxFetch, protocol.SubjMailboxAck)
 		pub = appendVerbs(pub, roomsPrefix, protocol.RoomVerbs)
 		pub = appendVerbs(pub, artifactsPrefix, protocol.ArtifactVerbs)
 		pub = appendVerbs(pub, boardPrefix, protocol.BoardVerbs)
 	}
-	pub = append(pub, subjReplies)
-	if full {
-		pub = append(pub, protocol.MailboxStreamInfoSubject())
-	}
+	pub = append(pub, replyPublish()...)
 	var sub []string
 	for _, a := range agents {
 		pub = append(pub,
@@ -267,9 +311,6 @@ func nodeLike(agents []string, full bool) Permissions {
 			protocol.TraceSubject(a),
 			protocol.FeedSubject(a, "*"),
 		)
-		if full {
-			pub = append(pub, mailboxSubjects(a)...)
-		}
 		sub = append(sub, protocol.InboxSubject(a))
 		if full {
 			sub = append(sub, protocol.GuardedInboxSubject(a))
@@ -280,13 +321,9 @@ func nodeLike(agents []string, full bool) Permissions {
 		protocol.EventSubject(">"),
 		subjTaskAll,
 		protocol.FeedSubject("*", "*"),
-		subjReplies,
 	)
-	deny := RequiredDenies()
-	if !full {
-		deny = guestDenies()
-	}
-	return Permissions{PubAllow: pub, PubDeny: deny, SubAllow: sub, SubDeny: slices.Clone(deny)}
+	sub = append(sub, r.subAllow()...)
+	return Permissions{PubAllow: pub, PubDeny: MeshDenies(), SubAllow: sub, SubDeny: subDenies()}
 }
 
 // registerBound is the node-bound register subject of key,
@@ -310,24 +347,45 @@ func guestRegistrySubjects(agents []string) []string {
 	)
 }
 
-// mailboxSubjects are the JetStream subjects one agent's node publishes on
-// its own mailbox consumer: info, next and the acknowledgements, in both ack
-// layouts. Guard checks each ack pattern reaches no other consumer
-// (ackGrantSafe): a looser v2 pattern, $JS.ACK.*.*.MESH_MAILBOX.inbox_<a>.>,
-// also matched nine-token subjects the broker routes by the v1 layout, so a
-// node could send "+NXT" to another agent's consumer and read its mail
-// (TestLooseAckGrantReadsOtherMailboxes); protocol.MailboxAckSubjects pins
-// both layouts' token counts for that reason.
-func mailboxSubjects(agent string) []string {
-	return append([]string{
-		protocol.MailboxConsumerInfoSubject(agent),
-		protocol.MailboxNextSubject(agent),
-	}, protocol.MailboxAckSubjects(agent)...)
-}
-
 func appendVerbs(dst []string, prefix string, verbs []string) []string {
 	for _, v := range verbs {
 		dst = append(dst, prefix+v)
 	}
 	return dst
+}
+
+// Fence classes: credentials whose holders proved nothing beyond possession
+// of a fresh key get limits the broker enforces from the JWT (ConnLimits)
+// and the fence enforces beside it (connections per key, message and byte
+// rates). Everything else is unclassed: an account vouches for it.
+const (
+	// ClassGuest is a leased guest (sandbox) credential.
+	ClassGuest = "guest"
+	// ClassUnowned is a node credential whose roster no account owns.
+	ClassUnowned = "unowned"
+)
+
+// ClassLimits are the limits of one fence class (docs/security.md).
+type ClassLimits struct {
+	// ConnLimits are carried in the JWT and enforced by the broker.
+	ConnLimits
+	// Conns is how many connections one credential key may hold open at
+	// once; the fence closes the newest beyond it.
+	Conns int
+	// MsgsPerSec and BytesPerSec bound what one connection publishes,
+	// averaged over the fence's window; the fence closes a connection over
+	// either and refuses the key's connections for a cooling-off period.
+	MsgsPerSec  int
+	BytesPerSec int64
+}
+
+// DefaultClassLimits are the limits meshd and the cloud use unless
+// configured otherwise.
+func DefaultClassLimits() map[string]ClassLimits {
+	return map[string]ClassLimits{
+		ClassGuest: {ConnLimits: ConnLimits{Payload: 64 << 10, Subs: 256},
+			Conns: 2, MsgsPerSec: 50, BytesPerSec: 256 << 10},
+		ClassUnowned: {ConnLimits: ConnLimits{Payload: protocol.TransportMaxPayload, Subs: 1024},
+			Conns: 4, MsgsPerSec: 200, BytesPerSec: 1 << 20},
+	}
 }

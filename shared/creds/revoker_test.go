@@ -39,7 +39,7 @@ func TestRevokerOverNATS(t *testing.T) {
 	}
 	roster := []string{agentKey(t)}
 	userJWT := mint(t, m, creds.UserSpec{PublicKey: nodeKey.Public(), Name: "node", Kind: creds.KindNode, Hosted: roster,
-		Permissions: creds.NodePermissions(roster), Expires: time.Now().Add(time.Hour)})
+		Permissions: creds.NodePermissions(roster, creds.PrivateOnly(nodeKey.Public())), Expires: time.Now().Add(time.Hour)})
 	w := dial(t, m, userJWT, nodeKey.SignNonce)
 	if err := r.Revoke(ctx, []string{nodeKey.Public()}, time.Now()); err != nil {
 		t.Fatal(err)

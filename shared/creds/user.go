@@ -14,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // Permissions is the explicit subject permission set carried by a user JWT.
@@ -48,11 +49,43 @@ type UserSpec struct {
 	// node credentials on an instance minting without expiry. Guest and job
 	// credentials must expire; a job credential within MaxJobLifetime.
 	Expires time.Time
+	// Class is the broker fence's class of the credential ("" for none): the
+	// fence (package fence) limits connections per key and message and byte
+	// rates per connection for it, which a JWT cannot express. It travels
+	// as the JWT tag ClassTag(Class).
+	Class string
+	// Limits are what the broker itself enforces per connection from the
+	// JWT; zero members mean no limit beyond the account's.
+	Limits ConnLimits
 	// RevokedAt is the latest revocation in the mesh account covering
 	// PublicKey (RevokedAt(claims, key)), zero if none. Revocation is by key
 	// and whole second, so the JWT is issued at least one second after it:
 	// its iat is max(now, RevokedAt+1s), or the broker would refuse it.
 	RevokedAt time.Time
+}
+
+// ConnLimits are the per-connection limits a user JWT carries and the
+// broker enforces: the largest payload of one published message (a larger
+// one closes the connection) and the number of subscriptions (one more is
+// refused).
+type ConnLimits struct {
+	Payload int64
+	Subs    int64
+}
+
+// ClassTag is the JWT tag naming a fence class. The broker reports a
+// connection's tags in its connect events and connection listings, which
+// is how the fence tells limited connections apart.
+func ClassTag(class string) string { return "mesh-class:" + class }
+
+// ClassOfTags returns the fence class named by tags, or "".
+func ClassOfTags(tags []string) string {
+	for _, t := range tags {
+		if c, ok := strings.CutPrefix(t, "mesh-class:"); ok {
+			return c
+		}
+	}
+	return ""
 }
 
 // MaxJobLifetime bounds a job credential: it serves one job, minutes long.
@@ -107,6 +140,15 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if !spec.Expires.IsZero() {
 		uc.Expires = spec.Expires.Unix()
 	}
+	if spec.Limits.Payload > 0 {
+		uc.Limits.Payload = spec.Limits.Payload
+	}
+	if spec.Limits.Subs > 0 {
+		uc.Limits.Subs = spec.Limits.Subs
+	}
+	if spec.Class != "" {
+		uc.Tags.Add(ClassTag(spec.Class))
+	}
 	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(time.Now(), spec.RevokedAt))
 	if err != nil {
 		return "", err
@@ -157,18 +199,21 @@ func checkKind(spec UserSpec) error {
 	case !spec.Kind.Guarded():
 		return fmt.Errorf("unknown credential kind %s", spec.Kind)
 	}
-	if err := Guard(spec.Kind, spec.Hosted, spec.Permissions); err != nil {
-		return err
-	}
+	// The key binding first: the guard checks the reply prefix against the
+	// key, so a credential issued to the wrong key would otherwise be
+	// refused for its prefix rather than for what is wrong.
 	switch spec.Kind {
 	case KindGuest, KindApp:
-		if spec.Hosted[0] != spec.PublicKey {
+		if len(spec.Hosted) > 0 && spec.Hosted[0] != spec.PublicKey {
 			return fmt.Errorf("a %s credential is issued to the key it hosts, not %s", spec.Kind, spec.PublicKey)
 		}
 	case KindBootstrap:
-		if spec.Hosted[0] == spec.PublicKey {
+		if len(spec.Hosted) > 0 && spec.Hosted[0] == spec.PublicKey {
 			return errors.New("a bootstrap credential is bound to its own credential key, never to the agent key")
 		}
+	}
+	if err := Guard(spec.Kind, spec.PublicKey, spec.Hosted, spec.Permissions); err != nil {
+		return err
 	}
 	switch spec.Kind {
 	case KindGuest, KindJob:
@@ -275,4 +320,16 @@ func claimsID(c *jwt.ClaimsData) (string, error) {
 	}
 	h := sha512.Sum512_256(j)
 	return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(h[:]), nil
+}
+
+// ServiceInbox is the connection option every service connection (workers,
+// the control plane's bus connection, tools) sets: replies arrive under
+// protocol.ServiceInboxPrefix, which no client credential may subscribe.
+func ServiceInbox() nats.Option { return nats.CustomInboxPrefix(protocol.ServiceInboxPrefix) }
+
+// PrivateInbox is the connection option of a client holding a credential
+// issued to key: replies arrive under protocol.PrivateInboxPrefix(key), the
+// one reply prefix its credential may subscribe.
+func PrivateInbox(key string) nats.Option {
+	return nats.CustomInboxPrefix(protocol.PrivateInboxPrefix(key))
 }

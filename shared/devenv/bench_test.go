@@ -78,7 +78,7 @@ func BenchmarkNodeCredential16(b *testing.B) {
 		tr := m.Trust()
 		for b.Loop() {
 			if _, err := tr.MintUser(creds.UserSpec{PublicKey: node.Public(), Kind: creds.KindNode, Hosted: ids,
-				Permissions: creds.NodePermissions(ids), Expires: time.Now().Add(time.Hour)}); err != nil {
+				Permissions: creds.NodePermissions(ids, creds.PrivateOnly(node.Public())), Expires: time.Now().Add(time.Hour)}); err != nil {
 				b.Fatal(err)
 			}
 		}

@@ -24,6 +24,7 @@ import (
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
@@ -80,18 +81,23 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	c := &Control{Store: st}
 	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
 		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now})
-	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
-		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential")})
-	// The control plane's own way onto the bus, for the account views and
-	// for clearing ended guests.
+	// The control plane's own way onto the bus, for the account views, for
+	// clearing ended guests and for asking whether an agent key is new.
 	cpNC, err := m.ConnectService("control-plane")
 	if err != nil {
 		return fmt.Errorf("devenv: control plane bus connection: %w", err)
 	}
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
 	cpBus := &bus.Caller{NC: cpNC, Key: m.servicesKey}
+	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
+		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential"),
+		History: mailbox.History{Bus: cpBus}, Unowned: cfg.Unowned, Classes: cfg.Classes})
+	var guestClass *creds.ClassLimits
+	if l, ok := cfg.Classes[creds.ClassGuest]; ok {
+		guestClass = &l
+	}
 	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
-		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Now: cfg.Now, Log: m.log.With("service", "guest")})
+		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
 	idle := cfg.GuestIdleTTL
 	if idle <= 0 {
 		idle = guest.DefaultIdleTTL
@@ -131,6 +137,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		every = RegistrarSweepInterval
 	}
 	m.startSweeper(every, "expired registrar documents deleted", c.Registrar.Sweep)
+	m.startSweeper(every, "expired credential rate-limit counters deleted", c.Credentials.SweepLimits)
 	return nil
 }
 

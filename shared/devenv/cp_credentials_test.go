@@ -172,9 +172,16 @@ func TestBootstrapPutsKeyBack(t *testing.T) {
 	if st, out := c.post("/v1/bootstrap", map[string]any{"token": key, "agent_id": second.Public()}, ""); st != 200 {
 		t.Fatalf("same key after freeing a slot: %d %v", st, out)
 	}
-	// An agent owned by another account: refused, key intact.
+	// An agent owned by another account, without proof of its key:
+	// refused before anything else, key intact (issue 10 item 4).
 	keyB := c.agentKey(b, "thief")
 	st, out = c.post("/v1/bootstrap", map[string]any{"token": keyB, "agent_id": second.Public()}, "")
+	if st != 401 || out["details"].(map[string]any)["proof_required"] != true {
+		t.Fatalf("owned elsewhere, no proof: %d %v", st, out)
+	}
+	// With proof that it holds the key: still another account's, refused,
+	// key intact.
+	st, out = c.post("/v1/bootstrap", bootstrapBody(keyB, second), "")
 	if st != 409 || !strings.Contains(out["error"].(string), "another account") {
 		t.Fatalf("owned elsewhere: %d %v", st, out)
 	}

@@ -172,13 +172,19 @@ func nodeRequest(node *keys.Node, agents []*keys.Agent, ts int64) map[string]any
 	return map[string]any{"node_id": node.Public(), "agents": entries, "ts": ts, "node_sig": sig}
 }
 
+// bootstrapBody is an am_ key exchange for agent with its proof of
+// possession, as mesh-adapter sends it.
+func bootstrapBody(token string, agent *keys.Agent) map[string]any {
+	return map[string]any{"token": token, "agent_id": agent.Public(), "proof": protocol.SignBootstrap(agent, token), "private_inbox": true}
+}
+
 // connectJWT connects to the mesh with a user JWT whose nonce is signed by
 // signer, collecting asynchronous errors.
-func (c *cp) connectJWT(jwtStr string, signer interface{ Sign([]byte) []byte }, errCh chan error) (*nats.Conn, error) {
-	opts := []nats.Option{
+func (c *cp) connectJWT(jwtStr string, signer interface{ Sign([]byte) []byte }, errCh chan error, extra ...nats.Option) (*nats.Conn, error) {
+	opts := append([]nats.Option{
 		nats.UserJWT(func() (string, error) { return jwtStr, nil }, func(n []byte) ([]byte, error) { return signer.Sign(n), nil }),
 		nats.MaxReconnects(0), nats.Timeout(5 * time.Second),
-	}
+	}, extra...)
 	if errCh != nil {
 		opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
 			select {

@@ -3,19 +3,19 @@ package devenv_test
 import (
 	"context"
 	"encoding/base64"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
-	"agentmesh.dev/mesh/shared/registry"
 )
 
 // Forbidden subjects every hosted credential must be refused, by the
@@ -24,15 +24,35 @@ func forbiddenFor(other string) []string {
 	return []string{
 		"$KV.mesh_registry.x", "mesh.peer.x", "mesh.aclroom.r1.main", "$SYS.REQ.SERVER.PING",
 		protocol.FeedSubject(other, "status"),
-		// Service-only: the activity timeline and the guest clearing.
-		protocol.SubjGuestEvict, "mesh.internal.activity." + other + "." + other,
+		// Service-only: the activity timeline, the guest clearing and the
+		// mailbox's history question.
+		protocol.SubjGuestEvict, "mesh.internal.activity." + other + "." + other, protocol.SubjMailboxKnown,
+		// No client reaches the mailbox stream: another agent's mail is
+		// read only through the mailbox worker, signed by that agent.
+		"$JS.API.STREAM.INFO." + protocol.MailboxStream,
+		"$JS.API.DIRECT.GET." + protocol.MailboxStream + "." + protocol.InboxSubject(other),
+		"$JS.API.STREAM.MSG.GET." + protocol.MailboxStream,
+		// Nor the services' replies.
+		protocol.ServiceInboxPrefix + ".x.1",
+	}
+}
+
+// forbiddenSubs are the subscriptions every hosted credential is refused:
+// another agent's inbox, the key-value space, another credential's reply
+// prefix, every private prefix, the services' and the relay's replies.
+func forbiddenSubs(other string) []string {
+	return []string{
+		protocol.InboxSubject(other), protocol.GuardedInboxSubject(other), "$KV.mesh_registry.>",
+		protocol.PrivateInboxPrefix(other) + ".>", "_MESH_INBOX.>",
+		protocol.ServiceInboxSpace, protocol.RelayReplySpace,
 	}
 }
 
 // checkFence proves what a connection may and may not do. allowPub is
-// published and received on allowSub; each forbidden publish and the
-// subscription to another agent's inbox must draw a permissions violation.
-func checkFence(t *testing.T, nc *nats.Conn, errCh chan error, allowSub, allowPub, other string) {
+// published and received on allowSub; each forbidden publish and
+// subscription must draw a permissions violation. A connection without the
+// shared grant is refused _INBOX.> too.
+func checkFence(t *testing.T, nc *nats.Conn, errCh chan error, allowSub, allowPub, other string, shared bool) {
 	t.Helper()
 	if allowSub != "" {
 		sub, err := nc.SubscribeSync(allowSub)
@@ -50,14 +70,26 @@ func checkFence(t *testing.T, nc *nats.Conn, errCh chan error, allowSub, allowPu
 		_ = nc.Publish(s, []byte("x"))
 		expectViolation(t, errCh, s)
 	}
-	if _, err := nc.SubscribeSync(protocol.InboxSubject(other)); err != nil {
-		t.Fatal(err)
+	subs := forbiddenSubs(other)
+	if !shared {
+		subs = append(subs, protocol.SharedInboxSpace)
 	}
-	expectViolation(t, errCh, protocol.InboxSubject(other))
-	if _, err := nc.SubscribeSync("$KV.mesh_registry.>"); err != nil {
-		t.Fatal(err)
+	for _, s := range subs {
+		if _, err := nc.SubscribeSync(s); err != nil {
+			t.Fatal(err)
+		}
+		expectViolation(t, errCh, s)
 	}
-	expectViolation(t, errCh, "$KV.mesh_registry.>")
+}
+
+// inboxOption is the reply prefix a credential answer names.
+func inboxOption(t *testing.T, out map[string]any) nats.Option {
+	t.Helper()
+	p, _ := out["inbox_prefix"].(string)
+	if !strings.HasPrefix(p, "_MESH_INBOX.") {
+		t.Fatalf("the answer names no private inbox prefix: %v", out["inbox_prefix"])
+	}
+	return nats.CustomInboxPrefix(p)
 }
 
 func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
@@ -65,77 +97,71 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 	acct, tok := c.signIn("ana@example.org")
 	other := newAgent(t).Public()
 
-	t.Run("bootstrap", func(t *testing.T) {
-		agent := newAgent(t)
-		st, out := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "coder"), "agent_id": agent.Public()}, "")
-		if st != 200 {
-			t.Fatalf("%d %v", st, out)
-		}
-		errCh := make(chan error, 32)
-		nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(out["creds"].(string))), nats.MaxReconnects(0),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer nc.Close()
-		checkFence(t, nc, errCh, protocol.InboxSubject(agent.Public()), protocol.InboxSubject(agent.Public()), other)
-	})
+	for _, private := range []bool{true, false} {
+		t.Run(fmt.Sprintf("bootstrap private_inbox=%v", private), func(t *testing.T) {
+			agent := newAgent(t)
+			body := map[string]any{"token": c.agentKey(acct, "coder"), "agent_id": agent.Public()}
+			if private {
+				body["private_inbox"] = true
+			}
+			st, out := c.post("/v1/bootstrap", body, "")
+			if st != 200 {
+				t.Fatalf("%d %v", st, out)
+			}
+			errCh := make(chan error, 32)
+			nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(out["creds"].(string))), nats.MaxReconnects(0),
+				inboxOption(t, out), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer nc.Close()
+			checkFence(t, nc, errCh, protocol.InboxSubject(agent.Public()), protocol.InboxSubject(agent.Public()), other, !private)
+		})
+	}
 
 	t.Run("node", func(t *testing.T) {
 		node, a1, a2 := newNode(t), newAgent(t), newAgent(t)
-		st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{a1, a2}, time.Now().Unix()), "")
-		if st != 200 {
+		req := nodeRequest(node, []*keys.Agent{a1, a2}, time.Now().Unix())
+		req["private_inbox"] = true
+		st, out := c.post("/v1/node-credential", req, "")
+		if st != 200 || out["inbox_prefix"] != protocol.PrivateInboxPrefix(node.Public()) {
 			t.Fatalf("%d %v", st, out)
 		}
 		errCh := make(chan error, 32)
-		nc, err := c.connectJWT(out["jwt"].(string), node, errCh)
+		nc, err := c.connectJWT(out["jwt"].(string), node, errCh, inboxOption(t, out))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		checkFence(t, nc, errCh, protocol.InboxSubject(a2.Public()), protocol.InboxSubject(a2.Public()), other)
-		// Its own offline mailbox works through the scoped stream API; another
-		// agent's does not.
+		checkFence(t, nc, errCh, protocol.InboxSubject(a2.Public()), protocol.InboxSubject(a2.Public()), other, false)
+
+		// Its agents' offline mail comes through the mailbox worker, signed
+		// by the agent; the fetch never returns another agent's mail.
 		svc, err := c.m.ConnectService("test-mailbox-setup")
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer svc.Close()
-		ctx := context.Background()
-		js, _ := jetstream.New(svc)
-		// The registry worker keeps the mailbox stream; consumers are made
-		// as it makes them at registration.
-		for _, a := range []string{a1.Public(), other} {
-			if _, err := js.CreateOrUpdateConsumer(ctx, protocol.MailboxStream, registry.MailboxConsumerConfig(a, false)); err != nil {
+		for _, m := range []struct{ to, body string }{{other, "not yours"}, {a1.Public(), "offline mail"}} {
+			if err := svc.Publish(protocol.InboxSubject(m.to), []byte(m.body)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		// A sender publishes plainly: the stream takes no-ack copies so its
-		// acks never race an agent's live reply.
-		if err := svc.Publish(protocol.InboxSubject(a1.Public()), []byte("offline mail")); err != nil || svc.Flush() != nil {
-			t.Fatal(err)
+		var mail []mailbox.Mail
+		eventually(t, "the stored mail", func() bool {
+			ctx, cancel := context.WithTimeout(t.Context(), 2*time.Second)
+			defer cancel()
+			mail, _, err = mailbox.Fetch(ctx, nc, a1, 0, 10)
+			return err == nil && len(mail) > 0
+		})
+		if len(mail) != 1 || string(mail[0].Data) != "offline mail" {
+			t.Fatalf("fetched %d messages: %+v", len(mail), mail)
 		}
-		njs, _ := jetstream.New(nc)
-		cons, err := njs.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(a1.Public()))
-		if err != nil {
-			t.Fatalf("own mailbox consumer: %v", err)
+		select {
+		case err := <-errCh:
+			t.Fatalf("the mailbox fetch was refused: %v", err)
+		default:
 		}
-		batch, err := cons.Fetch(1, jetstream.FetchMaxWait(2*time.Second))
-		if err != nil {
-			t.Fatal(err)
-		}
-		got := 0
-		for m := range batch.Messages() {
-			if string(m.Data()) != "offline mail" || m.Ack() != nil {
-				t.Errorf("mailbox message %q", m.Data())
-			}
-			got++
-		}
-		if got != 1 {
-			t.Errorf("drained %d messages, want 1", got)
-		}
-		_ = nc.Publish(protocol.MailboxNextSubject(other), nil)
-		expectViolation(t, errCh, protocol.MailboxNextSubject(other))
 	})
 
 	t.Run("app", func(t *testing.T) {
@@ -146,12 +172,13 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 		appKey := out["public_key"].(string)
 		errCh := make(chan error, 32)
 		nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(out["creds"].(string))), nats.MaxReconnects(0),
+			nats.CustomInboxPrefix(protocol.PrivateInboxPrefix(appKey)),
 			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		checkFence(t, nc, errCh, protocol.FeedSubject(appKey, "status"), protocol.FeedSubject(appKey, "status"), other)
+		checkFence(t, nc, errCh, protocol.FeedSubject(appKey, "status"), protocol.FeedSubject(appKey, "status"), other, true)
 	})
 
 	t.Run("guest", func(t *testing.T) {
@@ -161,16 +188,16 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 		}
 		errCh := make(chan error, 32)
 		nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserJWTAndSeed(out["jwt"].(string), out["seed"].(string)), nats.MaxReconnects(0),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
+			inboxOption(t, out), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
 		pub := out["publicKey"].(string)
-		checkFence(t, nc, errCh, protocol.InboxSubject(pub), protocol.InboxSubject(pub), other)
-		// No mailbox for a sandbox: the stream API is closed to it.
-		_ = nc.Publish(protocol.MailboxStreamInfoSubject(), nil)
-		expectViolation(t, errCh, protocol.MailboxStreamInfoSubject())
+		checkFence(t, nc, errCh, protocol.InboxSubject(pub), protocol.InboxSubject(pub), other, false)
+		// No mailbox for a sandbox.
+		_ = nc.Publish(protocol.SubjMailboxFetch, nil)
+		expectViolation(t, errCh, protocol.SubjMailboxFetch)
 	})
 
 	t.Run("job", func(t *testing.T) {
@@ -181,12 +208,12 @@ func TestEveryCredentialKindIsFencedByTheBroker(t *testing.T) {
 		}
 		errCh := make(chan error, 32)
 		nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(res["creds"].(string))), nats.MaxReconnects(0),
-			nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
+			inboxOption(t, res), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer nc.Close()
-		checkFence(t, nc, errCh, protocol.TaskUpdateSubject("task-42"), protocol.TaskUpdateSubject("task-42"), other)
+		checkFence(t, nc, errCh, protocol.TaskUpdateSubject("task-42"), protocol.TaskUpdateSubject("task-42"), other, false)
 		_ = nc.Publish(protocol.TaskUpdateSubject("task-43"), nil)
 		expectViolation(t, errCh, protocol.TaskUpdateSubject("task-43"))
 		_ = nc.Publish(protocol.InboxSubject(other), nil)

@@ -69,8 +69,13 @@ func TestRetiringAnAgentCutsItsNodeOff(t *testing.T) {
 		t.Fatalf("a credential minted after the revocation must connect: %v", err)
 	}
 	nc2.Close()
-	// Re-linking the key under a live account lifts the tombstone.
-	if st, out := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "coder2"), "agent_id": agent.Public()}, ""); st != 200 {
+	// Without proof of the agent key, nobody lifts the tombstone with an
+	// am_ key (issue 10 item 4); with it, re-linking the key under a live
+	// account does.
+	if st, out := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "coder2"), "agent_id": agent.Public()}, ""); st != 401 {
+		t.Fatalf("re-link without proof: %d %v", st, out)
+	}
+	if st, out := c.post("/v1/bootstrap", bootstrapBody(c.agentKey(acct, "coder2"), agent), ""); st != 200 {
 		t.Fatalf("re-link: %d %v", st, out)
 	}
 	if st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{agent}, time.Now().Unix()), ""); st != 200 {

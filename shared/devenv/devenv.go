@@ -24,6 +24,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 )
@@ -73,6 +74,12 @@ type Config struct {
 	// MarkupPct is the platform markup /v1/capabilities reports; meshd
 	// reads it from CREDITS_PLATFORM_MARKUP_PCT (10 when unset).
 	MarkupPct int
+	// Unowned limits node credentials for rosters no account owns
+	// (credential.DefaultUnownedLimits when zero).
+	Unowned credential.UnownedLimits
+	// Classes are the fence classes' limits (creds.DefaultClassLimits when
+	// nil): what guests and unowned rosters may publish and hold open.
+	Classes map[string]creds.ClassLimits
 }
 
 func (c Config) meshName() string {
@@ -498,7 +505,9 @@ func (m *Mesh) ConnectService(name string, opts ...nats.Option) (*nats.Conn, err
 	if err != nil {
 		return nil, err
 	}
-	return m.connect(creds.UserCreds{JWT: userJWT, Key: key}, name, opts...)
+	// Service replies arrive under the services' prefix, which no client
+	// credential may subscribe (docs/security.md).
+	return m.connect(creds.UserCreds{JWT: userJWT, Key: key}, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
 }
 
 // ConnectSystem returns an in-process connection to the system account, for

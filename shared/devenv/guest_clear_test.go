@@ -37,7 +37,7 @@ func leaseGuest(t *testing.T, c *cp, peer *keys.Agent) busGuest {
 	if err != nil {
 		t.Fatal(err)
 	}
-	nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserJWTAndSeed(g["jwt"].(string), g["seed"].(string)), nats.MaxReconnects(0))
+	nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserJWTAndSeed(g["jwt"].(string), g["seed"].(string)), nats.MaxReconnects(0), nats.CustomInboxPrefix(g["inbox_prefix"].(string)))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,11 +3,11 @@ package devenv_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"slices"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
@@ -52,7 +52,7 @@ func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 		t.Fatal(err)
 	}
 	errCh := make(chan error, 32)
-	nc, err := c.connectJWT(grant["jwt"].(string), g, errCh)
+	nc, err := c.connectJWT(grant["jwt"].(string), g, errCh, nats.CustomInboxPrefix(grant["inbox_prefix"].(string)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -147,6 +147,10 @@ func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	before, err := js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, r := range regs {
 		rep, err := bus.Call(ctx, nc, r.signer, bound(g.Public()), protocol.TypeRegister, "", r.m)
 		if err != nil {
@@ -163,8 +167,8 @@ func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 			payload(rec["node"])["id"] != g.Public() {
 			t.Fatalf("stored %v", rec)
 		}
-		if _, err := js.Consumer(ctx, protocol.MailboxStream, protocol.MailboxConsumer(r.signer.Public())); !errors.Is(err, jetstream.ErrConsumerNotFound) {
-			t.Fatalf("a guest registration has a mailbox consumer: %v", err)
+		if info, err := js.AccountInfo(ctx); err != nil || info.Consumers != before.Consumers {
+			t.Fatalf("a registration made a consumer: %d before, now %v %v", before.Consumers, info, err)
 		}
 	}
 
@@ -175,7 +179,7 @@ func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 	if st != 200 {
 		t.Fatalf("node credential: %d %v", st, out)
 	}
-	nnc, err := c.connectJWT(out["jwt"].(string), node, nil)
+	nnc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
 	if err != nil {
 		t.Fatal(err)
 	}

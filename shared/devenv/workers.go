@@ -9,6 +9,7 @@ import (
 	"agentmesh.dev/mesh/shared/admission"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/tasks"
@@ -24,6 +25,7 @@ type Workers struct {
 	Tasks     []*tasks.Worker
 	Admission []*admission.Worker
 	Activity  []*activity.Worker
+	Mailbox   []*mailbox.Worker
 }
 
 // WorkerConfig tunes the workers a mesh runs.
@@ -37,6 +39,7 @@ type WorkerConfig struct {
 	Tasks     tasks.Config
 	Admission admission.Config
 	Activity  activity.Config
+	Mailbox   mailbox.Config
 }
 
 // Workers returns the running workers.
@@ -127,6 +130,15 @@ func (m *Mesh) startWorkers(cfg Config) error {
 			return fmt.Errorf("devenv: activity: %w", err)
 		}
 		w.Activity, stops = append(w.Activity, ac), append(stops, ac.Stop)
+
+		if e, err = env("mailbox", i); err != nil {
+			return err
+		}
+		mb, err := mailbox.Start(ctx, e, cfg.Workers.Mailbox)
+		if err != nil {
+			return fmt.Errorf("devenv: mailbox: %w", err)
+		}
+		w.Mailbox, stops = append(w.Mailbox, mb), append(stops, mb.Stop)
 	}
 	m.log.Info("bus workers running", "copies", copies)
 	return nil

@@ -51,8 +51,11 @@ type Config struct {
 	PerIP         int
 	PoolSize      int
 	CredentialTTL time.Duration
-	Now           func() time.Time
-	Log           *slog.Logger
+	// Class are the guest credentials' fence limits; nil means
+	// creds.DefaultClassLimits()[creds.ClassGuest].
+	Class *creds.ClassLimits
+	Now   func() time.Time
+	Log   *slog.Logger
 }
 
 // Service leases guest credentials.
@@ -123,20 +126,36 @@ type Grant struct {
 	Discoverable bool           `json:"discoverable"`
 	TrustTier    string         `json:"trust_tier"`
 	Mesh         map[string]any `json:"mesh"`
+	// InboxPrefix is the reply prefix the guest must set on its
+	// connection: a guest has no shared _INBOX.> grant.
+	InboxPrefix string `json:"inbox_prefix"`
 }
 
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 func (s *Service) limits() map[string]any {
+	c := s.class()
 	return map[string]any{
 		"idle_ttl_seconds":    int(s.cfg.IdleTTL / time.Second),
 		"leases_per_address":  s.cfg.PerIP,
 		"max_inbound_chars":   protocol.DefaultMaxInbound,
-		"max_payload_bytes":   protocol.TransportMaxPayload,
+		"max_payload_bytes":   c.Payload,
+		"max_subscriptions":   c.Subs,
+		"max_connections":     c.Conns,
+		"max_msgs_per_sec":    c.MsgsPerSec,
+		"max_bytes_per_sec":   c.BytesPerSec,
 		"mailbox":             false,
 		"visibility":          "unlisted",
 		"heartbeat_every_sec": int(s.cfg.IdleTTL / time.Second / 3),
 	}
+}
+
+// class is the guest fence class's limits (Config.Class, else the default).
+func (s *Service) class() creds.ClassLimits {
+	if s.cfg.Class != nil {
+		return *s.cfg.Class
+	}
+	return creds.DefaultClassLimits()[creds.ClassGuest]
 }
 
 // Issue leases a fresh guest credential to the client at ip, its key for
@@ -181,7 +200,8 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 		}
 		var err error
 		tok, err = s.cfg.Trust.MintUser(creds.UserSpec{PublicKey: k.Public(), Name: "guest", Kind: creds.KindGuest,
-			Hosted: []string{k.Public()}, Permissions: creds.GuestPermissions(k.Public()), Expires: credExpires})
+			Hosted: []string{k.Public()}, Permissions: creds.GuestPermissions(k.Public()), Expires: credExpires,
+			Class: creds.ClassGuest, Limits: s.class().ConnLimits})
 		if err != nil {
 			return errs.Wrap(errs.InternalError, "the guest credential could not be signed", err)
 		}
@@ -198,7 +218,7 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 	}
 	s.revoke(ctx, lapsed, now)
 	return Grant{JWT: tok, Seed: string(k.Seed()), PublicKey: k.Public(), ExpiresAt: protocol.FormatTime(time.UnixMilli(lease.LeaseUntil)),
-		Limits: s.limits(), Sandbox: true, Discoverable: false, TrustTier: "sandbox",
+		Limits: s.limits(), Sandbox: true, Discoverable: false, TrustTier: "sandbox", InboxPrefix: protocol.PrivateInboxPrefix(k.Public()),
 		Mesh: map[string]any{"name": s.cfg.Mesh.Name, "protocol": s.cfg.Mesh.Protocol,
 			"nats_endpoints": append(append([]string{}, s.cfg.Mesh.TCP...), s.cfg.Mesh.WS...)}}, nil
 }

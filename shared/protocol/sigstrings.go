@@ -37,6 +37,15 @@ func sigErr(what string, cause error) *errs.Error {
 // ---------------------------------------------------------------------------
 // Vouch (S§4.4): a node's attestation that it hosts an agent.
 
+// MaxVouchLifetime is the longest a vouch may live (spec §2.9: 30 days by
+// default). A registration lasts as long as its vouch, so a longer one
+// would let a key nobody owns hold a registration that is never reclaimed.
+const MaxVouchLifetime = 30 * 24 * time.Hour
+
+// vouchLifetimeSlack absorbs a signer that reads its clock twice for the
+// two ends of a 30-day vouch.
+const vouchLifetimeSlack = time.Minute
+
 // Vouch is a node→agent attestation, carried in the manifest as
 // node.attestation. Timestamps are kept as the strings that were signed.
 type Vouch struct {
@@ -102,6 +111,10 @@ func (v Vouch) Verify(now time.Time) error {
 	}
 	if !expires.After(issued) {
 		return errs.New(errs.Unauthorized, "vouch expires before it is issued")
+	}
+	if expires.Sub(issued) > MaxVouchLifetime+vouchLifetimeSlack {
+		return errs.Newf(errs.Unauthorized, "vouch lives %s, longer than the %s allowed; the node must vouch for at most 30 days",
+			expires.Sub(issued).Round(time.Hour), MaxVouchLifetime)
 	}
 	if issued.Sub(now) > MaxFutureSkew {
 		return errs.Newf(errs.Unauthorized, "vouch is not valid until %s", FormatTime(issued))
@@ -295,6 +308,31 @@ func SignNodeAgent(agent keys.Signer, ts int64, nodeID string) string {
 func VerifyNodeAgent(ts int64, nodeID, agentID, sig string) error {
 	if err := VerifyString(agentID, []byte(NodeAgentString(ts, nodeID, agentID)), sig, Base64Std); err != nil {
 		return sigErr("node credential agent", err)
+	}
+	return nil
+}
+
+// ---------------------------------------------------------------------------
+// Bootstrap proof (this mesh; docs/control-plane.md).
+
+// BootstrapString is "mesh-bootstrap-v1:<token>:<agent_id>": what the agent
+// signs to prove, in POST /v1/bootstrap, that whoever spends the am_ token
+// holds the agent's seed. The token is single use, so the proof cannot be
+// replayed; it names the agent, so it cannot be moved to another key.
+func BootstrapString(token, agentID string) string {
+	return "mesh-bootstrap-v1:" + token + ":" + agentID
+}
+
+// SignBootstrap signs the bootstrap proof with the agent key (standard
+// base64).
+func SignBootstrap(agent keys.Signer, token string) string {
+	return Base64Std.Encode(agent.Sign([]byte(BootstrapString(token, agent.Public()))))
+}
+
+// VerifyBootstrap checks a bootstrap proof by agentID.
+func VerifyBootstrap(token, agentID, sig string) error {
+	if err := VerifyString(agentID, []byte(BootstrapString(token, agentID)), sig, Base64Std); err != nil {
+		return sigErr("bootstrap proof", err)
 	}
 	return nil
 }

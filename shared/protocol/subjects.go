@@ -1,6 +1,9 @@
 package protocol
 
-import "regexp"
+import (
+	"regexp"
+	"strings"
+)
 
 // Subjects of the bus (spec §4.3) and the JetStream names behind them. One
 // place names them so the workers, the runtime and the permission builders
@@ -58,43 +61,67 @@ func TaskGetSubject(task string) string       { return SubjTaskGetPfx + task }
 func EventSubject(topic string) string        { return "mesh.event." + topic }
 func RegistryGetSubject(agent string) string  { return SubjRegistryGetPfx + agent }
 
-// Offline mailboxes are one shared stream over every agent inbox, with one
-// durable pull consumer per agent filtered to its own inbox (DESIGN §5);
-// this keeps the stream count flat on a managed cluster.
+// Offline mailboxes are one shared stream over every agent inbox
+// (DESIGN §5), which keeps the stream count flat on a managed cluster. No
+// client reaches JetStream: the mailbox worker reads an agent's mail for it
+// on a signed request and deletes what it acknowledged, so nothing is made
+// per agent at the broker (docs/bus.md "Mailboxes").
 const MailboxStream = "MESH_MAILBOX"
 
-// MailboxConsumer is the durable consumer that holds one agent's mail.
-func MailboxConsumer(agent string) string { return "inbox_" + agent }
+// Mailbox subjects: fetch and acknowledge are signed by the agent whose
+// mail they touch; known is the control plane's internal question "has
+// this key a registration or mail?".
+const (
+	SubjMailboxFetch = "mesh.mailbox.fetch"
+	SubjMailboxAck   = "mesh.mailbox.ack"
+	SubjMailboxKnown = "mesh.internal.mailbox.known"
+)
 
-// The JetStream API subjects a node uses on its own mailbox: read the
-// stream's bound once (the drain stops at the last sequence it saw), read
-// its own consumer, pull the next batch, and acknowledge.
-func MailboxStreamInfoSubject() string { return "$JS.API.STREAM.INFO." + MailboxStream }
-func MailboxConsumerInfoSubject(agent string) string {
-	return "$JS.API.CONSUMER.INFO." + MailboxStream + "." + MailboxConsumer(agent)
-}
-func MailboxNextSubject(agent string) string {
-	return "$JS.API.CONSUMER.MSG.NEXT." + MailboxStream + "." + MailboxConsumer(agent)
-}
+// Reply prefixes (docs/security.md). Every connection this project makes
+// sets a custom inbox prefix, so that no other credential can read the
+// replies it receives:
+//
+//   - a credential minted for a client runtime subscribes only
+//     PrivateInboxPrefix(<its own key>).>, which lies outside _INBOX.>, so
+//     even a credential holding the shared _INBOX.> grant cannot reach it;
+//   - the workers and every other service connection use
+//     ServiceInboxPrefix, which no client credential may subscribe or
+//     publish to;
+//   - the admission service relays a request to a guarded inbox with a
+//     reply subject under RelayReplyPrefix: agents publish their answers
+//     there, and only services subscribe it.
+//
+// SharedInboxSpace is the default prefix of upstream SDKs, which cannot
+// set one; it is granted only to the credential kinds such SDKs use, and
+// only when the request does not ask for a private inbox alone.
+const (
+	privateInboxRoot   = "_MESH_INBOX"
+	ServiceInboxPrefix = "_MESH_SVC"
+	RelayReplyPrefix   = "_MESH_RELAY"
+	SharedInboxSpace   = "_INBOX.>"
+	// PrivateInboxSpace is everything under every private prefix: what a
+	// client publishes replies to.
+	PrivateInboxSpace = privateInboxRoot + ".>"
+	// ServiceInboxSpace and RelayReplySpace are everything under the
+	// services' and the relay's prefixes.
+	ServiceInboxSpace = ServiceInboxPrefix + ".>"
+	RelayReplySpace   = RelayReplyPrefix + ".>"
+)
 
-// MailboxAckSubjects match the acknowledgement subjects of one agent's
-// consumer in both reply-subject layouts the server uses:
-//
-//	v1: $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<ts>.<pending>        (9 tokens)
-//	v2: $JS.ACK.<domain>.<acct hash>.<stream>.<consumer>.<d>.<s>.<c>.<ts>.<p>[.…]     (11+ tokens)
-//
-// Both patterns pin their token counts. The v2 one spells out the tokens
-// after the consumer so it cannot match a 9-token v1 subject, and the v1 one
-// is exactly 9 tokens so it cannot match a v2 subject naming another
-// consumer. A looser "$JS.ACK.*.*.<stream>.<own>.>" would also match $JS.ACK.<stream>.<other's consumer>.<stream>.<own>.1.1.1,
-// which the server routes as a v1 ack to the other consumer — letting one
-// node pull another agent's mail (found by the broker tests in creds).
-func MailboxAckSubjects(agent string) []string {
-	c := MailboxConsumer(agent)
-	return []string{
-		"$JS.ACK." + MailboxStream + "." + c + ".*.*.*.*.*",
-		"$JS.ACK.*.*." + MailboxStream + "." + c + ".*.*.*.*.>",
+// PrivateInboxPrefix is the reply prefix of the credential minted for key.
+func PrivateInboxPrefix(key string) string { return privateInboxRoot + "." + key }
+
+// IsReplySubject reports whether s lies in a reply namespace (a shared,
+// private, relay or service inbox): the only subjects a worker or an agent
+// answers on, so a request cannot make either publish its signed answer
+// anywhere else.
+func IsReplySubject(s string) bool {
+	for _, p := range []string{"_INBOX.", privateInboxRoot + ".", RelayReplyPrefix + ".", ServiceInboxPrefix + "."} {
+		if len(s) > len(p) && strings.HasPrefix(s, p) {
+			return true
+		}
 	}
+	return false
 }
 
 // subjectToken is what a subject token supplied by a caller (a topic, a

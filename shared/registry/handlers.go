@@ -69,16 +69,6 @@ func (w *Worker) register(ctx context.Context, r *bus.Request) (any, error) {
 			w.log.Warn("emit", "event", EventRegistered, "agent", m.id, "err", err)
 		}
 	}
-	if m.sandbox {
-		// Sandbox agents have no mailbox (one left from an earlier,
-		// non-sandbox registration goes).
-		err = w.dropMailbox(ctx, m.id)
-	} else {
-		err = w.ensureMailbox(ctx, m.id)
-	}
-	if err != nil {
-		return nil, errs.OrUnavailable(err, "the registration is stored but its mailbox could not be set up; register again")
-	}
 	return map[string]any{"status": "registered", "agent_id": m.id, "visibility": m.rec.visibility(), "sandbox": m.sandbox}, nil
 }
 
@@ -113,9 +103,6 @@ func (w *Worker) deregister(ctx context.Context, r *bus.Request) (any, error) {
 		if err := w.svc.Emit(Name, EventDeregistered, map[string]any{"agent_id": agent}); err != nil {
 			w.log.Warn("emit", "event", EventDeregistered, "agent", agent, "err", err)
 		}
-	}
-	if err := w.dropMailbox(ctx, agent); err != nil {
-		return nil, errs.OrUnavailable(err, "the registration is removed but its mailbox could not be deleted; deregister again")
 	}
 	return map[string]any{"status": "deregistered", "agent_id": agent}, nil
 }

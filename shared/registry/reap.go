@@ -69,9 +69,6 @@ func (w *Worker) Reap(ctx context.Context) (int, error) {
 		if err := w.svc.Emit(Name, EventReaped, map[string]any{"agent_id": agent, "reason": why}); err != nil {
 			w.log.Warn("emit", "event", EventReaped, "agent", agent, "err", err)
 		}
-		if err := w.dropMailbox(ctx, agent); err != nil {
-			errList = append(errList, err)
-		}
 	}
 	return n, errors.Join(errList...)
 }

@@ -2,8 +2,7 @@
 // upstream-notes §2): agents register a manifest carrying their node's
 // vouch, which is verified before anything is stored; the registry keeps one
 // record per agent in KV mesh_registry, answers discovery, get and the node
-// list, keeps each non-sandbox agent's offline mailbox consumer, and reclaims
-// registrations whose vouch expired and sandbox registrations whose node went
+// list, and reclaims registrations whose vouch expired and sandbox registrations whose node went
 // quiet.
 //
 // Every copy is stateless: records live in KV and every transition other
@@ -28,12 +27,11 @@ import (
 // copies share the queue group bus.QueueGroup(Name).
 const Name = "registry"
 
-// Buckets. The registry owns Bucket; it only reads the other two, and only
-// when they exist (their workers create them).
+// Buckets. The registry owns Bucket; it only reads the presence bucket,
+// and only when it exists (the presence worker creates it).
 const (
-	Bucket          = "mesh_registry"
-	PresenceBucket  = "mesh_presence"
-	AdmissionBucket = "mesh_admission"
+	Bucket         = "mesh_registry"
+	PresenceBucket = "mesh_presence"
 )
 
 // Event types, emitted on mesh.event.registry.<type>.
@@ -76,8 +74,7 @@ type Worker struct {
 	now func() time.Time
 	log *slog.Logger
 
-	presence  *optionalBucket
-	admission *optionalBucket
+	presence *optionalBucket
 
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -85,8 +82,7 @@ type Worker struct {
 	stopErr  error
 }
 
-// Start runs one copy of the registry in env: binds mesh_registry, makes
-// sure the mailbox stream exists, serves the registry subjects in the
+// Start runs one copy of the registry in env: binds mesh_registry, serves the registry subjects in the
 // worker's queue group and reaps every cfg.ReapEvery until ctx ends or Stop.
 func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if cfg.ReapEvery <= 0 {
@@ -113,11 +109,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
-	if err := EnsureMailboxStream(ctx, svc.JS); err != nil {
-		return fail(err)
-	}
 	w := &Worker{svc: svc, js: svc.JS, kv: kv, cfg: cfg, now: cfg.Now, log: svc.Log,
-		presence: newOptionalBucket(svc.JS, PresenceBucket), admission: newOptionalBucket(svc.JS, AdmissionBucket)}
+		presence: newOptionalBucket(svc.JS, PresenceBucket)}
 	for _, ep := range []struct {
 		name, subject string
 		h             bus.Handler

@@ -3,7 +3,6 @@ package registry_test
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"sync"
@@ -131,16 +130,17 @@ func (f *fixture) stored(agent string) (map[string]any, bool) {
 	return v, found
 }
 
-func (f *fixture) consumer(agent string) (*jetstream.ConsumerInfo, bool) {
+// noConsumers asserts the account holds no JetStream consumer: the
+// registry makes no per-agent resource at the broker.
+func (f *fixture) noConsumers() {
 	f.t.Helper()
-	c, err := f.js.Consumer(f.ctx(), protocol.MailboxStream, protocol.MailboxConsumer(agent))
-	if errors.Is(err, jetstream.ErrConsumerNotFound) {
-		return nil, false
-	}
+	info, err := f.js.AccountInfo(f.ctx())
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	return c.CachedInfo(), true
+	if info.Consumers != 0 {
+		f.t.Fatalf("the account holds %d consumers after registrations", info.Consumers)
+	}
 }
 
 // manifest builds a manifest for agent hosted on node with a vouch valid

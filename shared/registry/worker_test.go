@@ -6,8 +6,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats.go/jetstream"
-
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -39,40 +37,23 @@ func TestRegister(t *testing.T) {
 	if node, _ := rec["node"].(map[string]any); node["id"] != n.Public() || node["attestation"] == nil {
 		t.Fatalf("record node %v", rec["node"])
 	}
-	info, ok := f.consumer(a.Public())
-	if !ok {
-		t.Fatal("no mailbox consumer")
-	}
-	c := info.Config
-	if c.FilterSubject != protocol.InboxSubject(a.Public()) || c.AckPolicy != jetstream.AckExplicitPolicy ||
-		c.AckWait != 30*time.Second || c.MaxDeliver != 5 || c.Durable != protocol.MailboxConsumer(a.Public()) {
-		t.Fatalf("consumer config %+v", c)
-	}
+	// A registration makes nothing at the broker: the mailbox is the
+	// mailbox worker's, read by subject (issue 10 item 2).
+	f.noConsumers()
 	ev := f.events.expect(t, registry.EventRegistered, a.Public(), 1)
 	if ev[0].Data["node"] != n.Public() || ev[0].Data["sandbox"] != false {
 		t.Fatalf("event data %v", ev[0].Data)
 	}
-	st, err := f.js.Stream(f.ctx(), protocol.MailboxStream)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if sc := st.CachedInfo().Config; !sc.NoAck || sc.MaxAge != 7*24*time.Hour || sc.Discard != jetstream.DiscardOld ||
-		sc.Retention != jetstream.LimitsPolicy || !slices.Equal(sc.Subjects, []string{"mesh.agent.*.inbox", "mesh.agent.*.inbox.guarded"}) {
-		t.Fatalf("mailbox stream %+v", sc)
-	}
 
 	// Renewal on the same node: stored again (registered_at kept), no
-	// second event, the consumer kept.
+	// second event.
 	time.Sleep(5 * time.Millisecond)
-	f.mustRegister(a, manifest(t, a, n, 2*month, nil))
+	f.mustRegister(a, manifest(t, a, n, month-time.Hour, nil))
 	rec2, _ := f.stored(a.Public())
 	if rec2["registered_at"] != rec["registered_at"] || rec2["vouch_expires_at"] == rec["vouch_expires_at"] {
 		t.Fatalf("renewal: registered_at %v→%v, vouch %v→%v", rec["registered_at"], rec2["registered_at"], rec["vouch_expires_at"], rec2["vouch_expires_at"])
 	}
 	f.events.expect(t, registry.EventRegistered, a.Public(), 1)
-	if _, ok := f.consumer(a.Public()); !ok {
-		t.Fatal("renewal lost the mailbox consumer")
-	}
 
 	// Migration to another node is a new registration: one more event.
 	n2 := bustest.Node(t)
@@ -84,8 +65,8 @@ func TestRegister(t *testing.T) {
 
 	// The node-bound subject: the token must be the attesting node. It is
 	// the guests' subject (their only one), so a registration there is
-	// sandbox even from a node key, and loses its mailbox (TestSandboxIsDecidedByTheSubject).
-	rep, err = f.call(a, protocol.SubjRegister+"."+n2.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil))
+	// sandbox even from a node key (TestSandboxIsDecidedByTheSubject).
+	rep, err := f.call(a, protocol.SubjRegister+"."+n2.Public(), protocol.TypeRegister, manifest(t, a, n2, month, nil))
 	if err != nil {
 		t.Fatalf("bound register: %v", err)
 	}
@@ -111,6 +92,16 @@ func TestRegisterRefusals(t *testing.T) {
 	}
 	_, err = f.register(a, manifest(t, a, n, month, map[string]any{"node": map[string]any{"id": n.Public(), "attestation": vouchValue(t, old)}}))
 	wantCode(t, err, errs.Unauthorized, "expired")
+
+	// A vouch for longer than 30 days: a registration lasts as long as its
+	// vouch, and one for a key nobody owns would never be reclaimed.
+	_, err = f.register(a, manifest(t, a, n, 100*12*month, nil))
+	wantCode(t, err, errs.Unauthorized, "longer than")
+	_, err = f.register(a, manifest(t, a, n, month+time.Hour, nil))
+	wantCode(t, err, errs.Unauthorized, "longer than")
+	if _, found := f.stored(a.Public()); found {
+		t.Fatal("a registration with an over-long vouch was stored")
+	}
 
 	// A vouch for another agent.
 	vo, _ := protocol.NewVouch(n, other.Public(), time.Now(), time.Now().Add(month))
@@ -199,9 +190,6 @@ func TestUnsignedNeverReachesHandler(t *testing.T) {
 	if _, found := f.stored(a.Public()); found {
 		t.Fatal("an unverified registration was stored")
 	}
-	if _, ok := f.consumer(a.Public()); ok {
-		t.Fatal("an unverified registration got a mailbox")
-	}
 	f.events.expect(t, registry.EventRegistered, a.Public(), 0)
 }
 
@@ -216,9 +204,6 @@ func TestSandbox(t *testing.T) {
 	rec, _ := f.stored(g.Public())
 	if rec["sandbox"] != true || rec["trust_tier"] != "sandbox" || rec["visibility"] != "unlisted" {
 		t.Fatalf("guest record %v", rec)
-	}
-	if _, ok := f.consumer(g.Public()); ok {
-		t.Fatal("a sandbox agent got a mailbox")
 	}
 	ev := f.events.expect(t, registry.EventRegistered, g.Public(), 1)
 	if ev[0].Data["sandbox"] != true {
@@ -280,9 +265,6 @@ func TestSandboxIsDecidedByTheSubject(t *testing.T) {
 	if rec["sandbox"] != true || rec["trust_tier"] != "sandbox" || rec["visibility"] != "unlisted" {
 		t.Fatalf("record %v", rec)
 	}
-	if _, ok := f.consumer(x.Public()); ok {
-		t.Fatal("an agent attested by a guest key got a mailbox")
-	}
 	ev := f.events.expect(t, registry.EventRegistered, x.Public(), 1)
 	if ev[0].Data["sandbox"] != true || ev[0].Data["node"] != g.Public() {
 		t.Fatalf("event %v", ev[0].Data)
@@ -297,21 +279,15 @@ func TestSandboxIsDecidedByTheSubject(t *testing.T) {
 		t.Fatalf("the refused registration changed the record: %v", rec)
 	}
 
-	// A node's agent, public with a mailbox on the untokenized subject, is
-	// sandbox once registered on a bound subject: its mailbox goes.
+	// A node's agent, public on the untokenized subject, is sandbox once
+	// registered on a bound subject.
 	a, n := bustest.Agent(t), bustest.Node(t)
 	if rep := f.mustRegister(a, manifest(t, a, n, month, nil)); rep["sandbox"] != false || rep["visibility"] != "public" {
 		t.Fatalf("node agent %v", rep)
 	}
-	if _, ok := f.consumer(a.Public()); !ok {
-		t.Fatal("no mailbox for the node's agent")
-	}
 	rep, err = f.call(a, bound(n), protocol.TypeRegister, manifest(t, a, n, month, nil))
 	if err != nil || rep["sandbox"] != true || rep["visibility"] != "unlisted" {
 		t.Fatalf("node agent on the bound subject: %v %v", rep, err)
-	}
-	if _, ok := f.consumer(a.Public()); ok {
-		t.Fatal("a bound-subject registration kept its mailbox")
 	}
 
 	// None of them is listed.
@@ -370,28 +346,6 @@ func TestGuestEvict(t *testing.T) {
 	}
 }
 
-func TestGuardedMailbox(t *testing.T) {
-	f := setup(t, registry.Config{})
-	a, n := bustest.Agent(t), bustest.Node(t)
-	f.putJSON(registry.AdmissionBucket, a.Public(), map[string]any{"guarded": true})
-	f.mustRegister(a, manifest(t, a, n, month, nil))
-	info, ok := f.consumer(a.Public())
-	if !ok || info.Config.FilterSubject != protocol.GuardedInboxSubject(a.Public()) {
-		t.Fatalf("guarded consumer %+v", info)
-	}
-	// Re-registration keeps the guard.
-	f.mustRegister(a, manifest(t, a, n, month, nil))
-	if info, _ := f.consumer(a.Public()); info.Config.FilterSubject != protocol.GuardedInboxSubject(a.Public()) {
-		t.Fatalf("re-registration lost the guard: %s", info.Config.FilterSubject)
-	}
-	// Unguarded: the next registration moves the consumer to the public inbox.
-	f.putJSON(registry.AdmissionBucket, a.Public(), map[string]any{"guarded": false})
-	f.mustRegister(a, manifest(t, a, n, month, nil))
-	if info, _ := f.consumer(a.Public()); info.Config.FilterSubject != protocol.InboxSubject(a.Public()) {
-		t.Fatalf("unguarded filter %s", info.Config.FilterSubject)
-	}
-}
-
 func TestDeregister(t *testing.T) {
 	f := setup(t, registry.Config{})
 	a, n, other := bustest.Agent(t), bustest.Node(t), bustest.Agent(t)
@@ -413,9 +367,6 @@ func TestDeregister(t *testing.T) {
 	}
 	if _, found := f.stored(a.Public()); found {
 		t.Fatal("record kept")
-	}
-	if _, ok := f.consumer(a.Public()); ok {
-		t.Fatal("mailbox consumer kept")
 	}
 	f.events.expect(t, registry.EventDeregistered, a.Public(), 1)
 
@@ -596,9 +547,6 @@ func TestReap(t *testing.T) {
 	f.mustRegister(long, manifest(t, long, n, month, nil))
 	f.mustRegister(quiet, manifest(t, quiet, quiet, 72*time.Hour, nil))
 	f.mustRegister(chatty, manifest(t, chatty, chatty, 72*time.Hour, nil))
-	if _, ok := f.consumer(short.Public()); !ok {
-		t.Fatal("no mailbox for the short-vouch agent")
-	}
 
 	reapAll := func() int {
 		t.Helper()
@@ -635,9 +583,6 @@ func TestReap(t *testing.T) {
 	if _, found := f.stored(short.Public()); found {
 		t.Fatal("expired registration kept")
 	}
-	if _, ok := f.consumer(short.Public()); ok {
-		t.Fatal("reaped agent's mailbox kept")
-	}
 
 	// An hour on: the chatty guest heartbeated ten minutes ago, the quiet
 	// one never did.
@@ -656,9 +601,6 @@ func TestReap(t *testing.T) {
 			t.Fatalf("%s reaped", a)
 		}
 		f.events.expect(t, registry.EventReaped, a, 0)
-	}
-	if _, ok := f.consumer(long.Public()); !ok {
-		t.Fatal("the long-vouch agent lost its mailbox")
 	}
 	if got := reapAll(); got != 0 {
 		t.Fatalf("second pass reaped %d", got)

@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
@@ -64,7 +65,9 @@ func Run(ctx context.Context, name string, args []string, getenv func(string) st
 	if err != nil {
 		return fmt.Errorf("services key: %w", err)
 	}
-	nc, err := nats.Connect(cfg.NATSURL, nats.UserCredentials(cfg.CredsFile), nats.Name(name+"-worker"),
+	// Replies arrive under the services' prefix, which no client credential
+	// may subscribe (docs/security.md).
+	nc, err := nats.Connect(cfg.NATSURL, nats.UserCredentials(cfg.CredsFile), nats.Name(name+"-worker"), creds.ServiceInbox(),
 		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected", "err", err) }),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected") }))
