@@ -126,6 +126,13 @@ func (s *Service) Endpoint(name, subject string, h Handler) error {
 }
 
 func (s *Service) serve(req micro.Request, h Handler) {
+	if r := req.Reply(); r != "" && !protocol.IsReplySubject(r) {
+		// A signed answer published where the request points would be the
+		// services' signature on a subject of the sender's choosing (an
+		// event, a feed, an inbox): such a request is not served at all.
+		s.Log.Debug("request with a reply subject outside the reply namespaces dropped", "subject", req.Subject(), "reply", r)
+		return
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	env, err := s.dec.Decode(req.Data())
