@@ -1,0 +1,254 @@
+package devenv_test
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mailbox"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// vouchedManifest is a manifest for agent hosted on node, vouched for a day.
+func vouchedManifest(t testing.TB, agent *keys.Agent, node keys.Signer) map[string]any {
+	t.Helper()
+	now := time.Now()
+	v, err := protocol.NewVouch(node, agent.Public(), now, now.Add(24*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return map[string]any{"id": agent.Public(), "name": "agent " + agent.Public()[:6], "endpoint": protocol.InboxSubject(agent.Public()),
+		"node":      map[string]any{"id": node.Public(), "attestation": v},
+		"offerings": []any{map[string]any{"id": "chat", "name": "Chat"}}, "visibility": "unlisted"}
+}
+
+// TestMailboxSurvivesHostileRegistrations is issue 10 item 2: 2,048
+// throwaway agents on node credentials no account owns (minted through the
+// door, with the per-address limits opened wide as for an attacker with
+// many addresses) register, and afterwards the account holds no more
+// consumers than before and a new agent's offline mail is stored and
+// fetched as usual. On the old code every registration made a durable
+// consumer, and the 1,000th filled the stream's consumer limit.
+func TestMailboxSurvivesHostileRegistrations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("registers 2,000 agents")
+	}
+	const agents = 2048 // 8 attackers × 16 nodes × 16 agents
+	c := startCP(t, func(cfg *devenv.Config) {
+		cfg.Unowned = credential.UnownedLimits{PerClient: agents, PerKey: 10, Window: time.Hour}
+	})
+	svc, err := c.m.ConnectService("test-observer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	js, _ := jetstream.New(svc)
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	before, err := js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	start := time.Now()
+	var registered atomic.Int64
+	var wg sync.WaitGroup
+	for w := range 8 { // eight attackers, 256 agents each, 16 per node
+		wg.Go(func() {
+			for n := range agents / 8 / 16 {
+				node := newNode(t)
+				roster := make([]*keys.Agent, 16)
+				for i := range roster {
+					roster[i] = newAgent(t)
+				}
+				st, out := c.post("/v1/node-credential", nodeRequest(node, roster, time.Now().Unix()), "")
+				if st != 200 {
+					t.Errorf("attacker %d node %d: %d %v", w, n, st, out)
+					return
+				}
+				nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				for _, a := range roster {
+					if _, err := bus.Call(ctx, nc, a, protocol.SubjRegister, protocol.TypeRegister, "", vouchedManifest(t, a, node)); err != nil {
+						t.Errorf("register: %v", err)
+						nc.Close()
+						return
+					}
+					registered.Add(1)
+				}
+				nc.Close()
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		return
+	}
+	elapsed := time.Since(start)
+	t.Logf("%d registrations of unowned agents in %s (%.0f/s, node credentials minted through HTTP included)",
+		registered.Load(), elapsed.Round(time.Millisecond), float64(registered.Load())/elapsed.Seconds())
+
+	after, err := js.AccountInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if after.Consumers != before.Consumers || after.Streams != before.Streams {
+		t.Fatalf("registrations made broker resources: consumers %d → %d, streams %d → %d",
+			before.Consumers, after.Consumers, before.Streams, after.Streams)
+	}
+
+	// A new agent: its offline mail is stored and fetched.
+	node, fresh, sender := newNode(t), newAgent(t), newAgent(t)
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{fresh}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("fresh node: %d %v", st, out)
+	}
+	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := bus.Call(ctx, nc, fresh, protocol.SubjRegister, protocol.TypeRegister, "", vouchedManifest(t, fresh, node)); err != nil {
+		t.Fatalf("the fresh agent cannot register: %v", err)
+	}
+	env, err := protocol.New(protocol.TypeRequest, sender.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "after the flood"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = env.Sign(sender)
+	data, _ := env.Marshal()
+	if err := svc.Publish(protocol.InboxSubject(fresh.Public()), data); err != nil {
+		t.Fatal(err)
+	}
+	var mail []mailbox.Mail
+	eventually(t, "the fresh agent's mail", func() bool {
+		fctx, fcancel := context.WithTimeout(ctx, 2*time.Second)
+		defer fcancel()
+		mail, _, err = mailbox.Fetch(fctx, nc, fresh, 0, 10)
+		return err == nil && len(mail) == 1
+	})
+	if string(mail[0].Data) != string(data) {
+		t.Fatal("the fetched mail is not what was sent")
+	}
+}
+
+// TestBootstrapNeedsProofForAKeyWithHistory is issue 10 item 4: an am_
+// key exchange that names an agent key the mesh already knows — registered
+// on a node credential no account owns, or holding mail — is refused
+// without the agent's proof (on the old code it was exchanged, and the
+// credential read the victim's queued mail), and the am_ key is left
+// unspent; with the proof it goes through. A brand-new key, as upstream
+// SDKs send it ({token, agent_id} alone), still works.
+func TestBootstrapNeedsProofForAKeyWithHistory(t *testing.T) {
+	c := startCP(t)
+	acct, _ := c.signIn("ana@example.org")
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+
+	// A victim registered on an unowned node credential.
+	node, victim := newNode(t), newAgent(t)
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{victim}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("node: %d %v", st, out)
+	}
+	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := bus.Call(ctx, nc, victim, protocol.SubjRegister, protocol.TypeRegister, "", vouchedManifest(t, victim, node)); err != nil {
+		t.Fatal(err)
+	}
+	// A key nobody registered but someone wrote to.
+	mailed := newAgent(t)
+	svc, err := c.m.ConnectService("test-sender")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	if err := svc.Publish(protocol.InboxSubject(mailed.Public()), []byte(`{"queued":"mail"}`)); err != nil {
+		t.Fatal(err)
+	}
+	history := mailbox.History{Bus: &bus.Caller{NC: svc, Key: c.m.ServicesKey()}}
+	eventually(t, "the stored mail", func() bool { _, m, err := history.AgentHistory(ctx, mailed.Public()); return err == nil && m })
+
+	for name, a := range map[string]*keys.Agent{"registered": victim, "mailed": mailed} {
+		token := c.agentKey(acct, "thief-"+name)
+		st, out := c.post("/v1/bootstrap", map[string]any{"token": token, "agent_id": a.Public()}, "")
+		if st != 401 || out["details"].(map[string]any)["proof_required"] != true {
+			t.Fatalf("%s key without proof: %d %v", name, st, out)
+		}
+		// A proof by another key does not count.
+		forged := map[string]any{"token": token, "agent_id": a.Public(), "proof": protocol.SignBootstrap(newAgent(t), token)}
+		if st, out := c.post("/v1/bootstrap", forged, ""); st != 401 || out["code"] != "IDENTITY_MISMATCH" {
+			t.Fatalf("%s key with a forged proof: %d %v", name, st, out)
+		}
+		// The am_ key was not spent: with the real proof it exchanges.
+		if st, out := c.post("/v1/bootstrap", bootstrapBody(token, a), ""); st != 200 {
+			t.Fatalf("%s key with proof: %d %v", name, st, out)
+		}
+	}
+	// Upstream's form for a brand-new key.
+	if st, out := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "fresh"), "agent_id": newAgent(t).Public()}, ""); st != 200 {
+		t.Fatalf("brand-new key without proof: %d %v", st, out)
+	}
+}
+
+// TestUnownedMintsAreLimited: node credentials for rosters no account owns
+// are counted per address and per key; past the limit the door answers
+// 429 with retry_after_ms, and an owned roster is not counted.
+func TestUnownedMintsAreLimited(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) {
+		cfg.Unowned = credential.UnownedLimits{PerClient: 6, PerKey: 2, Window: time.Hour}
+	})
+	// Per key: the same node renews twice, the third is refused.
+	node, agent := newNode(t), newAgent(t)
+	for i := range 3 {
+		st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{agent}, time.Now().Unix()), "")
+		want := 200
+		if i == 2 {
+			want = 429
+		}
+		if st != want {
+			t.Fatalf("mint %d for one key: %d %v", i+1, st, out)
+		}
+		if st == 429 && (out["code"] != "RATE_LIMITED" || out["retry_after_ms"] == nil) {
+			t.Fatalf("refusal %v", out)
+		}
+	}
+	// Per address: fresh keys each time, refused after six mints in all.
+	got := 2
+	for range 10 {
+		st, _ := c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{newAgent(t)}, time.Now().Unix()), "")
+		if st == 429 {
+			break
+		}
+		got++
+	}
+	if got != 6 {
+		t.Fatalf("one address minted %d unowned credentials, want 6", got)
+	}
+	// An owned roster is not counted.
+	acct, _ := c.signIn("ana@example.org")
+	owned := newAgent(t)
+	if st, out := c.post("/v1/bootstrap", bootstrapBody(c.agentKey(acct, "mine"), owned), ""); st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, out)
+	}
+	for range 3 {
+		if st, out := c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{owned}, time.Now().Unix()), ""); st != 200 {
+			t.Fatalf("owned roster refused: %d %v", st, out)
+		}
+	}
+}
