@@ -52,7 +52,7 @@ func (a *Agent) emit(subject string, payload map[string]any) error {
 	if err != nil {
 		return err
 	}
-	if err := protocol.CheckEnvelopeSize(len(b), int(a.n.nc.MaxPayload())); err != nil {
+	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
 		return err
 	}
 	return a.n.publish(subject, b, "")

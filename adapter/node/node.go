@@ -564,6 +564,11 @@ func (n *Node) publishMsg(m *nats.Msg) error {
 		n.recMu.Unlock()
 	}
 	err := n.failPublish(m)
+	if err == nil && len(m.Data) > n.maxPayload() {
+		// Over the credential's own limit (a guest's is smaller than the
+		// transport's): the broker would close the connection for it.
+		err = nats.ErrMaxPayload
+	}
 	if err == nil {
 		err = n.nc.PublishMsg(m)
 	}
@@ -571,13 +576,26 @@ func (n *Node) publishMsg(m *nats.Msg) error {
 	switch {
 	case errors.Is(err, nats.ErrMaxPayload):
 		// Data and headers together are over the limit: no retry will help.
-		limit := int(n.nc.MaxPayload())
+		limit := n.maxPayload()
 		return errs.Wrap(errs.ContextTooLarge, fmt.Sprintf("the message on %s is over the transport maximum of %d bytes; send large content by reference", m.Subject, limit), err).
 			WithDetails(map[string]any{"limit": "transport_max_payload", "max_payload_bytes": limit})
 	case err != nil:
 		return errs.Wrap(errs.TransportTimeout, "publish on "+m.Subject+" failed", err)
 	}
 	return nil
+}
+
+// maxPayload is the largest message this node may publish: the broker's
+// maximum, or the credential's own limit when that is smaller (guest and
+// unowned credentials carry one, creds.ClassLimits).
+func (n *Node) maxPayload() int {
+	limit := int(n.nc.MaxPayload())
+	n.credMu.RLock()
+	defer n.credMu.RUnlock()
+	if c := n.cs.claims; c != nil && c.Limits.Payload > 0 && int(c.Limits.Payload) < limit {
+		limit = int(c.Limits.Payload)
+	}
+	return limit
 }
 
 // failPublish is the tests' way to make a publish fail (testPublishErr).

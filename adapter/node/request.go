@@ -216,7 +216,7 @@ func (a *Agent) Request(ctx context.Context, to, offering string, input any, opt
 	if opts.Limits != nil {
 		lim = *opts.Limits
 	}
-	if err := protocol.Preflight(env, lim, int(a.n.nc.MaxPayload())); err != nil {
+	if err := protocol.Preflight(env, lim, a.n.maxPayload()); err != nil {
 		return nil, err
 	}
 	if err := env.Sign(a.key); err != nil {

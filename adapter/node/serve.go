@@ -366,7 +366,7 @@ func (a *Agent) sendRespond(subject string, env *protocol.Envelope) error {
 	}
 	// Checked here rather than left to the client, whose refusal would
 	// look like any other failed publish: this one will never succeed.
-	if err := protocol.CheckEnvelopeSize(len(b), int(a.n.nc.MaxPayload())); err != nil {
+	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
 		return err
 	}
 	if err := a.n.publish(subject, b, env.ID); err != nil {

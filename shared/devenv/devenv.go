@@ -26,6 +26,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
@@ -80,6 +81,9 @@ type Config struct {
 	// Classes are the fence classes' limits (creds.DefaultClassLimits when
 	// nil): what guests and unowned rosters may publish and hold open.
 	Classes map[string]creds.ClassLimits
+	// FenceWindow is how often the fence reads limited connections' rates
+	// (fence.DefaultWindow when 0).
+	FenceWindow time.Duration
 }
 
 func (c Config) meshName() string {
@@ -131,6 +135,10 @@ type Mesh struct {
 
 	// servicesKey signs every answer and event of the bus workers.
 	servicesKey *keys.Agent
+
+	// fence limits the connections and rates of guest and unowned
+	// credentials (package fence).
+	fence *fence.Fence
 
 	// workers are the running bus workers.
 	workers *Workers
@@ -191,6 +199,10 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 
 	if err := m.startNATS(ctx, dataDir, cfg, readyTimeout); err != nil {
 		_ = m.Shutdown(context.Background()) // stop whatever got started
+		return nil, err
+	}
+	if err := m.startFence(ctx, cfg); err != nil {
+		_ = m.Shutdown(context.Background())
 		return nil, err
 	}
 	if err := m.startWorkers(cfg); err != nil {
@@ -488,6 +500,21 @@ func (m *Mesh) ServicesKey() *keys.Agent { return m.servicesKey }
 // Trust is the mesh's trust chain, for minting credentials.
 func (m *Mesh) Trust() *creds.Trust { return m.trust }
 
+// startFence runs the fence on the system connection (cfg.Classes, or the
+// default class limits).
+func (m *Mesh) startFence(ctx context.Context, cfg Config) error {
+	f, err := fence.Start(ctx, fence.Config{Sys: m.sys, Account: m.trust.PublicKeys().MeshAccount, Classes: cfg.Classes,
+		Window: cfg.FenceWindow, Log: m.log})
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	m.fence = f
+	return nil
+}
+
+// Fence is the running fence, for its counters.
+func (m *Mesh) Fence() *fence.Fence { return m.fence }
+
 // ConnectService returns an in-process connection to the mesh account as a
 // "service" user allowed to publish and subscribe everywhere in it: the
 // identity of the workers. Its JWT never leaves the process.
@@ -582,6 +609,9 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 			if err := m.closers[i](); err != nil {
 				errs = append(errs, err)
 			}
+		}
+		if m.fence != nil {
+			m.fence.Stop()
 		}
 		if m.sys != nil {
 			m.sys.Close()
