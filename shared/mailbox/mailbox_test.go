@@ -381,7 +381,7 @@ func TestKnown(t *testing.T) {
 	h.mail(protocol.GuardedInboxSubject(mailed.Public()), sender, "x")
 	history := mailbox.History{Bus: &bus.Caller{NC: h.nc, Key: h.m.ServicesKey()}}
 	for _, tc := range []struct {
-		agent      *keys.Agent
+		agent     *keys.Agent
 		reg, mail bool
 	}{{fresh, false, false}, {registered, true, false}, {mailed, false, true}} {
 		r, m, err := history.AgentHistory(t.Context(), tc.agent.Public())
