@@ -25,6 +25,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
@@ -59,6 +60,10 @@ type Config struct {
 	GuestIdleTTL time.Duration
 	// RateLimit is the per-address HTTP limit per minute (600 by default).
 	RateLimit int
+	// BodyTimeout is how long an HTTP request may take to deliver its body
+	// (httpx.DefaultBodyTimeout, 10 s, when 0); a slower body is cut off
+	// with 408.
+	BodyTimeout time.Duration
 	// RegistrarSweepInterval is how often the registrar's expired
 	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
 	RegistrarSweepInterval time.Duration
@@ -431,8 +436,12 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 		return err
 	}
 	m.httpSrv = &http.Server{
-		ConnState:         m.trackConn,
-		Handler:           m.mux,
+		ConnState: m.trackConn,
+		// The mux's own 404 and 405 answer JSON like every route. A body's
+		// read deadline is set per request (httpx.BodyDeadline, on every
+		// route), not with ReadTimeout: that one stays armed while a handler
+		// works and cancels its context when it fires.
+		Handler:           httpx.JSONErrors(m.mux, m.log.With("component", "http")),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(m.log.With("component", "http").Handler(), slog.LevelWarn),
