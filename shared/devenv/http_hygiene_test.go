@@ -241,3 +241,39 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// Invisible and bidirectional format characters are refused in every name
+// and address on the routes: the connect approval mail (email and app
+// name), API-token and app names, agent-key labels, and the registrar's
+// email, handle name and operator name.
+func TestFormatCharactersRefusedOnRoutes(t *testing.T) {
+	c := startCP(t)
+	acct, tok := c.signIn("ana@example.org")
+	reg, err := c.m.Control().Registrar.SessionFor(t.Context(), "bo@example.org", "console")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, f := range []string{"\u202e", "\u200b", "\u2066", "\ufeff", "\u200f"} {
+		for _, r := range []struct {
+			name, path, body, bearer string
+		}{
+			{"connect email", "/v1/connect", `{"email":"eve` + f + `@example.org","app_name":"dash"}`, ""},
+			{"connect app name", "/v1/connect", `{"email":"eve@example.org","app_name":"dash` + f + `board"}`, ""},
+			{"sign-up email", "/v1/accounts", `{"email":"eve` + f + `@example.org"}`, ""},
+			{"API-token name", "/v1/accounts/" + acct + "/api-tokens", `{"name":"ci` + f + `"}`, tok},
+			{"app name", "/v1/accounts/" + acct + "/apps", `{"name":"` + f + `dash"}`, tok},
+			{"registrar email", "/api/handles/start", `{"email":"eve` + f + `@example.org"}`, ""},
+			{"handle name", "/api/handles/claim", `{"name":"coder` + f + `","operator_name":"Bo"}`, reg.Token},
+			{"operator name", "/api/handles/claim", `{"name":"coder","operator_name":"Bo` + f + `"}`, reg.Token},
+		} {
+			st, body := c.raw("POST", r.path, "application/json", r.body, r.bearer)
+			if st != http.StatusBadRequest || body.Code != errs.InvalidRequest || !strings.Contains(body.Error, "invisible formatting characters") {
+				t.Errorf("%s with %U: %d %+v", r.name, []rune(f)[0], st, body)
+			}
+		}
+		if _, err := c.m.Control().Accounts.AdminMintAgentKey(t.Context(), acct, "coder"+f); errs.CodeOf(err) != errs.InvalidRequest {
+			t.Errorf("agent-key label with %U: %v", []rune(f)[0], err)
+		}
+	}
+	c.noMail("eve@example.org")
+}
