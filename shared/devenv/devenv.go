@@ -276,6 +276,9 @@ func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyT
 	m.nslog = newNATSLogger(m.log)
 	ns.SetLoggerV2(m.nslog, m.log.Enabled(ctx, slog.LevelDebug), m.log.Enabled(ctx, LevelTrace), false)
 	ns.Start()
+	// Counts of suppressed permission violations are written when their
+	// window passes quietly, and once more at shutdown.
+	m.startSweeper(ViolationWindow, "", func(context.Context) (int, error) { m.nslog.violations.flush(); return 0, nil })
 
 	if err := m.waitReady(ctx, readyTimeout); err != nil {
 		return err
@@ -592,6 +595,7 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 			// race the old one.
 			m.ns.Shutdown()
 			m.ns.WaitForShutdown()
+			m.nslog.violations.flush()
 		} else if m.dirRes != nil {
 			m.dirRes.Close()
 		}
