@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
+	"time"
 
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
@@ -36,6 +37,9 @@ type Deps struct {
 	// TrustedProxyHops is how many proxies append to X-Forwarded-For in
 	// front of this server (0 on one machine).
 	TrustedProxyHops int
+	// BodyTimeout is how long a request may take to deliver its body
+	// (0: httpx.DefaultBodyTimeout, 10 s).
+	BodyTimeout time.Duration
 	// Capabilities is what GET /v1/capabilities reports.
 	Capabilities map[string]any
 }
@@ -47,7 +51,8 @@ type Group struct {
 	Handler func(d *Deps, rt httpx.Route) httpx.HandlerFunc
 }
 
-// Mount registers every route of g on mux, behind the per-IP limit.
+// Mount registers every route of g on mux, behind the per-IP limit and the
+// body deadline.
 func (g Group) Mount(mux *http.ServeMux, d *Deps) {
 	for _, rt := range g.Routes {
 		mux.Handle(rt.Pattern(), d.wrap(g.Handler(d, rt)))
@@ -57,9 +62,9 @@ func (g Group) Mount(mux *http.ServeMux, d *Deps) {
 func (d *Deps) wrap(h httpx.HandlerFunc) http.Handler {
 	var out http.Handler = httpx.Handle(d.Log, h)
 	if d.RateLimit != nil {
-		out = httpx.PerIP(d.RateLimit, d.TrustedProxyHops, out)
+		out = httpx.PerIP(d.RateLimit, d.TrustedProxyHops, d.Log, out)
 	}
-	return out
+	return httpx.BodyDeadline(d.BodyTimeout, out)
 }
 
 // RegisterFunctions registers each route of g as its own Cloud Function
@@ -76,7 +81,7 @@ func (g Group) RegisterFunctions(build func() (*Deps, error)) {
 				errs.WriteHTTP(w, slog.Default(), errs.Wrap(errs.Unavailable, "this function is not ready; retry shortly", err))
 				return
 			}
-			httpx.SingleRoute(rt, d.wrap(g.Handler(d, rt))).ServeHTTP(w, r)
+			httpx.SingleRoute(rt, d.Log, d.wrap(g.Handler(d, rt))).ServeHTTP(w, r)
 		})
 	}
 }

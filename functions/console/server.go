@@ -16,6 +16,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/secret"
 )
 
@@ -290,7 +291,7 @@ func (s *Server) signedInJSON(fn func(w http.ResponseWriter, r *http.Request, ss
 			err = fn(w, r, ss)
 		}
 		if err != nil {
-			errs.WriteHTTP(w, s.log, err)
+			httpx.Fail(w, r, s.log, err)
 		}
 	}
 }

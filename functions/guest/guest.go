@@ -34,7 +34,10 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 	switch rt.EntryPoint {
 	case "GuestIssue":
 		return func(w http.ResponseWriter, r *http.Request) error {
-			// POST /v1/guest takes no body; whatever is sent is ignored.
+			// POST /v1/guest takes no body: none, or an empty JSON object.
+			if err := httpx.Decode(w, r, &struct{}{}, httpx.DecodeOptions{Strict: true, AllowEmpty: true}); err != nil {
+				return err
+			}
 			g, err := gs.Issue(r.Context(), httpx.ClientKey(r, d.TrustedProxyHops))
 			if err != nil {
 				return err

@@ -25,7 +25,7 @@ var Group = api.Group{Routes: Routes, Handler: func(*api.Deps, httpx.Route) http
 // The health function must answer even when nothing else is configured, so
 // it registers directly instead of through the lazy dependency builder.
 func init() {
-	functions.HTTP(Routes[0].EntryPoint, httpx.SingleRoute(Routes[0], httpx.Handle(nil, handle)).ServeHTTP)
+	functions.HTTP(Routes[0].EntryPoint, httpx.SingleRoute(Routes[0], nil, httpx.Handle(nil, handle)).ServeHTTP)
 }
 
 func handle(w http.ResponseWriter, r *http.Request) error {

@@ -4,22 +4,27 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/functions/api"
 	registrarfn "agentmesh.dev/mesh/functions/registrar"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
+	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
+	"agentmesh.dev/mesh/shared/store/firestorestore"
 )
 
 type noMail struct{}
@@ -99,5 +104,64 @@ func TestResolveSendsTheSignedBytes(t *testing.T) {
 	}
 	if err := protocol.VerifyString(key.Public(), wire.Card, wire.Sig, protocol.Base64Std); err != nil || wire.Key != key.Public() {
 		t.Fatalf("the signature over the raw wire bytes: %v", err)
+	}
+}
+
+// A handle whose store id no document can have ("." and "..": a query
+// parameter is not cleaned like a path) is the caller's bad input, 400
+// INVALID_REQUEST, on either store backend: the embedded one always, and
+// Firestore when FIRESTORE_EMULATOR_HOST names an emulator. Both refuse
+// the same ids (store.CheckID, held by the store contract suite).
+func TestBadIDsAreBadInput(t *testing.T) {
+	backends := map[string]func(t *testing.T) store.Store{
+		"bolt": func(t *testing.T) store.Store {
+			st, err := boltstore.Open(filepath.Join(t.TempDir(), "control.db"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st
+		},
+		"firestore": func(t *testing.T) store.Store {
+			if os.Getenv("FIRESTORE_EMULATOR_HOST") == "" {
+				t.Skip("FIRESTORE_EMULATOR_HOST not set")
+			}
+			project := os.Getenv("FIRESTORE_PROJECT_ID")
+			if project == "" {
+				project = "mesh-test"
+			}
+			st, err := firestorestore.New(t.Context(), project)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { st.Close() })
+			return st.WithPrefix(fmt.Sprintf("badid%d_", time.Now().UnixNano()))
+		},
+	}
+	for name, open := range backends {
+		t.Run(name, func(t *testing.T) {
+			st := open(t)
+			key, err := keys.Generate[keys.RegistrarRole]()
+			if err != nil {
+				t.Fatal(err)
+			}
+			mux := http.NewServeMux()
+			srv := httptest.NewServer(mux)
+			t.Cleanup(srv.Close)
+			svc := registrar.New(registrar.Config{Store: st, Mail: noMail{}, Signer: key, URL: srv.URL})
+			registrarfn.Group.Mount(mux, &api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc})
+			for _, h := range []string{".", ".."} {
+				resp, err := http.Get(srv.URL + "/api/resolve?handle=" + url.QueryEscape(h))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var body errs.HTTPBody
+				err = json.NewDecoder(resp.Body).Decode(&body)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusBadRequest || body.Code != errs.InvalidRequest || body.Retryable {
+					t.Errorf("resolve %q: %d %+v (%v)", h, resp.StatusCode, body, err)
+				}
+			}
+		})
 	}
 }

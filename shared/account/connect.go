@@ -46,7 +46,6 @@ import (
 	"fmt"
 	"strings"
 	"time"
-	"unicode"
 
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
@@ -366,8 +365,9 @@ func checkAppName(n string) (string, error) {
 		return "", errs.New(errs.InvalidRequest, "app_name is required: the name the person sees in the approval mail, e.g. \"dashboard\"")
 	case len(n) > MaxLabel:
 		return "", errs.Newf(errs.InvalidRequest, "app_name is longer than %d bytes", MaxLabel)
-	case strings.IndexFunc(n, unicode.IsControl) >= 0:
-		return "", errs.New(errs.InvalidRequest, "app_name must not contain control characters")
+	}
+	if err := CheckVisible("app_name", n); err != nil {
+		return "", err
 	}
 	return n, nil
 }

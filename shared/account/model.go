@@ -179,14 +179,39 @@ func NormalizeEmail(s string) (string, error) {
 	if a, err := netmail.ParseAddress(e); err != nil || a.Name != "" || a.Address != e {
 		return "", errs.New(errs.InvalidRequest, "email must be a bare address like ana@example.org: no display name, angle brackets, quotes, commas, parentheses or consecutive dots")
 	}
-	// Invisible formatting characters (bidi controls, zero-width) would
-	// let one address look like another.
-	if i := strings.IndexFunc(e, func(r rune) bool { return unicode.Is(unicode.Cf, r) }); i >= 0 {
-		r, _ := utf8.DecodeRuneInString(e[i:])
-		return "", errs.Newf(errs.InvalidRequest, "email must not contain invisible formatting characters (here %U): bidi controls and zero-width characters can make one address look like another", r)
+	if err := CheckVisible("email", e); err != nil {
+		return "", err
 	}
 	return e, nil
 }
+
+// CheckVisible is the one rule for text a person reads as a name or an
+// address: handle names, operator names, agent-key labels, app and
+// API-token names, the app name and address of the connect approval mail,
+// every email. It must be valid UTF-8 with no control character and no
+// invisible format character (Unicode category Cf: bidirectional controls
+// U+202A–U+202E and U+2066–U+2069, zero-width U+200B–U+200F, U+FEFF, the
+// soft hyphen, …), which can make one name look like another or reverse
+// what a mail seems to say. field names the member in the refusal. Each
+// check adds its own rules (length, white space, '@') on top.
+func CheckVisible(field, s string) error {
+	if !utf8.ValidString(s) {
+		return errs.Newf(errs.InvalidRequest, "%s must be UTF-8 text", field)
+	}
+	for _, r := range s {
+		switch {
+		case unicode.IsControl(r):
+			return errs.Newf(errs.InvalidRequest, "%s must not contain control characters", field)
+		case unicode.Is(unicode.Cf, r):
+			return errs.Newf(errs.InvalidRequest, "%s must not contain invisible formatting characters (here %U): %s", field, r, formatHint)
+		}
+	}
+	return nil
+}
+
+// formatHint says why format characters (Unicode Cf) are refused, beyond
+// upstream's "no control characters".
+const formatHint = "bidirectional controls (U+202E, U+2066, …) and zero-width characters (U+200B, U+FEFF, …) can make one name look like another"
 
 // CheckLabel validates an agent key's label (the agent's name).
 func CheckLabel(label string) (string, error) {
@@ -197,10 +222,8 @@ func CheckLabel(label string) (string, error) {
 	if len(l) > MaxLabel {
 		return "", errs.Newf(errs.InvalidRequest, "name is longer than %d bytes", MaxLabel)
 	}
-	for _, r := range l {
-		if unicode.IsControl(r) {
-			return "", errs.New(errs.InvalidRequest, "name must not contain control characters")
-		}
+	if err := CheckVisible("name", l); err != nil {
+		return "", err
 	}
 	return l, nil
 }
@@ -220,10 +243,8 @@ func CheckOperatorName(n string) (string, error) {
 	if len(n) > MaxOperatorName {
 		return "", errs.Newf(errs.InvalidRequest, "operator_name is longer than %d characters", MaxOperatorName)
 	}
-	for _, r := range n {
-		if unicode.IsControl(r) {
-			return "", errs.New(errs.InvalidRequest, "operator_name must not contain control characters")
-		}
+	if err := CheckVisible("operator_name", n); err != nil {
+		return "", err
 	}
 	return n, nil
 }

@@ -77,7 +77,12 @@ func (s *Service) ConsoleURL() string { return s.cfg.ConsoleURL }
 const storeDown = "the account store is unavailable; retry shortly"
 
 // unavailable is the 503 of a store that cannot answer.
-func unavailable(err error) error { return errs.Wrap(errs.Unavailable, storeDown, err) }
+func unavailable(err error) error {
+	if e := errs.FromInput(err); e != nil {
+		return e // an id no store can hold came from the request
+	}
+	return errs.Wrap(errs.Unavailable, storeDown, err)
+}
 
 // txErr passes protocol errors through and turns store failures into 503.
 func txErr(err error) error { return errs.OrUnavailable(err, storeDown) }

@@ -214,8 +214,12 @@ func (s *Service) Subscribe(ctx context.Context, accountID, agentID string) erro
 	}), "the account store is unavailable; retry shortly")
 }
 
-// Unsubscribe removes one; removing what is not there is quiet.
+// Unsubscribe removes one; removing what is not there is quiet, but an
+// agent id that cannot be one is refused as Subscribe refuses it.
 func (s *Service) Unsubscribe(ctx context.Context, accountID, agentID string) error {
+	if err := credential.CheckAgentID(agentID, "agent_id"); err != nil {
+		return err
+	}
 	return errs.OrUnavailable(s.Store.RunTx(ctx, func(tx store.Tx) error {
 		var subs subscriptions
 		if err := tx.Get(CollSubscriptions, accountID, &subs); err != nil {

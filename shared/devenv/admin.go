@@ -91,7 +91,7 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		}
 		return c.Credentials.DisableAccount(ctx, id, reason)
 	}))
-	return mux
+	return httpx.JSONErrors(mux, log)
 }
 
 // startAdmin serves AdminHandler on the data directory's socket.

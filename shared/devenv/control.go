@@ -107,7 +107,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		limit = 600 // one person clicking through the console never meets this
 	}
 	c.Deps = &api.Deps{Log: m.log.With("component", "http"), Accounts: c.Accounts, Credentials: c.Credentials, Guests: c.Guests,
-		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now), TrustedProxyHops: max(cfg.TrustedProxyHops, 0),
+		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now), TrustedProxyHops: max(cfg.TrustedProxyHops, 0), BodyTimeout: cfg.BodyTimeout,
 		Capabilities: map[string]any{
 			"protocol": protocol.Version, "mesh": meshInfo.Name, "markup_pct": cfg.MarkupPct, "clearing_service": false,
 			"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},

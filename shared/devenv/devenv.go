@@ -27,6 +27,7 @@ import (
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
@@ -61,6 +62,10 @@ type Config struct {
 	GuestIdleTTL time.Duration
 	// RateLimit is the per-address HTTP limit per minute (600 by default).
 	RateLimit int
+	// BodyTimeout is how long an HTTP request may take to deliver its body
+	// (httpx.DefaultBodyTimeout, 10 s, when 0); a slower body is cut off
+	// with 408.
+	BodyTimeout time.Duration
 	// RegistrarSweepInterval is how often the registrar's expired
 	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
 	RegistrarSweepInterval time.Duration
@@ -290,6 +295,9 @@ func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyT
 	m.nslog = newNATSLogger(m.log)
 	ns.SetLoggerV2(m.nslog, m.log.Enabled(ctx, slog.LevelDebug), m.log.Enabled(ctx, LevelTrace), false)
 	ns.Start()
+	// Counts of suppressed permission violations are written when their
+	// window passes quietly, and once more at shutdown.
+	m.startSweeper(ViolationWindow, "", func(context.Context) (int, error) { m.nslog.violations.flush(); return 0, nil })
 
 	if err := m.waitReady(ctx, readyTimeout); err != nil {
 		return err
@@ -450,8 +458,12 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 		return err
 	}
 	m.httpSrv = &http.Server{
-		ConnState:         m.trackConn,
-		Handler:           m.mux,
+		ConnState: m.trackConn,
+		// The mux's own 404 and 405 answer JSON like every route. A body's
+		// read deadline is set per request (httpx.BodyDeadline, on every
+		// route), not with ReadTimeout: that one stays armed while a handler
+		// works and cancels its context when it fires.
+		Handler:           httpx.JSONErrors(m.mux, m.log.With("component", "http")),
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          slog.NewLogLogger(m.log.With("component", "http").Handler(), slog.LevelWarn),
@@ -622,6 +634,7 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 			// race the old one.
 			m.ns.Shutdown()
 			m.ns.WaitForShutdown()
+			m.nslog.violations.flush()
 		} else if m.dirRes != nil {
 			m.dirRes.Close()
 		}

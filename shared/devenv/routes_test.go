@@ -1,8 +1,10 @@
 package devenv_test
 
 import (
+	"bytes"
 	"go/parser"
 	"go/token"
+	"io"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -16,9 +18,9 @@ import (
 
 // The route tables are the single source for meshd's mux and the Cloud
 // Function entry points: entry points and patterns are unique, every route
-// is mounted (it answers JSON, or HTML for a page route, not the mux's
-// plain-text 404), and deploy.go imports every function group so each entry
-// point is registered.
+// is mounted (it answers JSON, or HTML for a page route, and not the mux's
+// own 404 or 405), and deploy.go imports every function group so each
+// entry point is registered.
 func TestRouteTablesAgree(t *testing.T) {
 	entry, pattern := map[string]bool{}, map[string]bool{}
 	var all []httpx.Route
@@ -44,15 +46,20 @@ func TestRouteTablesAgree(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
 		// Every route answers JSON, except the HTML pages (the console and
-		// the card page, its 404 too); the mux's own 404 is plain text.
+		// the card page, its 404 too); the mux's own 404 and 405 are JSON
+		// too, but say there is no such route.
 		want := "application/json"
 		if rt.HTML {
 			want = "text/html"
 		}
 		if ct := resp.Header.Get("Content-Type"); !strings.HasPrefix(ct, want) {
 			t.Errorf("%s answered %d %q: not mounted", rt.Pattern(), resp.StatusCode, ct)
+		}
+		if resp.StatusCode == http.StatusMethodNotAllowed || bytes.Contains(body, []byte("there is no route")) {
+			t.Errorf("%s answered %d %s: not mounted", rt.Pattern(), resp.StatusCode, body)
 		}
 	}
 

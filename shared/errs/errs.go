@@ -263,18 +263,49 @@ func (e *Error) Is(target error) bool {
 	return ok && t.Code == e.Code
 }
 
-// As extracts an *Error from err. A non-protocol error becomes
-// INTERNAL_ERROR with a generic message: internal text never reaches a
-// caller.
+// As extracts an *Error from err. A dependency's refusal of the caller's
+// input (InputError) becomes INVALID_REQUEST; any other non-protocol error
+// becomes INTERNAL_ERROR with a generic message: internal text never
+// reaches a caller.
 func As(err error) *Error {
 	if err == nil {
 		return nil
 	}
 	var e *Error
 	if errors.As(err, &e) {
+		if e.HTTPStatus() >= 500 {
+			// However a service wrapped it, a dependency that refused the
+			// caller's input is not an outage: the caller must change the
+			// request, not retry it.
+			if in := FromInput(err); in != nil {
+				return in
+			}
+		}
+		return e
+	}
+	if e := FromInput(err); e != nil {
 		return e
 	}
 	return Wrap(InternalError, "internal error", err)
+}
+
+// InputError is implemented by a dependency's error that the caller's
+// input caused rather than the dependency's health: an id no store can
+// hold (store.IDError) is one. InputError is the refusal in words the
+// caller can act on.
+type InputError interface {
+	error
+	InputError() string
+}
+
+// FromInput returns the INVALID_REQUEST for an InputError in err's chain
+// (keeping err as the cause), or nil when there is none.
+func FromInput(err error) *Error {
+	var ie InputError
+	if !errors.As(err, &ie) {
+		return nil
+	}
+	return Wrap(InvalidRequest, ie.InputError(), err)
 }
 
 // CodeOf returns err's protocol code, or "" when err carries none.
@@ -287,8 +318,10 @@ func CodeOf(err error) Code {
 }
 
 // OrUnavailable is how a service reports a failed dependency (its store, a
-// cloud API): a protocol error passes through as is, anything else becomes
-// a retryable UNAVAILABLE with msg, keeping the cause for the log.
+// cloud API): a protocol error passes through as is, the dependency's
+// refusal of the caller's input (InputError) is INVALID_REQUEST, and
+// anything else becomes a retryable UNAVAILABLE with msg, keeping the
+// cause for the log.
 func OrUnavailable(err error, msg string) error {
 	if err == nil {
 		return nil
@@ -296,6 +329,9 @@ func OrUnavailable(err error, msg string) error {
 	var e *Error
 	if errors.As(err, &e) {
 		return err
+	}
+	if e := FromInput(err); e != nil {
+		return e
 	}
 	return Wrap(Unavailable, msg, err)
 }

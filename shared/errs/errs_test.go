@@ -108,3 +108,42 @@ func TestBusRendering(t *testing.T) {
 		t.Error("errors.Is / CodeOf")
 	}
 }
+
+// badID stands for a dependency's refusal of the caller's input (the
+// store's *IDError).
+type badID struct{}
+
+func (badID) Error() string      { return "store: invalid argument: document id contains '/'" }
+func (badID) InputError() string { return "an id in this request cannot exist: it contains '/'" }
+
+// A dependency's refusal of the caller's input is a 400 INVALID_REQUEST,
+// never a retryable 503 or a 500, however the service wrapped it; anything
+// else from a dependency stays an outage.
+func TestInputErrorIsBadInput(t *testing.T) {
+	in := fmt.Errorf("get apps: %w", badID{})
+	for name, err := range map[string]error{
+		"bare":          in,
+		"OrUnavailable": OrUnavailable(in, "the store is unavailable; retry shortly"),
+		"Wrap 503":      Wrap(Unavailable, "the store is unavailable; retry shortly", in),
+		"Wrap 500":      fmt.Errorf("x: %w", Wrap(InternalError, "internal error", in)),
+		"FromInput":     FromInput(in),
+	} {
+		e := As(err)
+		if e.Code != InvalidRequest || e.HTTPStatus() != 400 || e.Retryable || e.Message != (badID{}).InputError() {
+			t.Errorf("%s: %+v", name, e)
+		}
+		if !errors.Is(e, badID{}) && !errors.As(e, new(badID)) {
+			t.Errorf("%s: the cause is lost", name)
+		}
+	}
+	if FromInput(errors.New("disk full")) != nil {
+		t.Error("a plain error is not the caller's input")
+	}
+	if e := As(OrUnavailable(errors.New("disk full"), "down")); e.Code != Unavailable || !e.Retryable {
+		t.Errorf("outage: %+v", e)
+	}
+	// A protocol refusal that is not an outage is kept as it is.
+	if e := As(fmt.Errorf("x: %w", Wrap(NotFound, "no app", in))); e.Code != NotFound {
+		t.Errorf("4xx wrapper: %+v", e)
+	}
+}

@@ -1,120 +1,18 @@
-// Package httpx is the HTTP hygiene every route shares: JSON bodies with
-// size limits and (where the spec says "exactly these members") unknown
-// members refused, errors rendered once with the protocol's codes, a per-IP
-// rate limit answering 429 with retry_after_ms, and the route type from
-// which the local mux and the Cloud Function entry points are built.
+// Package httpx is the HTTP hygiene every route shares: strict JSON bodies
+// (application/json, exact member names, no duplicates, valid UTF-8, a size
+// cap and a read deadline, and where the spec says "exactly these members"
+// unknown members refused), errors rendered and logged once with the
+// protocol's codes (the mux's own 404 and 405 included), a per-IP rate
+// limit answering 429 with retry_after_ms, and the route type from which
+// the local mux and the Cloud Function entry points are built.
 package httpx
 
 import (
-	"bytes"
 	"encoding/json"
-	"errors"
-	"fmt"
-	"io"
 	"log/slog"
-	"mime"
 	"net/http"
 	"strings"
-
-	"agentmesh.dev/mesh/shared/errs"
 )
-
-// MaxBody is the default cap on a request body. Control-plane bodies are
-// small; anything larger is a mistake or an attack.
-const MaxBody = 64 << 10
-
-// DecodeOptions tune Decode.
-type DecodeOptions struct {
-	// Strict refuses members the destination type does not declare.
-	Strict bool
-	// MaxBytes overrides MaxBody.
-	MaxBytes int64
-	// AllowEmpty accepts an empty body as {} (for routes whose body is optional).
-	AllowEmpty bool
-}
-
-// Decode reads a JSON body into dst with the spec's hygiene: content type
-// application/json, a size cap, exactly one JSON value, and in strict mode no
-// unknown members. Every refusal is an INVALID_REQUEST (or PAYLOAD_TOO_LARGE)
-// with a message a caller can act on.
-func Decode(w http.ResponseWriter, r *http.Request, dst any, opt DecodeOptions) error {
-	limit := opt.MaxBytes
-	if limit <= 0 {
-		limit = MaxBody
-	}
-	if r.Body == nil {
-		if opt.AllowEmpty {
-			return nil
-		}
-		return errs.New(errs.InvalidRequest, "request body is required (JSON)")
-	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return errs.Newf(errs.PayloadTooLarge, "request body is larger than %d bytes", limit)
-		}
-		return errs.Wrap(errs.InvalidRequest, "request body could not be read", err)
-	}
-	if len(bytes.TrimSpace(body)) == 0 {
-		if opt.AllowEmpty {
-			return nil
-		}
-		return errs.New(errs.InvalidRequest, "request body is required (JSON)")
-	}
-	if ct := r.Header.Get("Content-Type"); ct != "" {
-		mt, _, err := mime.ParseMediaType(ct)
-		if err != nil || (mt != "application/json" && !strings.HasSuffix(mt, "+json")) {
-			return errs.Newf(errs.InvalidRequest, "content-type must be application/json, not %q", ct)
-		}
-	}
-	dec := json.NewDecoder(bytes.NewReader(body))
-	if opt.Strict {
-		dec.DisallowUnknownFields()
-	}
-	if err := dec.Decode(dst); err != nil {
-		return errs.Wrap(errs.InvalidRequest, describeJSONError(err), err)
-	}
-	if dec.More() {
-		return errs.New(errs.InvalidRequest, "request body must be a single JSON object")
-	}
-	return nil
-}
-
-// describeJSONError turns decoder errors into sentences without echoing
-// request content beyond a member name.
-func describeJSONError(err error) string {
-	var se *json.SyntaxError
-	var te *json.UnmarshalTypeError
-	switch {
-	case errors.As(err, &se):
-		return fmt.Sprintf("request body is not valid JSON (at byte %d)", se.Offset)
-	case errors.As(err, &te):
-		if te.Field != "" {
-			return fmt.Sprintf("member %q must be %s", te.Field, jsonKind(te.Type.Kind().String()))
-		}
-		return "request body must be a JSON object"
-	case strings.HasPrefix(err.Error(), "json: unknown field "):
-		return "unknown member " + strings.TrimPrefix(err.Error(), "json: unknown field ") + " (this route accepts exactly its documented members)"
-	case errors.Is(err, io.ErrUnexpectedEOF):
-		return "request body is truncated JSON"
-	}
-	return "request body is not valid JSON"
-}
-
-func jsonKind(k string) string {
-	switch k {
-	case "string":
-		return "a string"
-	case "bool":
-		return "a boolean"
-	case "slice", "array":
-		return "an array"
-	case "map", "struct":
-		return "an object"
-	}
-	return "a number"
-}
 
 // WriteJSON writes v as JSON with status.
 func WriteJSON(w http.ResponseWriter, status int, v any) { writeJSON(w, status, v, true) }
@@ -143,15 +41,15 @@ func writeJSON(w http.ResponseWriter, status int, v any, escapeHTML bool) {
 }
 
 // HandlerFunc is a handler that returns its error instead of rendering it,
-// so every error is rendered (and an internal one logged) exactly once.
+// so every error is rendered (and logged) exactly once.
 type HandlerFunc func(w http.ResponseWriter, r *http.Request) error
 
-// Handle adapts a HandlerFunc to http.Handler, rendering errors with the
-// protocol's codes.
+// Handle adapts a HandlerFunc to http.Handler, rendering and logging its
+// error with Fail.
 func Handle(log *slog.Logger, fn HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if err := fn(w, r); err != nil {
-			errs.WriteHTTP(w, log, err)
+			Fail(w, r, log, err)
 		}
 	})
 }

@@ -11,47 +11,6 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 )
 
-func TestDecode(t *testing.T) {
-	type body struct {
-		Name string `json:"name"`
-		N    int    `json:"n"`
-	}
-	for _, c := range []struct {
-		name, ct, in string
-		opt          DecodeOptions
-		code         errs.Code
-		msg          string
-	}{
-		{"ok", "application/json", `{"name":"a","n":1}`, DecodeOptions{Strict: true}, "", ""},
-		{"charset ok", "application/json; charset=utf-8", `{"name":"a"}`, DecodeOptions{}, "", ""},
-		{"unknown member strict", "application/json", `{"name":"a","state":"x"}`, DecodeOptions{Strict: true}, errs.InvalidRequest, `unknown member "state"`},
-		{"unknown member lax", "application/json", `{"name":"a","state":"x"}`, DecodeOptions{}, "", ""},
-		{"wrong type", "application/json", `{"n":"x"}`, DecodeOptions{}, errs.InvalidRequest, `member "n" must be a number`},
-		{"syntax", "application/json", `{"n":`, DecodeOptions{}, errs.InvalidRequest, "truncated"},
-		{"garbage", "application/json", `nope`, DecodeOptions{}, errs.InvalidRequest, "not valid JSON"},
-		{"two values", "application/json", `{}{}`, DecodeOptions{}, errs.InvalidRequest, "single JSON object"},
-		{"empty", "application/json", ``, DecodeOptions{}, errs.InvalidRequest, "required"},
-		{"empty allowed", "", ``, DecodeOptions{AllowEmpty: true}, "", ""},
-		{"form", "application/x-www-form-urlencoded", `a=b`, DecodeOptions{}, errs.InvalidRequest, "content-type"},
-		{"too big", "application/json", `{"name":"` + strings.Repeat("x", 100) + `"}`, DecodeOptions{MaxBytes: 50}, errs.PayloadTooLarge, "larger than 50"},
-	} {
-		t.Run(c.name, func(t *testing.T) {
-			r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(c.in))
-			if c.ct != "" {
-				r.Header.Set("Content-Type", c.ct)
-			}
-			var b body
-			err := Decode(httptest.NewRecorder(), r, &b, c.opt)
-			if errs.CodeOf(err) != c.code {
-				t.Fatalf("got %v, want %q", err, c.code)
-			}
-			if err != nil && !strings.Contains(errs.As(err).Message, c.msg) {
-				t.Errorf("message %q does not say %q", errs.As(err).Message, c.msg)
-			}
-		})
-	}
-}
-
 func TestLimiter(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	l := NewLimiter(3, time.Minute, func() time.Time { return now })
@@ -82,7 +41,7 @@ func TestLimiter(t *testing.T) {
 
 func TestPerIPAnswers429(t *testing.T) {
 	l := NewLimiter(1, time.Minute, nil)
-	h := PerIP(l, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+	h := PerIP(l, 0, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
 	do := func(remote, xff string) *httptest.ResponseRecorder {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = remote
@@ -142,7 +101,7 @@ func TestLimitKey(t *testing.T) {
 // does not get around it, and another /64 has its own count.
 func TestPerIPKeysIPv6On64(t *testing.T) {
 	l := NewLimiter(2, time.Minute, nil)
-	h := PerIP(l, 0, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
+	h := PerIP(l, 0, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(204) }))
 	do := func(remote string) int {
 		r := httptest.NewRequest(http.MethodGet, "/", nil)
 		r.RemoteAddr = remote
@@ -175,7 +134,7 @@ func TestPerIPKeysIPv6On64(t *testing.T) {
 
 func TestRoutes(t *testing.T) {
 	rt := Route{EntryPoint: "AccountApps", Method: http.MethodPost, Path: "/v1/accounts/{id}/apps"}
-	h := SingleRoute(rt, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(r.PathValue("id"))) }))
+	h := SingleRoute(rt, nil, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { _, _ = w.Write([]byte(r.PathValue("id"))) }))
 	rec := httptest.NewRecorder()
 	h.ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/v1/accounts/acct_1/apps", nil))
 	if rec.Body.String() != "acct_1" {

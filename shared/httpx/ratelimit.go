@@ -1,6 +1,7 @@
 package httpx
 
 import (
+	"log/slog"
 	"net"
 	"net/http"
 	"net/netip"
@@ -155,11 +156,12 @@ func ClientKey(r *http.Request, trustedHops int) string {
 }
 
 // PerIP wraps h with a per-client-IP limit (keyed by ClientKey); over it
-// the request is answered 429 with retry_after_ms before h runs.
-func PerIP(l *Limiter, trustedHops int, h http.Handler) http.Handler {
+// the request is answered 429 with retry_after_ms before h runs (and logged
+// at debug on log, as every refusal is).
+func PerIP(l *Limiter, trustedHops int, log *slog.Logger, h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if ok, after := l.Allow(ClientKey(r, trustedHops)); !ok {
-			errs.WriteHTTP(w, nil, RateLimited(after, " from this address"))
+			Fail(w, r, log, RateLimited(after, " from this address"))
 			return
 		}
 		h.ServeHTTP(w, r)

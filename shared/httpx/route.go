@@ -1,6 +1,7 @@
 package httpx
 
 import (
+	"log/slog"
 	"net/http"
 	"strings"
 )
@@ -30,11 +31,11 @@ func (r Route) Pattern() string {
 // SingleRoute serves h behind a mux that knows only this route, so path
 // values ({id}) resolve the same way in a Cloud Function, which receives
 // every request of its entry point, as on meshd's shared mux. Any other
-// method or path gets the mux's own 405/404.
-func SingleRoute(rt Route, h http.Handler) http.Handler {
+// method or path gets the mux's 405/404, as JSON (JSONErrors).
+func SingleRoute(rt Route, log *slog.Logger, h http.Handler) http.Handler {
 	mux := http.NewServeMux()
 	mux.Handle(rt.Pattern(), h)
-	return mux
+	return JSONErrors(mux, log)
 }
 
 // FunctionName is the deployed Cloud Function's name for an entry point:

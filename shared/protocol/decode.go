@@ -4,6 +4,7 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"encoding/json"
+	"fmt"
 
 	"agentmesh.dev/mesh/shared/errs"
 )
@@ -148,6 +149,9 @@ func structure(m map[string]any) (*Envelope, error) {
 			return nil, err
 		}
 	}
+	if len(e.ID) > MaxIDBytes {
+		return nil, invalid(fmt.Sprintf("envelope id is %d bytes; at most %d are allowed", len(e.ID), MaxIDBytes))
+	}
 	e.Type = Type(typ)
 	if !e.Type.Valid() {
 		return nil, invalid("envelope type " + typ + " is not one of register, discover, request, respond, emit, subscribe")
@@ -159,6 +163,9 @@ func structure(m map[string]any) (*Envelope, error) {
 		if err := opt(f.name, f.dst); err != nil {
 			return nil, err
 		}
+	}
+	if len(e.InReplyTo) > MaxIDBytes {
+		return nil, invalid(fmt.Sprintf("envelope in_reply_to is %d bytes; no envelope id is longer than %d", len(e.InReplyTo), MaxIDBytes))
 	}
 	tr, ok := m["trace"].(map[string]any)
 	if !ok {

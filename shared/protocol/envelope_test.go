@@ -156,6 +156,10 @@ func TestDecodeRefusals(t *testing.T) {
 		{"duplicate member", []byte(`{"v":"0.2","v":"0.2"}`), errs.InvalidEnvelope},
 		{"missing v", mut(func(m map[string]any) { delete(m, "v") }), errs.InvalidEnvelope},
 		{"numeric id", mut(func(m map[string]any) { m["id"] = 7.0 }), errs.InvalidEnvelope},
+		{"id over 128 bytes", mut(func(m map[string]any) { m["id"] = strings.Repeat("i", protocol.MaxIDBytes+1) }), errs.InvalidEnvelope},
+		{"in_reply_to over 128 bytes", mut(func(m map[string]any) {
+			m["type"], m["in_reply_to"] = "respond", strings.Repeat("r", protocol.MaxIDBytes+1)
+		}), errs.InvalidEnvelope},
 		{"unknown type", mut(func(m map[string]any) { m["type"] = "shout" }), errs.InvalidEnvelope},
 		{"missing trace", mut(func(m map[string]any) { delete(m, "trace") }), errs.InvalidEnvelope},
 		{"trace without span", mut(func(m map[string]any) { m["trace"] = map[string]any{"trace_id": "ab"} }), errs.InvalidEnvelope},
@@ -197,6 +201,13 @@ func TestDecodeRefusals(t *testing.T) {
 	}
 	if _, err := protocol.Decode(good); err != nil {
 		t.Errorf("the unmodified envelope must decode: %v", err)
+	}
+	// The bound itself is allowed.
+	if _, err := protocol.Decode(mut(func(m map[string]any) {
+		m["id"] = strings.Repeat("i", protocol.MaxIDBytes)
+		m["type"], m["in_reply_to"] = "respond", strings.Repeat("r", protocol.MaxIDBytes)
+	})); err != nil {
+		t.Errorf("a %d-byte id: %v", protocol.MaxIDBytes, err)
 	}
 }
 

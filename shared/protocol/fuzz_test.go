@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"agentmesh.dev/mesh/shared/errs"
@@ -25,6 +26,14 @@ func FuzzDecodeEnvelope(f *testing.F) {
 	f.Add([]byte(`[[[[[[[[[[[[[[[[[[[[]]]]]]]]]]]]]]]]]]]]`))
 	golden, _ := os.ReadFile(filepath.Join("testdata", "envelope.golden"))
 	f.Add(golden)
+	// An id at the bound and one byte over it, signed.
+	for _, n := range []int{protocol.MaxIDBytes, protocol.MaxIDBytes + 1} {
+		long := fixedEnvelope(f, k.Public(), "")
+		long.ID = strings.Repeat("7", n)
+		_ = long.Sign(k)
+		w, _ := long.Marshal()
+		f.Add(w)
+	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		env, err := protocol.Decode(data)
 		if err != nil {
@@ -34,6 +43,9 @@ func FuzzDecodeEnvelope(f *testing.F) {
 				t.Fatalf("refusal without a decode code: %v", err)
 			}
 			return
+		}
+		if len(env.ID) > protocol.MaxIDBytes || len(env.InReplyTo) > protocol.MaxIDBytes {
+			t.Fatalf("accepted an id of %d bytes (in_reply_to %d)", len(env.ID), len(env.InReplyTo))
 		}
 		c1, err := env.CanonicalUnsigned()
 		if err != nil {

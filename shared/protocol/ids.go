@@ -8,6 +8,13 @@ import (
 	"time"
 )
 
+// MaxIDBytes bounds an envelope's id, and the in_reply_to that names one,
+// at decode (INVALID_ENVELOPE). This mesh's ids are UUIDv7 (36 bytes);
+// other senders may use other forms, so the bound is generous, but an id is
+// a key in every receiver's dedup memory and in the memory of answered
+// requests, so a sender may not make it as long as the envelope.
+const MaxIDBytes = 128
+
 // ids makes UUIDv7 envelope ids: 48 bits of Unix milliseconds, then a 12-bit
 // sequence in rand_a so ids made in the same millisecond still sort in
 // creation order (the upstream SDK does the same), then 62 random bits.

@@ -14,7 +14,8 @@ import (
 // non-empty string of at most 64 bytes after trimming, valid UTF-8, with no
 // white space, no '@', no control character and (beyond upstream) no
 // invisible format character (Unicode Cf: bidirectional controls,
-// zero-width characters); dots are allowed. It returns the trimmed name,
+// zero-width characters; account.CheckVisible, the rule of every visible
+// name); dots are allowed. It returns the trimmed name,
 // its case kept for display.
 func CheckName(name string) (string, error) {
 	n := strings.TrimSpace(name)
@@ -28,22 +29,14 @@ func CheckName(name string) (string, error) {
 	case strings.ContainsRune(n, '@'):
 		return "", errs.New(errs.InvalidRequest, "name must not contain '@': the handle is <name>.<email> and the email is added for you")
 	}
-	for _, r := range n {
-		switch {
-		case unicode.IsSpace(r):
-			return "", errs.New(errs.InvalidRequest, "name must not contain white space")
-		case unicode.IsControl(r):
-			return "", errs.New(errs.InvalidRequest, "name must not contain control characters")
-		case unicode.Is(unicode.Cf, r):
-			return "", errs.Newf(errs.InvalidRequest, "name must not contain invisible formatting characters (here %U): %s", r, formatHint)
-		}
+	if strings.IndexFunc(n, unicode.IsSpace) >= 0 {
+		return "", errs.New(errs.InvalidRequest, "name must not contain white space")
+	}
+	if err := account.CheckVisible("name", n); err != nil {
+		return "", err
 	}
 	return n, nil
 }
-
-// formatHint says why format characters (Unicode Cf) are refused in names,
-// operator names and addresses, beyond upstream's "no control characters".
-const formatHint = "bidirectional controls (U+202E, U+2066, …) and zero-width characters (U+200B, U+FEFF, …) can make one handle look like another"
 
 // NormalizeEmail trims, lower-cases and checks an address: the account
 // service's rule (one '@', a non-empty local part, a dotted domain, at most
@@ -67,8 +60,9 @@ func HandleID(handle string) string { return account.HandleID(handle) }
 const MaxHandle = MaxName + 1 + 254
 
 // CheckOperatorName validates an operator display name: at most 80
-// characters, no control characters and no format characters (Unicode Cf). It returns it trimmed ("" when none
-// was given).
+// characters, and the rule of every visible name (account.CheckVisible: no
+// control or format characters). It returns it trimmed ("" when none was
+// given).
 func CheckOperatorName(n string) (string, error) {
 	n = strings.TrimSpace(n)
 	if !utf8.ValidString(n) {
@@ -77,13 +71,8 @@ func CheckOperatorName(n string) (string, error) {
 	if c := utf8.RuneCountInString(n); c > MaxOperatorName {
 		return "", errs.Newf(errs.InvalidRequest, "operator_name is %d characters; at most %d are allowed", c, MaxOperatorName)
 	}
-	for _, r := range n {
-		switch {
-		case unicode.IsControl(r):
-			return "", errs.New(errs.InvalidRequest, "operator_name must not contain control characters")
-		case unicode.Is(unicode.Cf, r):
-			return "", errs.Newf(errs.InvalidRequest, "operator_name must not contain invisible formatting characters (here %U): %s", r, formatHint)
-		}
+	if err := account.CheckVisible("operator_name", n); err != nil {
+		return "", err
 	}
 	return n, nil
 }

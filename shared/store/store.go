@@ -15,6 +15,9 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
+	"strings"
+	"unicode/utf8"
 )
 
 // Errors every backend returns (wrapped with context; test with errors.Is).
@@ -32,10 +35,60 @@ var (
 	// ErrContention: the transaction kept conflicting and gave up.
 	ErrContention = errors.New("store: transaction contention")
 	// ErrInvalid: a collection name, id, document or query is malformed.
-	// Collection names and ids follow Firestore's rules: non-empty UTF-8,
-	// at most 1500 bytes, no '/', not "." or "..", not __.*__.
+	// Collection names and ids follow Firestore's rules (CheckID); a bad
+	// document id is an *IDError, the caller's error.
 	ErrInvalid = errors.New("store: invalid argument")
 )
+
+// MaxIDBytes is the longest collection name or document id accepted
+// (Firestore's limit on a document id).
+const MaxIDBytes = 1500
+
+// IDError is the ErrInvalid of a document id that breaks the naming rules
+// of CheckID. Ids are often read from a request (a path segment, a body
+// member), so this is the caller's error, not the store's: it carries the
+// sentence a caller can act on (InputError, which shared/errs answers as
+// 400 INVALID_REQUEST), and a service must never report it as an outage.
+type IDError struct {
+	// Reason says what is wrong, e.g. "contains '/'"; never the id itself.
+	Reason string
+}
+
+func (e *IDError) Error() string { return "store: invalid argument: document id " + e.Reason }
+
+// Is makes errors.Is(err, ErrInvalid) hold.
+func (e *IDError) Is(target error) bool { return target == ErrInvalid }
+
+// InputError is the refusal as the caller reads it.
+func (e *IDError) InputError() string {
+	return "an id in this request cannot exist: it " + e.Reason +
+		fmt.Sprintf(" (an id is 1 to %d bytes of UTF-8, without '/', not \".\" or \"..\", and not of the form __…__)", MaxIDBytes)
+}
+
+// CheckID applies Firestore's rules for document ids (and collection
+// names), which both backends enforce alike: non-empty valid UTF-8 of at
+// most MaxIDBytes bytes, no '/', not "." or "..", and not of the reserved
+// form __.*__ — which Firestore reads as at least one character between
+// the underscores: it takes "____" and refuses "_____". Every Tx method
+// checks its id; a service may check one at its door with this same
+// function.
+func CheckID(id string) error {
+	switch {
+	case id == "":
+		return &IDError{Reason: "is empty"}
+	case len(id) > MaxIDBytes:
+		return &IDError{Reason: fmt.Sprintf("is longer than %d bytes", MaxIDBytes)}
+	case strings.Contains(id, "/"):
+		return &IDError{Reason: "contains '/'"}
+	case id == "." || id == "..":
+		return &IDError{Reason: `is "." or ".."`}
+	case len(id) >= 5 && strings.HasPrefix(id, "__") && strings.HasSuffix(id, "__"):
+		return &IDError{Reason: "has the reserved form __…__"}
+	case !utf8.ValidString(id):
+		return &IDError{Reason: "is not valid UTF-8"}
+	}
+	return nil
+}
 
 // Store is a transactional document store.
 type Store interface {

@@ -3,9 +3,12 @@ package firestorestore_test
 import (
 	"fmt"
 	"os"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"cloud.google.com/go/firestore"
 
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
@@ -46,4 +49,48 @@ func TestContract(t *testing.T) {
 		CommitNotAtomic: true,
 		SetMerges:       true,
 	})
+}
+
+// store.CheckID is Firestore's own rule: with the backend's check out of
+// the way, the emulator refuses every id of storetest.BadIDs and takes
+// every one of storetest.GoodIDs, so the embedded backend, which applies
+// CheckID, refuses exactly what Firestore refuses.
+func TestCheckIDIsFirestoresRule(t *testing.T) {
+	if os.Getenv("FIRESTORE_EMULATOR_HOST") == "" {
+		t.Skip("FIRESTORE_EMULATOR_HOST not set; run against an emulator to compare the id rule with Firestore's")
+	}
+	project := os.Getenv("FIRESTORE_PROJECT_ID")
+	if project == "" {
+		project = "mesh-test"
+	}
+	c, err := firestore.NewClient(t.Context(), project)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	coll := c.Collection(fmt.Sprintf("idrule%d", time.Now().UnixNano()))
+	set := func(id string) error {
+		d := coll.Doc(id)
+		if d == nil {
+			return fmt.Errorf("the client refuses %q", id) // '/' and the empty id
+		}
+		_, err := d.Set(t.Context(), map[string]any{"v": 1})
+		return err
+	}
+	for _, id := range storetest.BadIDs {
+		if set(id) == nil {
+			t.Errorf("Firestore takes %.20q, which store.CheckID refuses", id)
+		}
+		if store.CheckID(id) == nil {
+			t.Errorf("store.CheckID takes %.20q", id)
+		}
+	}
+	for _, id := range append([]string{strings.Repeat("y", store.MaxIDBytes)}, storetest.GoodIDs...) {
+		if err := set(id); err != nil {
+			t.Errorf("Firestore refuses %.20q: %v", id, err)
+		}
+		if err := store.CheckID(id); err != nil {
+			t.Errorf("store.CheckID refuses %.20q: %v", id, err)
+		}
+	}
 }

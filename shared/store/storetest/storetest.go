@@ -589,12 +589,25 @@ func testContextCancelled(t *testing.T, s store.Store, _ Options) {
 	wantMissing(t, s, "ctx", "k2")
 }
 
+// BadIDs are ids Firestore refuses, and so every backend (store.CheckID):
+// firestorestore's tests check the list against the emulator itself,
+// without the backend's own check in front.
+var BadIDs = []string{"", "a/b", "/", strings.Repeat("x", store.MaxIDBytes+1), ".", "..", "__reserved__", "__x__", "_____", "__ __",
+	"bad\xffutf8"}
+
+// GoodIDs are the edges of the rule that Firestore accepts, and so every
+// backend.
+var GoodIDs = []string{"...", "_", "___", "____", "__x_", "_x__", "a__x__", "__x__a", "a.b", "%2F", " ", "é", ".a"}
+
 func testInvalid(t *testing.T, s store.Store, _ Options) {
 	create(t, s, "inv", "ok", map[string]any{"v": 1})
-	long := strings.Repeat("x", 1501)
-	badNames := []string{"", "a/b", "/", long, ".", "..", "__reserved__", "bad\xffutf8"}
 	doc := map[string]any{"v": 1}
-	for _, bad := range badNames {
+	for _, bad := range BadIDs {
+		// Every bad id is refused the same way by store.CheckID, the rule
+		// both backends apply, so a service can check at its door.
+		if store.CheckID(bad) == nil {
+			t.Errorf("store.CheckID(%.20q) accepts an id the backends refuse", bad)
+		}
 		for _, pos := range []string{"coll", "id"} {
 			coll, id := "inv", "ok"
 			if pos == "coll" {
@@ -614,9 +627,27 @@ func testInvalid(t *testing.T, s store.Store, _ Options) {
 			}
 			for op, f := range ops {
 				err := s.RunTx(ctx(t), f)
-				wantErr(t, fmt.Sprintf("%s with %s %.20q", op, pos, bad), err, store.ErrInvalid)
+				what := fmt.Sprintf("%s with %s %.20q", op, pos, bad)
+				wantErr(t, what, err, store.ErrInvalid)
+				// A bad document id is the caller's input error (a service
+				// answers 400, not a retryable 503); a bad collection name is
+				// the program's.
+				var ie *store.IDError
+				if isID := errors.As(err, &ie); isID != (pos == "id") {
+					t.Errorf("%s: err = %v (%T); an *store.IDError only for a document id", what, err, err)
+				} else if isID && ie.InputError() == "" {
+					t.Errorf("%s: no sentence for the caller", what)
+				}
 			}
 		}
+	}
+	// The edges of the rule are accepted alike.
+	for _, ok := range GoodIDs {
+		if err := store.CheckID(ok); err != nil {
+			t.Errorf("store.CheckID(%q): %v", ok, err)
+		}
+		create(t, s, "inv", ok, doc)
+		wantEqual(t, fmt.Sprintf("id %q", ok), getMap(t, s, "inv", ok), map[string]any{"v": float64(1)})
 	}
 	if !testing.Short() {
 		// 1500 bytes is allowed.

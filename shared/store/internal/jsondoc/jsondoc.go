@@ -6,6 +6,7 @@ package jsondoc
 import (
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math/big"
 	"reflect"
@@ -15,37 +16,27 @@ import (
 	"agentmesh.dev/mesh/shared/store"
 )
 
-// MaxNameBytes is the longest collection name or document id accepted
-// (Firestore's limit on a document id).
-const MaxNameBytes = 1500
+// MaxNameBytes is the longest collection name or document id accepted.
+const MaxNameBytes = store.MaxIDBytes
 
-// CheckName validates a collection name or document id with Firestore's
-// rules: non-empty valid UTF-8 of at most 1500 bytes, no '/', not "." or
-// "..", and not of the reserved form __.*__.
+// CheckName validates a collection name with the rules of a document id
+// (store.CheckID). A bad name is a bug in the caller's code, so it is a
+// plain ErrInvalid, not the caller's-input *store.IDError.
 func CheckName(kind, name string) error {
-	switch {
-	case name == "":
-		return fmt.Errorf("%w: empty %s", store.ErrInvalid, kind)
-	case len(name) > MaxNameBytes:
-		return fmt.Errorf("%w: %s longer than %d bytes", store.ErrInvalid, kind, MaxNameBytes)
-	case strings.Contains(name, "/"):
-		return fmt.Errorf("%w: %s %q contains '/'", store.ErrInvalid, kind, name)
-	case name == "." || name == "..":
-		return fmt.Errorf("%w: %s %q is reserved", store.ErrInvalid, kind, name)
-	case len(name) >= 4 && strings.HasPrefix(name, "__") && strings.HasSuffix(name, "__"):
-		return fmt.Errorf("%w: %s %q matches the reserved form __.*__", store.ErrInvalid, kind, name)
-	case !utf8.ValidString(name):
-		return fmt.Errorf("%w: %s is not valid UTF-8", store.ErrInvalid, kind)
+	var ie *store.IDError
+	if err := store.CheckID(name); errors.As(err, &ie) {
+		return fmt.Errorf("%w: %s %s", store.ErrInvalid, kind, ie.Reason)
 	}
 	return nil
 }
 
-// CheckPath validates a collection name and a document id.
+// CheckPath validates a collection name and a document id; a bad id is a
+// *store.IDError.
 func CheckPath(coll, id string) error {
 	if err := CheckName("collection name", coll); err != nil {
 		return err
 	}
-	return CheckName("document id", id)
+	return store.CheckID(id)
 }
 
 // CheckField validates a top-level field name used in a query or update.
