@@ -80,7 +80,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	}
 	name := rest[0]
 	if name == "help" {
-		if len(rest) > 1 {
+		if len(rest) > 1 && !hasHelpFlag(rest[1:2]) {
 			c, ok := commands[rest[1]]
 			if !ok {
 				fmt.Fprintf(stderr, "mesh-adapter help: unknown command %q\n\n", rest[1])
@@ -121,13 +121,17 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	return code
 }
 
-// hasHelpFlag finds -h/--help before a "--".
+// hasHelpFlag finds -h/--help (also written with a value, --help=true)
+// before a "--": help is printed instead of running the command, wherever
+// on the line it is asked for.
 func hasHelpFlag(args []string) bool {
 	for _, a := range args {
-		switch a {
-		case "--":
+		if a == "--" {
 			return false
-		case "-h", "-help", "--help":
+		}
+		name, _, _ := strings.Cut(a, "=")
+		switch name {
+		case "-h", "--h", "-help", "--help":
 			return true
 		}
 	}
