@@ -43,6 +43,20 @@ var commands = map[string]*command{}
 
 func register(c *command) { commands[c.name] = c }
 
+// Exit statuses; docs/adapter.md lists them. Every failure prints one line
+// on stderr.
+const (
+	exitFailure = 1 // the command failed: nothing was sent, or the adapter could not start
+	exitUsage   = 2 // a mistake in the command line
+	// send: the message was delivered and is held for a person (inbox
+	// mode) or by the mesh; the answer comes later, to `inbox`.
+	exitQueued = 3
+	// send: the recipient answered with an error (a refusal, a failed run).
+	exitAnswerError = 4
+	// send: nothing answered within --wait.
+	exitNoAnswer = 5
+)
+
 // exitError carries an exit status other than 1.
 type exitError struct {
 	code int
@@ -55,7 +69,7 @@ func (e *exitError) Unwrap() error { return e.err }
 // usageError is a mistake in the command line: the command's usage is
 // printed with it, and the exit status is 2.
 func usageError(format string, args ...any) error {
-	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }
 
 // Main runs the command line and returns the exit status.
@@ -109,13 +123,13 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	if err == nil {
 		return 0
 	}
-	code := 1
+	code := exitFailure
 	var ee *exitError
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
 	fmt.Fprintf(stderr, "mesh-adapter %s: %v\n", name, err)
-	if code == 2 {
+	if code == exitUsage {
 		fmt.Fprintf(stderr, "usage: mesh-adapter %s %s\n(see `mesh-adapter help %s`)\n", c.name, c.usage, c.name)
 	}
 	return code
