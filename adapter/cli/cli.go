@@ -43,6 +43,20 @@ var commands = map[string]*command{}
 
 func register(c *command) { commands[c.name] = c }
 
+// Exit statuses; docs/adapter.md lists them. Every failure prints one line
+// on stderr.
+const (
+	exitFailure = 1 // the command failed: nothing was sent, or the adapter could not start
+	exitUsage   = 2 // a mistake in the command line
+	// send: the message was delivered and is held for a person (inbox
+	// mode) or by the mesh; the answer comes later, to `inbox`.
+	exitQueued = 3
+	// send: the recipient answered with an error (a refusal, a failed run).
+	exitAnswerError = 4
+	// send: nothing answered within --wait.
+	exitNoAnswer = 5
+)
+
 // exitError carries an exit status other than 1.
 type exitError struct {
 	code int
@@ -55,7 +69,7 @@ func (e *exitError) Unwrap() error { return e.err }
 // usageError is a mistake in the command line: the command's usage is
 // printed with it, and the exit status is 2.
 func usageError(format string, args ...any) error {
-	return &exitError{code: 2, err: fmt.Errorf(format, args...)}
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
 }
 
 // Main runs the command line and returns the exit status.
@@ -80,7 +94,7 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	}
 	name := rest[0]
 	if name == "help" {
-		if len(rest) > 1 {
+		if len(rest) > 1 && !hasHelpFlag(rest[1:2]) {
 			c, ok := commands[rest[1]]
 			if !ok {
 				fmt.Fprintf(stderr, "mesh-adapter help: unknown command %q\n\n", rest[1])
@@ -109,25 +123,29 @@ func Main(args []string, stdin io.Reader, stdout, stderr io.Writer, getenv func(
 	if err == nil {
 		return 0
 	}
-	code := 1
+	code := exitFailure
 	var ee *exitError
 	if errors.As(err, &ee) {
 		code = ee.code
 	}
 	fmt.Fprintf(stderr, "mesh-adapter %s: %v\n", name, err)
-	if code == 2 {
+	if code == exitUsage {
 		fmt.Fprintf(stderr, "usage: mesh-adapter %s %s\n(see `mesh-adapter help %s`)\n", c.name, c.usage, c.name)
 	}
 	return code
 }
 
-// hasHelpFlag finds -h/--help before a "--".
+// hasHelpFlag finds -h/--help (also written with a value, --help=true)
+// before a "--": help is printed instead of running the command, wherever
+// on the line it is asked for.
 func hasHelpFlag(args []string) bool {
 	for _, a := range args {
-		switch a {
-		case "--":
+		if a == "--" {
 			return false
-		case "-h", "-help", "--help":
+		}
+		name, _, _ := strings.Cut(a, "=")
+		switch name {
+		case "-h", "--h", "-help", "--help":
 			return true
 		}
 	}

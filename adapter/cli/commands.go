@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -15,6 +16,7 @@ import (
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/inbox"
 	"agentmesh.dev/mesh/adapter/state"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 func init() {
@@ -87,6 +89,16 @@ registrar) and prints the reply. --wait is how long to wait in seconds (30;
 more than 0, at most 3600). Through
 the running adapter when there is one; otherwise the agent comes up just
 for this.
+
+A recipient in inbox mode holds the message for a person: send then says
+"delivered; waiting for a person to answer" and exits 3 at once, and the
+answer comes later to "mesh-adapter inbox". Given --wait explicitly, send
+waits that long for the person's answer first.
+
+Exit status: 0 answered (the answer on stdout), 1 nothing was sent (the
+line says why), 2 usage, 3 held for a person (or by the mesh), 4 the
+recipient answered with an error (its code and message), 5 no answer
+within --wait.
 
 A handle's card must carry the registrar's signature, checked with the
 registrar key pinned in pins.json on first use. The agent a handle
@@ -330,14 +342,19 @@ func runInbox(_ context.Context, e *Env, args []string) error {
 			from = m.Handle + "  (verified handle)"
 		}
 		kind := ""
-		if m.Kind == inbox.KindReply {
+		switch m.Kind {
+		case inbox.KindReply:
 			kind = "  (a reply to your message " + m.InReplyTo + ")"
+		case inbox.KindUnsolicited:
+			kind = "  (an unsolicited answer from " + m.From + " naming message " + daemon.OneLine(m.InReplyTo) + ", which this agent did not send to it)"
 		}
 		fmt.Fprintf(e.Stdout, "#%d  %s  %s%s\n    from:  %s\n", m.Seq, m.ReceivedAt, m.State, kind, from)
 		if m.BudgetLine != "" {
 			fmt.Fprintf(e.Stdout, "    %s\n", m.BudgetLine)
 		}
-		for _, line := range strings.Split(m.Text, "\n") {
+		// The sender's words, fenced (no control characters, nothing that
+		// reads as a frame marker) and each line marked as theirs.
+		for _, line := range strings.Split(protocol.Fence(m.Text), "\n") {
 			fmt.Fprintf(e.Stdout, "    | %s\n", line)
 		}
 	}
@@ -412,8 +429,15 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	if !(*wait > 0 && *wait <= maxWait) {
 		return usageError("--wait must be a number of seconds greater than 0 and at most %d", maxWait)
 	}
+	// An explicit --wait also waits for the answer of a person behind an
+	// inbox-mode recipient; by default its queued acknowledgement ends the
+	// send at once.
+	waitHeld := false
+	fs.Visit(func(f *flag.Flag) { waitHeld = waitHeld || f.Name == "wait" })
+	opt := daemon.SendOptions{AcceptNewBinding: *accept, WaitHeld: waitHeld, RegistrarURL: e.RegistrarURL}
 	var res daemon.SendResult
-	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait, AcceptNewBinding: *accept}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
+	err = e.call(control.Request{Op: "send", To: pos[0], Text: pos[1], WaitSeconds: *wait, AcceptNewBinding: *accept, WaitHeld: waitHeld,
+		RegistrarURL: e.RegistrarURL}, &res, time.Duration(*wait*float64(time.Second))+15*time.Second)
 	if errors.Is(err, control.ErrNotRunning) {
 		dir, derr := e.openState()
 		if derr != nil {
@@ -421,7 +445,7 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 		}
 		var r *daemon.SendResult
 		r, err = daemon.Send(ctx, daemon.Config{Dir: dir, ControlURL: e.ControlURL, RegistrarURL: e.RegistrarURL, Out: e.Stderr, Log: e.logger()},
-			pos[0], pos[1], time.Duration(*wait*float64(time.Second)), daemon.SendOptions{AcceptNewBinding: *accept})
+			pos[0], pos[1], time.Duration(*wait*float64(time.Second)), opt)
 		if r != nil {
 			res = *r
 		}
@@ -429,10 +453,27 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if res.Queued {
-		return fmt.Errorf("%s holds the message in its inbox (request %s); no reply within %gs", pos[0], res.RequestID, *wait)
+	return sendOutcome(e.Stdout, pos[0], &res, *wait, waitHeld)
+}
+
+// sendOutcome prints the answer of a send, or returns what became of the
+// message with its exit status.
+func sendOutcome(stdout io.Writer, to string, res *daemon.SendResult, wait float64, waited bool) error {
+	switch {
+	case res.Error != nil:
+		return &exitError{code: exitAnswerError, err: fmt.Errorf("%s answered with an error: %s", to, daemon.OneLine(daemon.Describe(res.Error).Error()))}
+	case res.Queued && res.From == res.To:
+		msg := "delivered; waiting for a person to answer"
+		if waited {
+			msg += fmt.Sprintf(" (no answer within %gs)", wait)
+		}
+		return &exitError{code: exitQueued, err: fmt.Errorf("%s: the answer to request %s will appear in `mesh-adapter inbox`", msg, res.RequestID)}
+	case res.Queued:
+		return &exitError{code: exitQueued, err: fmt.Errorf("queued by the mesh for %s (it is offline or screens its messages): an answer to request %s, if one comes, will appear in `mesh-adapter inbox`", to, res.RequestID)}
+	case res.NoAnswer:
+		return &exitError{code: exitNoAnswer, err: fmt.Errorf("no answer from %s within %gs: the recipient's adapter may not be running (the mesh keeps the message for it if it has a mailbox)", to, wait)}
 	}
-	fmt.Fprintln(e.Stdout, res.Text)
+	fmt.Fprintln(stdout, res.Text)
 	return nil
 }
 

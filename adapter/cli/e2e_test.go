@@ -497,12 +497,24 @@ func TestHelp(t *testing.T) {
 		if !strings.Contains(string(out), "  "+c+" ") {
 			t.Errorf("--help does not list %s", c)
 		}
-		for _, args := range [][]string{{"help", c}, {c, "--help"}} {
+		// Help wherever it is asked for, in any spelling, never runs the
+		// command (issue 10 item 9: --help=true used to be a usage error).
+		for _, args := range [][]string{{"help", c}, {c, "--help"}, {c, "-h"}, {c, "--help=true"}, {c, "-help"}, {c, "some-arg", "--help"}, {c, "show", "-h"}} {
 			h, err := exec.Command(binary, args...).CombinedOutput()
 			if err != nil || !strings.Contains(string(h), "usage: mesh-adapter "+c) || !strings.Contains(string(h), "Example:") {
 				t.Errorf("%v: %v\n%s", args, err, h)
 			}
 		}
+	}
+	for _, args := range [][]string{{"help", "--help"}, {"help", "-h"}, {"--help=true"}} {
+		if out, err := exec.Command(binary, args...).CombinedOutput(); err != nil || !strings.Contains(string(out), "Commands:") {
+			t.Errorf("%v: %v\n%s", args, err, out)
+		}
+	}
+	// An agent key with --help is not redeemed.
+	if out, err := exec.Command(binary, "--state-dir", filepath.Join(t.TempDir(), "h"), "--control-url", "http://127.0.0.1:1", "up", "am_notakey", "--help").CombinedOutput(); err != nil ||
+		!strings.Contains(string(out), "usage: mesh-adapter up") || strings.Contains(string(out), "redeeming") {
+		t.Errorf("up --help: %v\n%s", err, out)
 	}
 	dir := t.TempDir()
 	for _, tc := range []struct {

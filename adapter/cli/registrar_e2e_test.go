@@ -209,6 +209,23 @@ func TestJoinPairAndSendByHandle(t *testing.T) {
 		t.Fatalf("send after accepting: %q", got)
 	}
 
+	// Issue 10 item 9: a send through a running adapter that saved no
+	// registrar resolves the handle with --registrar-url or
+	// MESH_REGISTRAR_URL (both used to be ignored on that path).
+	d := w.state("d")
+	w.start(d, "up", w.agentKey("by-flag"))
+	if _, errOut, status := w.run(d, "send", handle, "no registrar", "--wait", "20"); status != 1 || !strings.Contains(errOut, "needs the registrar") {
+		t.Fatalf("send by handle with no registrar: exit %d\n%s", status, errOut)
+	}
+	if got := strings.TrimSpace(w.must(d, "send", handle, "by flag", "--wait", "20", "--registrar-url", reg)); got != "from C: by flag" {
+		t.Fatalf("send --registrar-url through a running adapter: %q", got)
+	}
+	byEnv := exec.CommandContext(ctx, binary, "--state-dir", d, "send", handle, "by env", "--wait", "20")
+	byEnv.Env = append(os.Environ(), "MESH_ADAPTER_HOME=", "MESH_CONTROL_URL=", "MESH_REGISTRAR_URL="+reg)
+	if got, err := byEnv.Output(); err != nil || strings.TrimSpace(string(got)) != "from C: by env" {
+		t.Fatalf("send with MESH_REGISTRAR_URL through a running adapter: %q %v", got, err)
+	}
+
 	// The card as anyone sees it.
 	resp, err := http.Get(reg + "/api/resolve?handle=" + url.QueryEscape(handle))
 	if err != nil {

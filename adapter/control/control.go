@@ -38,6 +38,12 @@ type Request struct {
 	// AcceptNewBinding accepts a handle's new agent (send
 	// --accept-new-binding).
 	AcceptNewBinding bool `json:"accept_new_binding,omitempty"`
+	// WaitHeld waits for the answer to a message the recipient holds for
+	// a person (send with an explicit --wait).
+	WaitHeld bool `json:"wait_held,omitempty"`
+	// RegistrarURL resolves a handle instead of the running adapter's own
+	// registrar (send --registrar-url, MESH_REGISTRAR_URL).
+	RegistrarURL string `json:"registrar_url,omitempty"`
 }
 
 // Answer is the reply to a Request: OK with a result, or an error message.

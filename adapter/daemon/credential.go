@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
 	"time"
@@ -65,6 +66,10 @@ func (c controlClient) post(ctx context.Context, path string, body, out any) err
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := c.http.Do(req)
 	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return fmt.Errorf("cannot reach the mesh's control plane at %s: is meshd running?", c.base)
+		}
 		return fmt.Errorf("the control plane at %s cannot be reached: %w", c.base, err)
 	}
 	defer resp.Body.Close()

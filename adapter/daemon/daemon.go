@@ -73,9 +73,14 @@ type adapter struct {
 	allow *allowance.Store
 	guest *guestLease // the lease, when the identity is a guest's
 	log   *slog.Logger
+	// natsURL is the bus the node connects to; renews is whether the node
+	// has a renewer (a guest's lease has none).
+	natsURL string
+	renews  bool
 
 	// replies are the sends waiting for an answer that comes later, at
-	// the agent's inbox (after a queued ack, or after a timeout).
+	// the agent's inbox (after a queued ack): request id → the channel.
+	// Only an answer from the agent the request went to is handed over.
 	repMu   sync.Mutex
 	replies map[string]chan *node.Result
 
@@ -120,7 +125,7 @@ func Send(ctx context.Context, cfg Config, to, text string, wait time.Duration, 
 		return nil, err
 	}
 	rcfg := cfg
-	rcfg.RegistrarURL = firstNonEmpty(cfg.RegistrarURL, conf.RegistrarURL)
+	rcfg.RegistrarURL = firstNonEmpty(opt.RegistrarURL, cfg.RegistrarURL, conf.RegistrarURL)
 	agentID, err := resolveRecipient(ctx, rcfg, to, opt)
 	if err != nil {
 		return nil, err
@@ -130,11 +135,14 @@ func Send(ctx context.Context, cfg Config, to, text string, wait time.Duration, 
 		return nil, err
 	}
 	defer closeAll()
-	return a.deliver(ctx, agentID, to, text, wait)
+	return a.deliver(ctx, agentID, to, text, wait, opt)
 }
 
 // open connects the node and hosts the agent; closeAll undoes it all.
-func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err error) {
+//
+// The adapter is not a named result: the undo functions refer to it, and a
+// `return nil, nil, err` would set a named one to nil before they run.
+func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err error) {
 	if cfg.Mode != ModeInbox && cfg.Mode != ModeCmd {
 		return nil, nil, fmt.Errorf("unknown mode %q", cfg.Mode)
 	}
@@ -155,7 +163,7 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 		return nil, nil, err
 	}
 	cfg.RegistrarURL = firstNonEmpty(cfg.RegistrarURL, conf.RegistrarURL)
-	a = &adapter{cfg: cfg, dir: cfg.Dir, log: cfg.Log, replies: map[string]chan *node.Result{}}
+	a := &adapter{cfg: cfg, dir: cfg.Dir, log: cfg.Log, replies: map[string]chan *node.Result{}}
 	a.cc = controlClient{base: firstNonEmpty(cfg.ControlURL, conf.ControlURL), http: cfg.HTTP}
 	var undo []func()
 	undoAll := func() {
@@ -237,9 +245,10 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 		return nil, nil, err
 	}
 	undo = append(undo, func() { _ = journal.Close() })
-	if a.node, err = node.Start(ctx, node.Config{NATSURL: conf.NATSURLs[0], NodeKey: a.keys.Node,
-		Credential: cred, Renewer: renewer, Journal: journal, Log: a.log, Warn: a.warn, Name: "mesh-adapter " + a.id.Name}); err != nil {
-		return nil, nil, fmt.Errorf("connect to the mesh at %s: %w", conf.NATSURLs[0], err)
+	a.natsURL, a.renews = conf.NATSURLs[0], renewer != nil
+	if a.node, err = a.startNode(ctx, node.Config{NATSURL: a.natsURL, NodeKey: a.keys.Node,
+		Credential: cred, Renewer: renewer, Journal: journal, Log: a.log, Warn: a.warn, Name: "mesh-adapter " + a.id.Name}, renewer); err != nil {
+		return nil, nil, err
 	}
 	undo = append(undo, func() { _ = a.node.Close() })
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
@@ -247,6 +256,10 @@ func open(ctx context.Context, cfg Config) (a *adapter, closeAll func(), err err
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",
 		Admit: a.admit, Handler: a.handle, OnReply: a.onReply}
 	if a.agent, err = a.node.Host(ctx, acfg); err != nil {
+		var rev *node.ErrRevoked
+		if errors.As(err, &rev) {
+			return nil, nil, refused(rev)
+		}
 		return nil, nil, fmt.Errorf("register the agent: %w", err)
 	}
 	if a.guest != nil {

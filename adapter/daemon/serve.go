@@ -199,40 +199,69 @@ func (b *limitedBuffer) Bytes() []byte  { return b.buf.Bytes() }
 func (b *limitedBuffer) String() string { return b.buf.String() }
 
 // onReply receives answers no Request waits for any more: answers to held
-// requests (after a queued ack) and late ones.
+// requests (after a queued ack), late ones, and anything else signed and
+// addressed to this agent. Anyone may publish to an agent's inbox, so an
+// answer is taken as a reply only when its in_reply_to names a request
+// this agent sent (the record in the queue, which survives restarts) to
+// the answer's signer; any other is kept as unsolicited, and says so.
 func (a *adapter) onReply(r *node.Result) {
-	a.repMu.Lock()
-	ch := a.replies[r.RequestID]
-	a.repMu.Unlock()
-	if ch != nil {
-		select {
-		case ch <- r:
-		default:
+	to, sent, err := a.queue.SentTo(r.RequestID)
+	if err != nil {
+		a.log.Warn("the record of sent requests could not be read; the answer is kept as unsolicited", "request", r.RequestID, "err", err)
+	}
+	solicited := sent && to == r.From
+	if solicited {
+		a.repMu.Lock()
+		ch := a.replies[r.RequestID]
+		a.repMu.Unlock()
+		if ch != nil {
+			select {
+			case ch <- r:
+			default:
+			}
+			return
 		}
-		return
 	}
-	// Nobody waits any more (the send gave up, or the adapter restarted):
-	// keep it in the inbox so the person sees it.
+	// Nobody waits any more (the send gave up, or the adapter restarted),
+	// or nobody asked: keep it in the inbox so the person sees it, framed
+	// like any sender content.
 	text, _ := textOf(r.Output)
-	if r.Error != nil {
-		text = describe(r.Error).Error()
+	if e := answerError(r); e != nil {
+		text = Describe(e).Error()
 	}
-	m := inbox.Message{Kind: inbox.KindReply, ID: r.Env.ID, InReplyTo: r.RequestID, From: r.From, Text: text,
-		TraceID: r.Env.Trace.TraceID, ReceivedAt: protocol.FormatTime(time.Now()), Envelope: json.RawMessage(r.Env.Raw())}
+	kind := inbox.KindReply
+	if !solicited {
+		kind = inbox.KindUnsolicited
+		a.log.Info("an unsolicited answer", "from", r.From, "in_reply_to", r.RequestID)
+	}
+	now := time.Now()
+	m := inbox.Message{Kind: kind, ID: r.Env.ID, InReplyTo: r.RequestID, From: r.From, Text: text,
+		Framed:  protocol.FrameText(text, protocol.Provenance{From: r.From, ReceivedAt: now, TraceID: r.Env.Trace.TraceID}),
+		TraceID: r.Env.Trace.TraceID, ReceivedAt: protocol.FormatTime(now), Envelope: json.RawMessage(r.Env.Raw())}
 	if _, _, err := a.queue.Put(m); err != nil {
 		a.log.Warn("a late answer could not be kept", "request", r.RequestID, "err", err)
 	}
 }
 
-// SendResult is the answer of the control socket's send.
+// SendResult is the outcome of a send that went out: the answer, the
+// recipient's error answer, a queued acknowledgement, or no answer in time.
 type SendResult struct {
 	RequestID string `json:"request_id"`
-	From      string `json:"from"`
-	Status    string `json:"status"`
-	Text      string `json:"text"`
-	// Queued is set when the recipient held the message and no answer
-	// came within the wait.
+	// To is the agent the message went to (a handle resolved); From the
+	// signer of the answer: the recipient, or for a queued acknowledgement
+	// the mesh's admission service when it holds the message instead.
+	To     string `json:"to"`
+	From   string `json:"from"`
+	Status string `json:"status"`
+	Text   string `json:"text"`
+	// Queued is set when the recipient holds the message for a person
+	// (inbox mode) and its answer did not come within the send: it arrives
+	// later, at this agent's inbox.
 	Queued bool `json:"queued,omitempty"`
+	// Error is the recipient's error answer (status "failed").
+	Error *errs.Error `json:"error,omitempty"`
+	// NoAnswer is set when nothing answered within the wait.
+	NoAnswer bool `json:"no_answer,omitempty"`
 }
 
 // SendOptions tune a send.
@@ -240,28 +269,55 @@ type SendOptions struct {
 	// AcceptNewBinding sends to a handle whose agent changed since it was
 	// pinned, and pins the new agent (`send --accept-new-binding`).
 	AcceptNewBinding bool
+	// WaitHeld waits, up to the send's wait, for the answer to a message
+	// the recipient holds for a person; without it the queued
+	// acknowledgement ends the send.
+	WaitHeld bool
+	// RegistrarURL resolves handles instead of the adapter's own.
+	RegistrarURL string
 }
 
 // send sends text to an agent (its id or a handle) and waits up to wait
 // for the answer.
 func (a *adapter) send(ctx context.Context, to, text string, wait time.Duration, opt SendOptions) (*SendResult, error) {
-	agentID, err := resolveRecipient(ctx, a.cfg, to, opt)
+	cfg := a.cfg
+	cfg.RegistrarURL = firstNonEmpty(opt.RegistrarURL, cfg.RegistrarURL)
+	agentID, err := resolveRecipient(ctx, cfg, to, opt)
 	if err != nil {
 		return nil, err
 	}
-	return a.deliver(ctx, agentID, to, text, wait)
+	return a.deliver(ctx, agentID, to, text, wait, opt)
 }
 
 // deliver sends text to agentID (named to for people) and waits up to wait
-// for the answer.
-func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait time.Duration) (*SendResult, error) {
+// for the answer. Errors are failures to send; what the recipient did
+// (answered, refused, queued, said nothing) is in the result.
+func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait time.Duration, opt SendOptions) (*SendResult, error) {
 	if wait <= 0 {
 		wait = 30 * time.Second
+	}
+	if err := a.notConnected(ctx); err != nil {
+		return nil, err
 	}
 	deadline := time.Now().Add(wait)
 	ctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
-	res, err := a.agent.Request(ctx, agentID, Offering, map[string]any{"text": text}, node.RequestOptions{Timeout: wait})
+	// The request is recorded before it is published, so its answer,
+	// however late (after a restart too), is recognised as a reply.
+	id := protocol.NewID()
+	if err := a.queue.NoteRequest(id, agentID, time.Now()); err != nil {
+		return nil, fmt.Errorf("nothing was sent: %w", err)
+	}
+	ch := make(chan *node.Result, 1)
+	a.repMu.Lock()
+	a.replies[id] = ch
+	a.repMu.Unlock()
+	defer func() {
+		a.repMu.Lock()
+		delete(a.replies, id)
+		a.repMu.Unlock()
+	}()
+	res, err := a.agent.Request(ctx, agentID, Offering, map[string]any{"text": text}, node.RequestOptions{Timeout: wait, ID: id})
 	if res != nil || errs.CodeOf(err) == errs.TransportTimeout {
 		// Sent (answered or not): agentID is someone this agent has
 		// exchanged messages with, for `contacts export`.
@@ -271,53 +327,34 @@ func (a *adapter) deliver(ctx context.Context, agentID, to, text string, wait ti
 	}
 	if err != nil && res == nil {
 		if errs.CodeOf(err) == errs.TransportTimeout {
-			return nil, fmt.Errorf("no answer from %s within %s: the recipient's adapter may not be running (the mesh keeps the message for it if it has a mailbox)", to, wait)
+			// Silence from a mesh this node lost is not the recipient's.
+			// (Bounded: the command waits 15 s beyond the wait, no more.)
+			cctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+			cerr := a.notConnected(cctx)
+			cancel()
+			if cerr != nil {
+				return nil, cerr
+			}
+			return &SendResult{RequestID: id, To: agentID, NoAnswer: true}, nil
 		}
 		return nil, err
 	}
 	if res.Queued {
-		// Held by the recipient (inbox mode): the answer comes to our
-		// inbox when its owner replies.
-		ch := make(chan *node.Result, 1)
-		a.repMu.Lock()
-		a.replies[res.RequestID] = ch
-		a.repMu.Unlock()
-		defer func() {
-			a.repMu.Lock()
-			delete(a.replies, res.RequestID)
-			a.repMu.Unlock()
-		}()
+		// Held by the recipient (inbox mode): the answer comes to this
+		// agent's inbox when a person replies.
+		if !opt.WaitHeld {
+			return &SendResult{RequestID: id, To: agentID, From: res.From, Status: "queued", Queued: true}, nil
+		}
 		select {
 		case r := <-ch:
 			res = r
 		case <-ctx.Done():
-			return &SendResult{RequestID: res.RequestID, From: res.From, Status: "queued", Queued: true}, nil
+			return &SendResult{RequestID: id, To: agentID, From: res.From, Status: "queued", Queued: true}, nil
 		}
 	}
-	out := &SendResult{RequestID: res.RequestID, From: res.From, Status: res.Status}
+	out := &SendResult{RequestID: id, To: agentID, From: res.From, Status: res.Status, Error: answerError(res)}
 	out.Text, _ = textOf(res.Output)
-	if res.Error != nil {
-		return out, describe(res.Error)
-	}
 	return out, nil
-}
-
-// describe adds what a refusal's details tell a person: the price of a
-// budget refusal, the earliest completion of a deadline refusal.
-func describe(e *errs.Error) error {
-	switch e.Code {
-	case errs.BudgetInsufficient:
-		if est, ok := e.Details["estimate"].(map[string]any); ok {
-			if m, err := protocol.MoneyFromValue(est); err == nil {
-				return fmt.Errorf("%w (their estimate: %s)", e, m)
-			}
-		}
-	case errs.DeadlineUnmeetable:
-		if at, ok := e.Details["earliest_completion"].(string); ok {
-			return fmt.Errorf("%w (earliest completion: %s)", e, at)
-		}
-	}
-	return e
 }
 
 // resolveRecipient turns an agent id or a handle into an agent id. A
@@ -390,7 +427,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		if !(r.WaitSeconds >= 0 && r.WaitSeconds <= 3600) {
 			return nil, fmt.Errorf("wait_seconds must be between 0 and 3600, not %g", r.WaitSeconds)
 		}
-		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)), SendOptions{AcceptNewBinding: r.AcceptNewBinding})
+		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)),
+			SendOptions{AcceptNewBinding: r.AcceptNewBinding, WaitHeld: r.WaitHeld, RegistrarURL: r.RegistrarURL})
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
@@ -413,8 +451,11 @@ func (a *adapter) reply(_ context.Context, ref, state string, answer func(raw []
 	if m, err = a.queue.Get(num); err != nil { // as it is now, under the lock
 		return inbox.Message{}, err
 	}
-	if m.Kind == inbox.KindReply {
+	switch m.Kind {
+	case inbox.KindReply:
 		return inbox.Message{}, fmt.Errorf("message #%d is a reply to what this agent sent; there is nothing to answer (ack it)", m.Seq)
+	case inbox.KindUnsolicited:
+		return inbox.Message{}, fmt.Errorf("message #%d is an unsolicited answer, not a request; there is nothing to answer (ack it)", m.Seq)
 	}
 	if m.State != inbox.Unread {
 		return inbox.Message{}, fmt.Errorf("message #%d is already %s", m.Seq, m.State)

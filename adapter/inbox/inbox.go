@@ -37,17 +37,25 @@ const (
 // Kinds of message.
 const (
 	KindRequest = "request"
-	KindReply   = "reply"
+	// KindReply is an answer to a request this agent sent, from the agent
+	// it was sent to (checked against the record of sent requests).
+	KindReply = "reply"
+	// KindUnsolicited is an answer naming a request this agent did not
+	// send to its sender: anyone may publish to an agent's inbox, so a
+	// signed respond proves who wrote it, never that it was asked for.
+	KindUnsolicited = "unsolicited"
 )
 
-// Message is one request held for the agent, or a late reply to it.
+// Message is one request held for the agent, or an answer that arrived
+// when no send waited for it.
 type Message struct {
 	// Seq is the local number; ID the envelope's id.
 	Seq uint64 `json:"seq"`
 	ID  string `json:"id"`
-	// Kind is KindRequest (someone asks this agent) or KindReply (a late
-	// answer to something this agent sent, kept so it is not lost);
-	// InReplyTo names the request a reply answers.
+	// Kind is KindRequest (someone asks this agent), KindReply (a late
+	// answer to something this agent sent, kept so it is not lost) or
+	// KindUnsolicited (an answer to nothing this agent sent that sender);
+	// InReplyTo names the request the answer says it answers.
 	Kind      string `json:"kind,omitempty"`
 	InReplyTo string `json:"in_reply_to,omitempty"`
 	// From is the sender's agent id; Handle its verified handle, when known.
@@ -89,7 +97,29 @@ var (
 	// time (RFC 3339). With the replied messages, it is who this agent has
 	// exchanged messages with (Contacts).
 	bucketSent = []byte("sent")
+	// bucketRequests is every request this agent sent, recorded before it
+	// is published: envelope id → sentRequest. An answer is a reply only
+	// when its in_reply_to is here with its sender as the recipient. The
+	// ids are UUIDv7, so key order is age order and pruning reads from the
+	// front. A queue file written before it existed gets it on Open, and
+	// the replies it kept become unsolicited: nothing can vouch for them.
+	bucketRequests = []byte("requests")
 )
+
+// RequestMemory is how long a sent request is remembered: an answer to an
+// older one is shown as unsolicited. A person may take weeks to answer a
+// held message, so it is long.
+const RequestMemory = 90 * 24 * time.Hour
+
+// pruneBatch bounds the old requests one NoteRequest forgets, so a send
+// never waits on a long cleanup.
+const pruneBatch = 64
+
+// sentRequest is one entry of bucketRequests.
+type sentRequest struct {
+	To string `json:"to"`
+	At string `json:"at"` // RFC 3339
+}
 
 // ambiguousID is bucketIDs' value for an id that more than one sender used.
 var ambiguousID = []byte("ambiguous")
@@ -116,6 +146,11 @@ func Open(path string, timeout time.Duration) (*Queue, error) {
 	err = db.Update(func(tx *bolt.Tx) error {
 		for _, b := range [][]byte{bucketMsgs, bucketIDs, bucketSent} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		if tx.Bucket(bucketRequests) == nil {
+			if err := migrateRequests(tx); err != nil {
 				return err
 			}
 		}
@@ -147,6 +182,45 @@ func migrateKeys(tx *bolt.Tx) error {
 		}
 		return keys.Put(dedupKey(m.From, m.ID), append([]byte(nil), k...))
 	})
+}
+
+// migrateRequests creates bucketRequests for a queue file written before
+// sent requests were recorded. The replies that file kept were taken as
+// replies on the strength of their in_reply_to alone, which anyone can
+// write: with no record to check them against, they are marked
+// unsolicited. It runs once, in Open's transaction.
+func migrateRequests(tx *bolt.Tx) error {
+	if _, err := tx.CreateBucket(bucketRequests); err != nil {
+		return err
+	}
+	msgs := tx.Bucket(bucketMsgs)
+	type change struct{ k, v []byte }
+	var changes []change
+	err := msgs.ForEach(func(k, v []byte) error {
+		var m Message
+		if err := json.Unmarshal(v, &m); err != nil {
+			return err
+		}
+		if m.Kind != KindReply {
+			return nil
+		}
+		m.Kind = KindUnsolicited
+		b, err := json.Marshal(m)
+		if err != nil {
+			return err
+		}
+		changes = append(changes, change{append([]byte(nil), k...), b})
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, c := range changes { // bbolt forbids writes inside ForEach
+		if err := msgs.Put(c.k, c.v); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Close closes the file.
@@ -323,12 +397,81 @@ func (q *Queue) NoteSent(agentID string, at time.Time) error {
 	return nil
 }
 
+// NoteRequest records that this agent sent request id to agent to at at.
+// It is called before the request is published, so an answer can never
+// arrive before its record. Requests older than RequestMemory are
+// forgotten a few at a time.
+func (q *Queue) NoteRequest(id, to string, at time.Time) error {
+	if id == "" || to == "" {
+		return errors.New("inbox: note a request: empty id or recipient")
+	}
+	err := q.db.Update(func(tx *bolt.Tx) error {
+		b := tx.Bucket(bucketRequests)
+		v, err := json.Marshal(sentRequest{To: to, At: at.UTC().Format(time.RFC3339)})
+		if err != nil {
+			return err
+		}
+		if err := b.Put([]byte(id), v); err != nil {
+			return err
+		}
+		return pruneRequests(b, at.Add(-RequestMemory))
+	})
+	if err != nil {
+		return fmt.Errorf("inbox: note a request: %w", err)
+	}
+	return nil
+}
+
+// pruneRequests deletes up to pruneBatch requests sent before cutoff,
+// oldest first; it stops at the first younger one.
+func pruneRequests(b *bolt.Bucket, cutoff time.Time) error {
+	c := b.Cursor()
+	for range pruneBatch {
+		k, v := c.First()
+		if k == nil {
+			return nil
+		}
+		var r sentRequest
+		if err := json.Unmarshal(v, &r); err == nil {
+			if at, err := time.Parse(time.RFC3339, r.At); err == nil && !at.Before(cutoff) {
+				return nil
+			}
+		}
+		if err := c.Delete(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// SentTo is the agent this agent sent request id to, and whether it sent
+// it at all (within RequestMemory).
+func (q *Queue) SentTo(id string) (to string, ok bool, err error) {
+	err = q.db.View(func(tx *bolt.Tx) error {
+		v := tx.Bucket(bucketRequests).Get([]byte(id))
+		if v == nil {
+			return nil
+		}
+		var r sentRequest
+		if err := json.Unmarshal(v, &r); err != nil {
+			return err
+		}
+		to, ok = r.To, true
+		return nil
+	})
+	if err != nil {
+		return "", false, fmt.Errorf("inbox: sent requests: %w", err)
+	}
+	return to, ok, nil
+}
+
 // Contacts are the agents this agent has exchanged messages with, sorted:
 // the senders of requests it replied to (not those it only acknowledged or
 // refused, nor those still unread: reaching the inbox is not an exchange),
 // the agents it sent messages to (NoteSent), and the senders of replies to
-// what it sent (kept in the queue as KindReply). A queue file from before
-// sends were recorded holds no sends; its replies still count.
+// what it sent (kept in the queue as KindReply; an unsolicited answer makes
+// nobody a contact). A queue file from before sends were recorded holds no
+// sends, and the replies it kept became unsolicited (migrateRequests).
 func (q *Queue) Contacts() ([]string, error) {
 	seen := map[string]bool{}
 	err := q.db.View(func(tx *bolt.Tx) error {

@@ -229,6 +229,7 @@ func TestContacts(t *testing.T) {
 	refused := put("0198c001-0000-7000-8000-000000000003", "UREFUSED", "")
 	put("0198c001-0000-7000-8000-000000000004", "UUNREAD", "")
 	put("0198c001-0000-7000-8000-000000000005", "UANSWERED", inbox.KindReply) // a late reply to our send
+	put("0198c001-0000-7000-8000-000000000006", "UFORGER", inbox.KindUnsolicited)
 	for ref, state := range map[string]string{replied: inbox.Replied, acked: inbox.Acked, refused: inbox.Refused} {
 		if _, err := q.Transition(ref, state, time.Now(), nil); err != nil {
 			t.Fatal(err)
@@ -243,5 +244,112 @@ func TestContacts(t *testing.T) {
 	}
 	if m, _ := q.Get(refused); m.State != inbox.Refused || m.RepliedAt == "" {
 		t.Errorf("refused message: %+v", m)
+	}
+}
+
+// Issue 10 item 5: the record of the requests this agent sent, which tells
+// a reply from an unsolicited answer, survives a restart; entries older
+// than RequestMemory are forgotten, oldest first, as new ones are noted.
+func TestSentRequestsSurviveRestart(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	q, err := inbox.Open(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	const (
+		old    = "0198c001-0000-7000-8000-000000000001"
+		recent = "0198c002-0000-7000-8000-000000000002"
+		fresh  = "0198c003-0000-7000-8000-000000000003"
+	)
+	if err := q.NoteRequest(old, "UOLD", now.Add(-inbox.RequestMemory-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.NoteRequest(recent, "UB", now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := q.NoteRequest("", "UB", now); err == nil {
+		t.Error("a request without an id was noted")
+	}
+	if err := q.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if q, err = inbox.Open(path, time.Second); err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if to, ok, err := q.SentTo(recent); err != nil || !ok || to != "UB" {
+		t.Fatalf("SentTo(recent) after reopening = %q %v %v", to, ok, err)
+	}
+	if to, ok, err := q.SentTo("0198c009-0000-7000-8000-000000000009"); err != nil || ok || to != "" {
+		t.Fatalf("SentTo(never sent) = %q %v %v", to, ok, err)
+	}
+	// Noting a new request forgets the one older than RequestMemory (it
+	// was kept until now: it was noted as old, and pruning runs on the
+	// next note), and keeps the recent one.
+	if err := q.NoteRequest(fresh, "UC", now); err != nil {
+		t.Fatal(err)
+	}
+	for id, want := range map[string]bool{old: false, recent: true, fresh: true} {
+		if _, ok, err := q.SentTo(id); err != nil || ok != want {
+			t.Errorf("SentTo(%s) = %v %v, want %v", id, ok, err, want)
+		}
+	}
+}
+
+// A queue file from before sent requests were recorded kept every answer
+// naming any id as a reply: with nothing to check them against, they
+// become unsolicited when it is opened; requests stay as they were.
+func TestOldQueueFileRepliesBecomeUnsolicited(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "inbox.db")
+	db, err := bolt.Open(path, 0o600, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = db.Update(func(tx *bolt.Tx) error {
+		msgs, err := tx.CreateBucket([]byte("messages"))
+		if err != nil {
+			return err
+		}
+		ids, err := tx.CreateBucket([]byte("ids"))
+		if err != nil {
+			return err
+		}
+		for _, m := range []inbox.Message{
+			{ID: "0198c001-0000-7000-8000-00000000aaa1", Kind: inbox.KindRequest, From: "UA", Text: "a request"},
+			{ID: "0198c001-0000-7000-8000-00000000aaa2", Kind: inbox.KindReply, InReplyTo: "0198c001-0000-7000-8000-00000000ffff", From: "UF", Text: "a 'reply'"},
+		} {
+			n, _ := msgs.NextSequence()
+			var k [8]byte
+			binary.BigEndian.PutUint64(k[:], n)
+			m.Seq, m.State = n, inbox.Unread
+			v, _ := json.Marshal(m)
+			if err := msgs.Put(k[:], v); err != nil {
+				return err
+			}
+			if err := ids.Put([]byte(m.ID), k[:]); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Close()
+
+	q, err := inbox.Open(path, time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer q.Close()
+	if m, err := q.Get("1"); err != nil || m.Kind != inbox.KindRequest {
+		t.Errorf("the request: %+v %v", m, err)
+	}
+	if m, err := q.Get("2"); err != nil || m.Kind != inbox.KindUnsolicited || m.Text != "a 'reply'" {
+		t.Errorf("the old reply: %+v %v", m, err)
+	}
+	if got, err := q.Contacts(); err != nil || len(got) != 0 {
+		t.Errorf("contacts from an old file's replies: %v %v", got, err)
 	}
 }

@@ -31,6 +31,9 @@ type ErrRevoked struct {
 	Status  int
 	Code    string
 	Message string
+	// Reason is the refusal's details.reason: for a retired agent, the
+	// reason given when it was retired.
+	Reason string
 }
 
 func (e *ErrRevoked) Error() string {
@@ -128,6 +131,9 @@ func (r *NodeCredentialRenewer) Renew(ctx context.Context, agents []*keys.Agent)
 		ExpiresAt *string `json:"expires_at"`
 		Error     string  `json:"error"`
 		Code      string  `json:"code"`
+		Details   struct {
+			Reason string `json:"reason"`
+		} `json:"details"`
 	}
 	_ = json.Unmarshal(raw, &out)
 	if resp.StatusCode != http.StatusOK {
@@ -136,7 +142,7 @@ func (r *NodeCredentialRenewer) Renew(ctx context.Context, agents []*keys.Agent)
 			msg = http.StatusText(resp.StatusCode)
 		}
 		if refusal(resp.StatusCode) {
-			return "", time.Time{}, &ErrRevoked{Status: resp.StatusCode, Code: out.Code, Message: msg}
+			return "", time.Time{}, &ErrRevoked{Status: resp.StatusCode, Code: out.Code, Message: msg, Reason: out.Details.Reason}
 		}
 		return "", time.Time{}, &RenewError{Status: resp.StatusCode, Code: out.Code, Message: msg}
 	}

@@ -36,6 +36,11 @@ type RequestOptions struct {
 	Follow bool
 	// ContextID is the envelope context_id.
 	ContextID string
+	// ID is the envelope id to send under (a fresh UUIDv7 when empty), so
+	// a caller can record what it sends before it is published: an answer
+	// may arrive before Request returns, and one that arrives after it
+	// gave up goes to OnReply, which can then check it against the record.
+	ID string
 }
 
 // Result is the answer to a request: the first respond whose status is not
@@ -205,6 +210,9 @@ func (a *Agent) Request(ctx context.Context, to, offering string, input any, opt
 		return nil, errs.Wrap(errs.InvalidRequest, "the request cannot be encoded", err)
 	}
 	env.To, env.ContextID = to, opts.ContextID
+	if opts.ID != "" {
+		env.ID = opts.ID
+	}
 	if opts.Budget != nil {
 		if err := opts.Budget.Validate(); err != nil {
 			return nil, err
