@@ -133,15 +133,26 @@ func (m *Mesh) startAdmin(dataDir string) error {
 
 // OpenControl opens a stopped mesh's control plane for the operator
 // commands: the store and the services over it, with no broker (a
-// revocation recorded now is pushed when meshd next starts). It fails when
-// a meshd holds the store.
-func OpenControl(dataDir string, log *slog.Logger) (*Control, func() error, error) {
+// revocation recorded now is pushed when meshd next starts). It holds the
+// data directory's lock until the returned close, so it fails, before
+// opening anything, with a *LockedError while a meshd (or another admin
+// command) has the directory, and no meshd starts there meanwhile.
+func OpenControl(dataDir string, log *slog.Logger) (c *Control, closeFn func() error, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, keysDir)); err != nil {
 		return nil, nil, fmt.Errorf("no mesh in %s (start meshd there once first): %w", dataDir, err)
 	}
+	lock, err := LockDataDir(dataDir, "meshd admin")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = lock.Unlock()
+		}
+	}()
 	trust, err := creds.Load(filepath.Join(dataDir, keysDir))
 	if err != nil {
 		return nil, nil, err
@@ -155,10 +166,10 @@ func OpenControl(dataDir string, log *slog.Logger) (*Control, func() error, erro
 		st.Close()
 		return nil, nil, err
 	}
-	c := &Control{Store: st}
+	c = &Control{Store: st}
 	c.Accounts = account.New(account.Config{Store: st, Mail: ob, Log: log})
 	c.Credentials = credential.New(credential.Config{Store: st, Trust: trust, Log: log})
-	return c, st.Close, nil
+	return c, func() error { return errors.Join(st.Close(), lock.Unlock()) }, nil
 }
 
 // applyStoredRevocations pushes to the broker every revocation the store

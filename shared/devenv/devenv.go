@@ -148,6 +148,10 @@ type Mesh struct {
 	// concurrent revocations cannot overwrite each other.
 	accountMu sync.Mutex
 
+	// lock is the data directory's lock, held from Start until the broker
+	// has stopped.
+	lock *DirLock
+
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -174,15 +178,23 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("devenv: data dir: %w", err)
 	}
+	// Nothing in the directory is opened before its lock is ours: a second
+	// meshd would otherwise share the broker's JetStream files.
+	lock, err := LockDataDir(dataDir, "meshd")
+	if err != nil {
+		return nil, err
+	}
 
 	trust, created, err := creds.LoadOrCreate(filepath.Join(dataDir, keysDir))
 	if err != nil {
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("devenv: %w", err)
 	}
-	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now()}
+	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now(), lock: lock}
 	// The workers' signing key lives beside the trust chain (0600): clients
 	// may pin it, so it must survive restarts.
 	if m.servicesKey, err = keys.LoadOrGenerate[keys.AgentRole](filepath.Join(dataDir, keysDir, "services.nk")); err != nil {
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("devenv: services key: %w", err)
 	}
 	pk := trust.PublicKeys()
@@ -563,7 +575,8 @@ func (m *Mesh) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClai
 }
 
 // Shutdown stops the HTTP server gracefully (bounded by ctx), then the broker,
-// waiting for JetStream to flush its stores. It is safe to call more than once.
+// waiting for JetStream to flush its stores, and releases the data
+// directory's lock. It is safe to call more than once.
 func (m *Mesh) Shutdown(ctx context.Context) error {
 	m.shutdownOnce.Do(func() {
 		var errs []error
@@ -595,6 +608,8 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 		} else if m.dirRes != nil {
 			m.dirRes.Close()
 		}
+		// Only now may another meshd open the directory.
+		_ = m.lock.Unlock()
 		m.shutdownErr = errors.Join(errs...)
 		m.log.Info("mesh stopped")
 	})
