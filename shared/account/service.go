@@ -74,6 +74,16 @@ func New(cfg Config) *Service {
 // point there); "" when none is.
 func (s *Service) ConsoleURL() string { return s.cfg.ConsoleURL }
 
+// OutboxDir is the directory this service's mail is written to when it is
+// not sent at all (meshd with no mail server: a mail.Outbox), so that pages
+// can say where a person finds it; "" when mail goes to a mail server.
+func (s *Service) OutboxDir() string {
+	if o, ok := s.cfg.Mail.(*mail.Outbox); ok {
+		return o.Dir()
+	}
+	return ""
+}
+
 const storeDown = "the account store is unavailable; retry shortly"
 
 // unavailable is the 503 of a store that cannot answer.
