@@ -205,6 +205,15 @@ func TestAdminFlagsAnywhere(t *testing.T) {
 	if tok, _ := decode(args, out, errOut, err)["token"].(string); !strings.HasPrefix(tok, "am_") {
 		t.Errorf("agent-token with flags after its word: %s", out)
 	}
+	// The text answer says plainly whether the key's name claims a handle.
+	out, errOut, err = runAdmin(t, "admin", "agent-token", "--account", acct, "--name", "writer", "--data-dir", dataDir)
+	if err != nil || !strings.HasPrefix(out, "am_") || !strings.Contains(out, "No handle yet: the account has no operator name, and writer.a@example.org is claimed only") {
+		t.Errorf("agent-token for an account with no operator name: %v %q %q", err, out, errOut)
+	}
+	out, errOut, err = runAdmin(t, "admin", "agent-token", "--account", acct, "--name", "writer", "--operator", "Ana López", "--data-dir", dataDir)
+	if err != nil || !strings.Contains(out, "When the agent starts it claims the handle writer.a@example.org") {
+		t.Errorf("agent-token --operator: %v %q %q", err, out, errOut)
+	}
 	if out, errOut, err = runAdmin(t, "admin", "account", "disable", acct, "--data-dir", dataDir, "--reason", "test over"); err != nil ||
 		!strings.Contains(out, "disabled") {
 		t.Errorf("account disable with flags after its id: %v %q %q", err, out, errOut)

@@ -214,6 +214,10 @@ func TestConsoleMintNeedsAFreshPasskey(t *testing.T) {
 		!strings.Contains(a.body, "coder.ana@example.org") || a.header.Get("Cache-Control") != "no-store" {
 		t.Errorf("the minted key's page:\n%s", a.body)
 	}
+	// The page says plainly which handle the key's name claims.
+	if !strings.Contains(a.body, `<p id="handle-note">When the agent starts it claims the handle coder.ana@example.org, unless someone claims it first.</p>`) {
+		t.Errorf("the minted key's page has no handle note:\n%s", a.body)
+	}
 	// Listed, never shown again.
 	list := b.get("agent-keys")
 	if strings.Contains(list.body, key) || amRE.MatchString(list.body) || !strings.Contains(list.body, `state-unused">unused`) {

@@ -14,7 +14,6 @@ import (
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
-	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
@@ -108,12 +107,9 @@ func (s *Service) CreateAccount(ctx context.Context, email string) (acct Account
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		acct = Account{ID: "acct_" + strings.ReplaceAll(protocol.NewID(), "-", ""), Email: email, CreatedAt: ms(s.now())}
-		if err := tx.Create(CollEmails, email, emailIndex{AccountID: acct.ID}); err != nil {
-			return err
-		}
+		acct = newAccount(email, s.now())
 		created = true
-		return tx.Create(CollAccounts, acct.ID, acct)
+		return createIn(tx, acct)
 	})
 	return acct, created, txErr(err)
 }

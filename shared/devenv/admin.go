@@ -30,7 +30,8 @@ const AdminSocket = "admin.sock"
 // AdminHandler serves the operator commands over HTTP:
 //
 //	POST /admin/accounts                 {email}         → {account_id, email, created}
-//	POST /admin/agent-tokens             {account, name} → {token, id, label, expires_in, command}
+//	POST /admin/agent-tokens             {account, name, operator_name?}
+//	                                     → {token, id, label, expires_in, command, handle_claim, handle_note, operator_name}
 //	POST /admin/agents/{id}/retire       {reason}        → {ok}
 //	POST /admin/accounts/{id}/disable    {reason}        → {ok}
 //
@@ -55,18 +56,20 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 	})
 	h("POST /admin/agent-tokens", func(w http.ResponseWriter, r *http.Request) error {
 		var b struct {
-			Account string `json:"account"`
-			Name    string `json:"name"`
+			Account      string `json:"account"`
+			Name         string `json:"name"`
+			OperatorName string `json:"operator_name"`
 		}
 		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 			return err
 		}
-		g, err := c.Accounts.AdminMintAgentKey(r.Context(), b.Account, b.Name)
+		g, err := c.Accounts.AdminMintAgentKeyFor(r.Context(), b.Account, b.Name, b.OperatorName)
 		if err != nil {
 			return err
 		}
 		httpx.WriteJSON(w, http.StatusOK, map[string]any{"token": g.Token, "id": g.ID, "label": g.Label,
-			"expires_in": g.ExpiresIn, "command": g.Command, "handle_claim": g.HandleClaim})
+			"expires_in": g.ExpiresIn, "command": g.Command, "handle_claim": g.HandleClaim, "handle_note": g.HandleNote,
+			"operator_name": g.OperatorName})
 		return nil
 	})
 	reasoned := func(do func(ctx context.Context, id, reason string) error) httpx.HandlerFunc {
