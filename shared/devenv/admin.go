@@ -101,8 +101,8 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 func (m *Mesh) startAdmin(dataDir string) error {
 	path := filepath.Join(dataDir, AdminSocket)
 	// A socket left by a meshd that died is stale; one that answers belongs
-	// to a meshd still running on this directory (its store lock would have
-	// stopped us before this point anyway).
+	// to a meshd still running on this directory (the data-dir lock would
+	// have stopped us before this point anyway).
 	if _, err := os.Stat(path); err == nil {
 		if conn, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 			conn.Close()
