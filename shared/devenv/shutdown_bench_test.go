@@ -51,7 +51,8 @@ func shutdownWithAgents(tb testing.TB, n int) (time.Duration, int) {
 	if err != nil {
 		tb.Fatal(err)
 	}
-	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: tb.TempDir(), Mail: ob})
+	dir := tb.TempDir()
+	m, err := devenv.Start(context.Background(), devenv.Config{DataDir: dir, Mail: ob})
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -102,6 +103,14 @@ func shutdownWithAgents(tb testing.TB, n int) (time.Duration, int) {
 	for _, nc := range conns {
 		if nc != nil {
 			nc.Close()
+		}
+	}
+	// The broker goes on in the background; let it finish before the
+	// directory is removed.
+	for deadline := time.Now().Add(time.Minute); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		if l, err := devenv.LockDataDir(dir, "bench"); err == nil {
+			_ = l.Unlock()
+			break
 		}
 	}
 	return d, int(registered.Load())
