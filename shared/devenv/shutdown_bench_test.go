@@ -135,12 +135,12 @@ func connectAgentNode(m *devenv.Mesh) (agentNode, error) {
 	}
 	ids := []string{agent.Public()}
 	jwtStr, err := m.Trust().MintUser(creds.UserSpec{PublicKey: node.Public(), Name: "bench node", Kind: creds.KindNode,
-		Hosted: ids, Permissions: creds.NodePermissions(ids), Expires: time.Now().Add(time.Hour)})
+		Hosted: ids, Permissions: creds.NodePermissions(ids, creds.PrivateOnly(node.Public())), Expires: time.Now().Add(time.Hour)})
 	if err != nil {
 		return agentNode{}, err
 	}
 	nc, err := nats.Connect(m.URLs().MeshTCP, nats.UserJWT(func() (string, error) { return jwtStr, nil }, node.SignNonce),
-		nats.MaxReconnects(0), nats.Timeout(10*time.Second))
+		nats.MaxReconnects(0), nats.Timeout(10*time.Second), nats.CustomInboxPrefix(protocol.PrivateInboxPrefix(node.Public())))
 	if err != nil {
 		return agentNode{}, fmt.Errorf("connect: %w", err)
 	}
