@@ -13,6 +13,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -20,26 +21,141 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 )
 
-const adminUsage = `Usage: meshd admin [--data-dir DIR] [--json] COMMAND
+const adminUsage = `Usage: meshd admin [--data-dir DIR] [--json] COMMAND …
 
 Operator commands on the server host. They act on the same store and keys as
 the meshd running on DIR (through its admin socket), or on the stopped mesh's
-files when none is running.
+files when none is running. Flags may come before or after the command's words.
 
 Commands:
-  account create --email E               create an account (or find it)
-  account disable ID [--reason R]        disable an account and revoke its credentials
-  agent-token --account ID --name NAME   mint a single-use agent key (am_…), valid 7 days
-  agent retire ID --reason R             retire an agent and revoke its credentials
-
-Flags:
+%s
+Flags of every command:
   --data-dir DIR   the mesh's data directory (env MESHD_DATA_DIR, default ./.mesh)
   --json           print one JSON object instead of text
 
+meshd admin COMMAND --help (or meshd help admin COMMAND) explains one command.
+
 Example:
   meshd admin account create --email ana@example.org
-  meshd admin agent-token --account acct_… --name coder
+  meshd admin agent-token --account acct_… --name coder --operator "Ana López"
 `
+
+// adminArgs are a command line's words after the command's own, and its flags.
+type adminArgs struct {
+	pos   []string
+	flags map[string]string
+}
+
+// adminCommand is one operator command and the admin-socket call it makes.
+type adminCommand struct {
+	words    string   // the command's words, e.g. "account create"
+	args     []string // its positional arguments, e.g. {"ID"}
+	flags    []string // its flags (beyond --data-dir and --json), as shown in its synopsis
+	required []string // the flags it cannot do without
+	summary  string   // one line for the command list
+	help     string   // what it does, in a few lines
+	call     func(a adminArgs) (path string, body map[string]any, show func(map[string]any) string)
+}
+
+// placeholders name the value of each flag in synopses.
+var placeholders = map[string]string{"email": "E", "reason": "R", "account": "ID", "name": "NAME", "operator": "NAME"}
+
+func (c adminCommand) synopsis() string {
+	parts := append([]string{c.words}, c.args...)
+	for _, f := range c.flags {
+		p := "--" + f + " " + placeholders[f]
+		if !slices.Contains(c.required, f) {
+			p = "[" + p + "]"
+		}
+		parts = append(parts, p)
+	}
+	return strings.Join(parts, " ")
+}
+
+// usage is one command's help.
+func (c adminCommand) usage() string {
+	return fmt.Sprintf("Usage: meshd admin %s [--data-dir DIR] [--json]\n\n%s\n", c.synopsis(), c.help)
+}
+
+var adminCommands = []adminCommand{
+	{
+		words: "account create", flags: []string{"email"}, required: []string{"email"},
+		summary: "create an account (or find it)",
+		help: `Creates the account of address E, or finds the one it already has. The
+person signs in to the console with a code mailed to E.
+  --email E   the account's email address`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			return "/admin/accounts", map[string]any{"email": a.flags["email"]}, func(r map[string]any) string {
+				if r["created"] == true {
+					return fmt.Sprintf("created account %s for %s", r["account_id"], r["email"])
+				}
+				return fmt.Sprintf("account %s already exists for %s", r["account_id"], r["email"])
+			}
+		},
+	},
+	{
+		words: "account disable", args: []string{"ID"}, flags: []string{"reason"},
+		summary: "disable an account and revoke its credentials",
+		help: `Disables account ID: its sessions, tokens and agents' credentials stop
+working at once.
+  --reason R   why, shown to whoever tries to use them (default "disabled by the operator")`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id := a.pos[0]
+			return "/admin/accounts/" + id + "/disable", map[string]any{"reason": a.flags["reason"]},
+				func(map[string]any) string { return "account " + id + " disabled; its credentials are revoked" }
+		},
+	},
+	{
+		words: "agent-token", flags: []string{"account", "name", "operator"}, required: []string{"account", "name"},
+		summary: "mint a single-use agent key (am_…), valid 7 days",
+		help: `Mints a single-use agent key for account ID. The agent's machine runs
+the command printed with it within 7 days.
+  --account ID      the account the agent joins
+  --name NAME       the agent's name; a name with no spaces and no @ also claims
+                    the handle NAME.<account email> for the agent when it starts,
+                    and the answer says whether it will
+  --operator NAME   the account's operator name (the person or organisation others
+                    see running its agents), when it has none yet; needed once
+                    for any handle`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			body := map[string]any{"account": a.flags["account"], "name": a.flags["name"]}
+			if op, ok := a.flags["operator"]; ok {
+				body["operator_name"] = op
+			}
+			return "/admin/agent-tokens", body, func(r map[string]any) string {
+				out := fmt.Sprintf("%s\n\nSingle use, valid 7 days. On the agent's machine run:\n  %s", r["token"], r["command"])
+				if note, _ := r["handle_note"].(string); note != "" {
+					out += "\n\n" + note
+				}
+				return out
+			}
+		},
+	},
+	{
+		words: "agent retire", args: []string{"ID"}, flags: []string{"reason"}, required: []string{"reason"},
+		summary: "retire an agent and revoke its credentials",
+		help: `Retires agent ID (its public key): its credentials stop working at once
+and it cannot come back with the same key.
+  --reason R   why, shown to the agent's node when it is refused`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id := a.pos[0]
+			return "/admin/agents/" + id + "/retire", map[string]any{"reason": a.flags["reason"]},
+				func(map[string]any) string { return "agent " + id + " retired; its credentials are revoked" }
+		},
+	},
+}
+
+// adminUsageText is the admin help with its command list.
+func adminUsageText() string { return fmt.Sprintf(adminUsage, commandList(adminCommands)) }
+
+// commandList lists commands, a synopsis and a summary each.
+func commandList(cs []adminCommand) string {
+	var b strings.Builder
+	for _, c := range cs {
+		fmt.Fprintf(&b, "  %s\n      %s\n", c.synopsis(), c.summary)
+	}
+	return b.String()
+}
 
 // admin runs one operator command.
 func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Writer) error {
@@ -51,66 +167,64 @@ func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.
 	}
 	fs.StringVar(&dataDir, "data-dir", dataDir, "")
 	asJSON := fs.Bool("json", false, "")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			fmt.Fprint(stdout, adminUsage)
-			return err
-		}
-		return usageErr(stderr, err.Error())
-	}
-	rest := fs.Args()
-	var path string
-	var body map[string]any
-	var show func(map[string]any) string
-	sub := flag.NewFlagSet("", flag.ContinueOnError)
-	sub.SetOutput(io.Discard)
-	cmd := strings.Join(first(rest, 2), " ")
-	switch {
-	case cmd == "account create":
-		email := sub.String("email", "", "")
-		if err := sub.Parse(rest[2:]); err != nil || *email == "" || sub.NArg() > 0 {
-			return usageErr(stderr, "account create needs --email E")
-		}
-		path, body = "/admin/accounts", map[string]any{"email": *email}
-		show = func(r map[string]any) string {
-			if r["created"] == true {
-				return fmt.Sprintf("created account %s for %s", r["account_id"], r["email"])
+	help := fs.Bool("help", false, "")
+	fs.BoolVar(help, "h", false, "")
+	// Every command's flags are parsed together, wherever they are; a
+	// flag the command does not take is refused below.
+	values := map[string]*string{}
+	for _, c := range adminCommands {
+		for _, f := range c.flags {
+			if values[f] == nil {
+				values[f] = fs.String(f, "", "")
 			}
-			return fmt.Sprintf("account %s already exists for %s", r["account_id"], r["email"])
 		}
-	case cmd == "account disable":
-		if len(rest) < 3 {
-			return usageErr(stderr, "account disable needs the account id")
-		}
-		reason := sub.String("reason", "", "")
-		if err := sub.Parse(rest[3:]); err != nil || sub.NArg() > 0 {
-			return usageErr(stderr, "account disable ID [--reason R]")
-		}
-		path, body = "/admin/accounts/"+rest[2]+"/disable", map[string]any{"reason": *reason}
-		show = func(map[string]any) string { return "account " + rest[2] + " disabled; its credentials are revoked" }
-	case len(rest) > 0 && rest[0] == "agent-token":
-		acct := sub.String("account", "", "")
-		name := sub.String("name", "", "")
-		if err := sub.Parse(rest[1:]); err != nil || *acct == "" || *name == "" || sub.NArg() > 0 {
-			return usageErr(stderr, "agent-token needs --account ID --name NAME")
-		}
-		path, body = "/admin/agent-tokens", map[string]any{"account": *acct, "name": *name}
-		show = func(r map[string]any) string {
-			return fmt.Sprintf("%s\n\nSingle use, valid 7 days. On the agent's machine run:\n  %s", r["token"], r["command"])
-		}
-	case cmd == "agent retire":
-		if len(rest) < 3 {
-			return usageErr(stderr, "agent retire needs the agent id and --reason R")
-		}
-		reason := sub.String("reason", "", "")
-		if err := sub.Parse(rest[3:]); err != nil || *reason == "" || sub.NArg() > 0 {
-			return usageErr(stderr, "agent retire ID --reason R")
-		}
-		path, body = "/admin/agents/"+rest[2]+"/retire", map[string]any{"reason": *reason}
-		show = func(map[string]any) string { return "agent " + rest[2] + " retired; its credentials are revoked" }
-	default:
-		return usageErr(stderr, fmt.Sprintf("unknown admin command %q", strings.Join(rest, " ")))
 	}
+	words, err := parseAnywhere(fs, args)
+	if err != nil {
+		return usageErr(stderr, err.Error(), adminUsageText())
+	}
+	if i := slices.Index(words, "help"); i >= 0 || *help {
+		if i >= 0 {
+			words = words[:i]
+		}
+		fmt.Fprint(stdout, adminHelp(words))
+		return flag.ErrHelp
+	}
+	cmd, ok := findAdminCommand(words)
+	if !ok {
+		if len(words) == 0 {
+			return usageErr(stderr, "which command?", adminUsageText())
+		}
+		if commandsUnder(words) != nil {
+			return usageErr(stderr, strings.Join(words, " ")+" needs a command", adminHelp(words))
+		}
+		return usageErr(stderr, fmt.Sprintf("unknown admin command %q", strings.Join(words, " ")), adminUsageText())
+	}
+	a := adminArgs{pos: words[len(strings.Fields(cmd.words)):], flags: map[string]string{}}
+	var bad []string
+	fs.Visit(func(f *flag.Flag) {
+		switch {
+		case f.Name == "data-dir" || f.Name == "json":
+		case slices.Contains(cmd.flags, f.Name):
+			a.flags[f.Name] = *values[f.Name]
+		default:
+			bad = append(bad, "--"+f.Name)
+		}
+	})
+	switch {
+	case len(bad) > 0:
+		return usageErr(stderr, fmt.Sprintf("%s does not take %s", cmd.words, strings.Join(bad, ", ")), cmd.usage())
+	case len(a.pos) < len(cmd.args):
+		return usageErr(stderr, fmt.Sprintf("%s needs %s", cmd.words, strings.Join(cmd.args[len(a.pos):], " ")), cmd.usage())
+	case len(a.pos) > len(cmd.args):
+		return usageErr(stderr, fmt.Sprintf("unexpected arguments after %s: %s", cmd.words, strings.Join(a.pos[len(cmd.args):], " ")), cmd.usage())
+	}
+	for _, f := range cmd.required {
+		if strings.TrimSpace(a.flags[f]) == "" {
+			return usageErr(stderr, fmt.Sprintf("%s needs --%s %s", cmd.words, f, placeholders[f]), cmd.usage())
+		}
+	}
+	path, body, show := cmd.call(a)
 
 	client, done, err := adminClient(dataDir)
 	if err != nil {
@@ -128,10 +242,47 @@ func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.
 	return nil
 }
 
-func first(s []string, n int) []string { return s[:min(n, len(s))] }
+// findAdminCommand is the command whose words start words.
+func findAdminCommand(words []string) (adminCommand, bool) {
+	for _, c := range adminCommands {
+		w := strings.Fields(c.words)
+		if len(words) >= len(w) && slices.Equal(words[:len(w)], w) {
+			return c, true
+		}
+	}
+	return adminCommand{}, false
+}
 
-func usageErr(stderr io.Writer, msg string) error {
-	fmt.Fprintf(stderr, "meshd admin: %s\n\n%s", msg, adminUsage)
+// adminHelp is the help for words: one command's, the commands that start
+// with them ("account"), or the whole list.
+func adminHelp(words []string) string {
+	if c, ok := findAdminCommand(words); ok {
+		return c.usage()
+	}
+	if group := commandsUnder(words); len(group) > 0 {
+		return fmt.Sprintf("Usage: meshd admin %s COMMAND … [--data-dir DIR] [--json]\n\nCommands:\n%s",
+			strings.Join(words, " "), commandList(group))
+	}
+	return adminUsageText()
+}
+
+// commandsUnder are the commands whose words start with words, when words
+// are not a whole command ("account": account create, account disable).
+func commandsUnder(words []string) []adminCommand {
+	if len(words) == 0 {
+		return nil
+	}
+	var out []adminCommand
+	for _, c := range adminCommands {
+		if strings.HasPrefix(c.words+" ", strings.Join(words, " ")+" ") {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+func usageErr(stderr io.Writer, msg, usage string) error {
+	fmt.Fprintf(stderr, "meshd admin: %s\n\n%s", msg, usage)
 	return errUsage
 }
 
@@ -149,6 +300,16 @@ func adminClient(dataDir string) (*http.Client, func(), error) {
 	}
 	c, closeFn, err := devenv.OpenControl(dataDir, nil)
 	if err != nil {
+		var locked *devenv.LockedError
+		switch {
+		case errors.As(err, &locked) && locked.Role == "meshd":
+			// Starting, or stopping: its socket is not up, and its files
+			// are not ours to open.
+			return nil, nil, fmt.Errorf("a meshd is running on this data dir (pid %d) but its admin socket %s does not answer: retry in a moment, or once it has stopped",
+				locked.PID, sock)
+		case errors.As(err, &locked):
+			return nil, nil, fmt.Errorf("another %s is working on this data dir (pid %d): retry when it is done", locked.Role, locked.PID)
+		}
 		if _, statErr := os.Stat(dataDir); statErr != nil {
 			return nil, nil, fmt.Errorf("no mesh data directory at %s (use --data-dir)", dataDir)
 		}

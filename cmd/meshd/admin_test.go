@@ -4,7 +4,10 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"net/http"
+	"os"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -12,6 +15,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -150,5 +154,100 @@ func TestAdminOnAStoppedMesh(t *testing.T) {
 		noEnv, &bytes.Buffer{}, &stderr)
 	if err == nil || !strings.Contains(err.Error(), "no mesh") {
 		t.Errorf("admin on a directory with no mesh: %v", err)
+	}
+}
+
+// runAdmin runs meshd with args exactly as given and returns its output.
+func runAdmin(t *testing.T, args ...string) (stdout, stderr string, err error) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	err = run(context.Background(), args, noEnv, &out, &errOut)
+	return out.String(), errOut.String(), err
+}
+
+// Every admin command takes its flags before or after its words (the new
+// user's `account create --email x --json` said "needs --email").
+func TestAdminFlagsAnywhere(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	_, _, stop := runUntilReady(t, dataDir)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	decode := func(args []string, out, errOut string, err error) map[string]any {
+		t.Helper()
+		if err != nil {
+			t.Fatalf("meshd %s: %v\n%s", strings.Join(args, " "), err, errOut)
+		}
+		var v map[string]any
+		if err := json.Unmarshal([]byte(out), &v); err != nil {
+			t.Fatalf("meshd %s printed %q, not one JSON object", strings.Join(args, " "), out)
+		}
+		return v
+	}
+	var acct string
+	for i, args := range [][]string{
+		{"admin", "account", "create", "--email", "a@example.org", "--json", "--data-dir", dataDir},
+		{"--data-dir", dataDir, "admin", "--json", "account", "create", "--email", "a@example.org"},
+		{"admin", "account", "--email", "a@example.org", "create", "--data-dir", dataDir, "--json"},
+		{"--json", "admin", "account", "create", "--data-dir=" + dataDir, "--email=a@example.org"},
+	} {
+		out, errOut, err := runAdmin(t, args...)
+		got := decode(args, out, errOut, err)
+		if i == 0 {
+			acct, _ = got["account_id"].(string)
+		}
+		if got["account_id"] != acct || acct == "" {
+			t.Errorf("meshd %s: %v, want account %s", strings.Join(args, " "), got, acct)
+		}
+	}
+	args := []string{"admin", "agent-token", "--account", acct, "--data-dir", dataDir, "--name", "coder", "--json"}
+	out, errOut, err := runAdmin(t, args...)
+	if tok, _ := decode(args, out, errOut, err)["token"].(string); !strings.HasPrefix(tok, "am_") {
+		t.Errorf("agent-token with flags after its word: %s", out)
+	}
+	// The text answer says plainly whether the key's name claims a handle.
+	out, errOut, err = runAdmin(t, "admin", "agent-token", "--account", acct, "--name", "writer", "--data-dir", dataDir)
+	if err != nil || !strings.HasPrefix(out, "am_") || !strings.Contains(out, "No handle yet: the account has no operator name, and writer.a@example.org is claimed only") {
+		t.Errorf("agent-token for an account with no operator name: %v %q %q", err, out, errOut)
+	}
+	out, errOut, err = runAdmin(t, "admin", "agent-token", "--account", acct, "--name", "writer", "--operator", "Ana López", "--data-dir", dataDir)
+	if err != nil || !strings.Contains(out, "When the agent starts it claims the handle writer.a@example.org") {
+		t.Errorf("agent-token --operator: %v %q %q", err, out, errOut)
+	}
+	if out, errOut, err = runAdmin(t, "admin", "account", "disable", acct, "--data-dir", dataDir, "--reason", "test over"); err != nil ||
+		!strings.Contains(out, "disabled") {
+		t.Errorf("account disable with flags after its id: %v %q %q", err, out, errOut)
+	}
+
+	// A flag the command does not take is named, with that command's usage.
+	_, errOut, err = runAdmin(t, "admin", "account", "create", "--email", "b@example.org", "--reason", "x", "--data-dir", dataDir)
+	if !errors.Is(err, errUsage) || !strings.Contains(errOut, "account create does not take --reason") ||
+		!strings.Contains(errOut, "Usage: meshd admin account create") {
+		t.Errorf("a flag of another command: %v %q", err, errOut)
+	}
+	_, errOut, err = runAdmin(t, "admin", "account", "--data-dir", dataDir)
+	if !errors.Is(err, errUsage) || !strings.Contains(errOut, "account create") || strings.Contains(errOut, "agent-token") {
+		t.Errorf("account without its command: %v %q", err, errOut)
+	}
+}
+
+// An admin command never opens the files of a data directory another
+// process has locked (a meshd starting or stopping, whose socket does not
+// answer): it says so instead.
+func TestAdminWaitsForALockedDataDir(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	_, _, stop := runUntilReady(t, dataDir)
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	lock, err := devenv.LockDataDir(dataDir, "meshd")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer lock.Unlock()
+	_, _, err = runAdmin(t, "admin", "--data-dir", dataDir, "account", "create", "--email", "x@example.org")
+	want := fmt.Sprintf("a meshd is running on this data dir (pid %d) but its admin socket", os.Getpid())
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("admin on a locked data dir: %v, want %q", err, want)
 	}
 }

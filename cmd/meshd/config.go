@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -62,16 +63,23 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 		fs.StringVar(s.dst, s.flag, def, s.help)
 	}
 	usage := func(w io.Writer) {
-		fmt.Fprint(w, "Usage: meshd [serve] [flags]\n\n"+
-			"Runs the whole mesh on one machine and prints the URLs an adapter needs.\n"+
-			"Each flag can also be set with the environment variable shown; a flag wins.\n"+
-			"Use 127.0.0.1:0 for any address to pick a free port.\n\nFlags:\n")
+		fmt.Fprint(w, "Usage: meshd [serve] [flags]\n"+
+			"       meshd admin [flags] COMMAND …   operator commands (meshd admin --help)\n"+
+			"       meshd help [COMMAND]            this help, or a command's\n\n"+
+			"Commands:\n"+
+			"  serve   run the whole mesh on this machine and print the URLs an adapter needs (the default)\n"+
+			"  admin   operator commands on this host: create accounts, mint agent keys, retire agents,\n"+
+			"          disable accounts (meshd admin --help lists them)\n"+
+			"  help    show the help of a command, e.g. meshd help admin agent-token\n\n"+
+			"Flags of serve (anywhere on the line). Each can also be set with the environment\n"+
+			"variable shown; a flag wins. Use 127.0.0.1:0 for any address to pick a free port.\n\n")
 		for _, s := range settings {
-			fmt.Fprintf(w, "  --%-10s %s\n  %-12s env %s, default %q\n", s.flag, s.help, "", s.env, s.def)
+			fmt.Fprintf(w, "  --%s\n      %s\n      env %s, default %q\n", s.flag, s.help, s.env, s.def)
 		}
 	}
 
-	if err := fs.Parse(args); err != nil {
+	words, err := parseAnywhere(fs, args)
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			usage(stdout)
 			return cfg, err
@@ -80,8 +88,12 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 		usage(stderr)
 		return cfg, errUsage
 	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(stderr, "meshd: unexpected arguments: %s\n\n", strings.Join(fs.Args(), " "))
+	if slices.Contains(words, "help") {
+		usage(stdout)
+		return cfg, flag.ErrHelp
+	}
+	if len(words) > 0 {
+		fmt.Fprintf(stderr, "meshd: unexpected arguments: %s\n\n", strings.Join(words, " "))
 		usage(stderr)
 		return cfg, errUsage
 	}

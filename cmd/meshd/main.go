@@ -3,6 +3,8 @@
 // and the console, with all state under one data directory.
 //
 //	meshd [serve] [flags]
+//	meshd admin [flags] COMMAND …
+//	meshd help [COMMAND]
 //
 // Every flag can also be set through an environment variable (flags win).
 // The logic lives in shared/devenv; this file reads configuration and wires
@@ -17,13 +19,14 @@ import (
 	"io"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 )
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
+	// After the first signal a second one ends the process at once.
+	context.AfterFunc(ctx, stop)
 	err := run(ctx, os.Args[1:], os.LookupEnv, os.Stdout, os.Stderr)
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
@@ -42,16 +45,14 @@ var errUsage = errors.New("usage error")
 // never leaks into them.
 type lookupEnv func(string) (string, bool)
 
-// run dispatches a subcommand: "serve", which is also what
-// runs when the first argument is a flag or absent; "admin" runs
-// operator commands against a data directory.
+// run dispatches a subcommand: "serve", which is also what runs when
+// there is no command word; "admin" runs operator commands against a data
+// directory; "help" shows the help of any of them. The command word may
+// come after flags, and flags may follow it.
 func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Writer) error {
-	cmd := "serve"
-	if len(args) > 0 && !strings.HasPrefix(args[0], "-") {
-		cmd, args = args[0], args[1:]
-	}
+	cmd, args := splitCommand(args)
 	switch cmd {
-	case "serve":
+	case "", "serve":
 		cfg, err := parseServeConfig(args, env, stdout, stderr)
 		if err != nil {
 			return err
@@ -59,8 +60,16 @@ func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Wr
 		return serve(ctx, cfg, stdout, stderr)
 	case "admin":
 		return admin(ctx, args, env, stdout, stderr)
+	case "help":
+		// meshd help [COMMAND [WORDS…]] is COMMAND WORDS… --help.
+		sub, rest := splitCommand(args)
+		var again []string
+		if sub != "" && sub != "help" {
+			again = append(again, sub)
+		}
+		return run(ctx, append(append(again, rest...), "--help"), env, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve, admin)\n", cmd)
+		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve, admin, help; meshd --help explains them)\n", cmd)
 		return errUsage
 	}
 }

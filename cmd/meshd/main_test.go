@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"os"
@@ -245,5 +246,124 @@ func TestUnknownCommand(t *testing.T) {
 	}
 	if !strings.Contains(stderr.String(), "frobnicate") {
 		t.Fatalf("stderr does not name the command: %s", &stderr)
+	}
+}
+
+func TestSplitCommand(t *testing.T) {
+	tests := []struct {
+		args     []string
+		cmd      string
+		rest     []string
+		anywhere []string // the words parseAnywhere finds in rest, with every flag taking a value but --json
+	}{
+		{args: nil, cmd: "", rest: nil},
+		{args: []string{"--data-dir", "admin"}, cmd: "", rest: []string{"--data-dir", "admin"}},
+		{args: []string{"--data-dir", "d", "admin", "account", "create"}, cmd: "admin",
+			rest: []string{"--data-dir", "d", "account", "create"}, anywhere: []string{"account", "create"}},
+		{args: []string{"--json", "admin", "agent-token", "--name", "x"}, cmd: "admin",
+			rest: []string{"--json", "agent-token", "--name", "x"}, anywhere: []string{"agent-token"}},
+		{args: []string{"--data-dir=d", "serve", "--log-level", "debug"}, cmd: "serve", rest: []string{"--data-dir=d", "--log-level", "debug"}},
+		{args: []string{"-h", "admin"}, cmd: "admin", rest: []string{"-h"}},
+		{args: []string{"admin", "account", "--email", "x@y.z", "create", "--json"}, cmd: "admin",
+			rest: []string{"account", "--email", "x@y.z", "create", "--json"}, anywhere: []string{"account", "create"}},
+		{args: []string{"admin", "agent", "retire", "--reason", "r", "--", "--odd-id"}, cmd: "admin",
+			rest: []string{"agent", "retire", "--reason", "r", "--", "--odd-id"}, anywhere: []string{"agent", "retire", "--odd-id"}},
+	}
+	for _, tc := range tests {
+		cmd, rest := splitCommand(tc.args)
+		if cmd != tc.cmd || strings.Join(rest, " ") != strings.Join(tc.rest, " ") {
+			t.Errorf("splitCommand(%q) = %q, %q; want %q, %q", tc.args, cmd, rest, tc.cmd, tc.rest)
+		}
+		fs := flag.NewFlagSet("", flag.ContinueOnError)
+		for _, f := range []string{"data-dir", "name", "email", "reason", "log-level"} {
+			fs.String(f, "", "")
+		}
+		fs.Bool("json", false, "")
+		fs.Bool("h", false, "")
+		words, err := parseAnywhere(fs, rest)
+		if err != nil || strings.Join(words, " ") != strings.Join(tc.anywhere, " ") {
+			t.Errorf("parseAnywhere(%q) = %q, %v; want %q", rest, words, err, tc.anywhere)
+		}
+	}
+}
+
+// --help, -h or the word help anywhere after a command or its words prints
+// that command's help to stdout and runs nothing (the data directory here
+// does not exist: running anything would fail).
+func TestHelpEverywhere(t *testing.T) {
+	none := filepath.Join(t.TempDir(), "none")
+	tests := []struct {
+		args []string
+		want []string
+		not  []string
+	}{
+		{args: []string{"--help"}, want: []string{"Commands:", "serve", "admin", "help", "--data-dir", "MESHD_HTTP_ADDR"}},
+		{args: []string{"-h"}, want: []string{"admin", "--nats-addr"}},
+		{args: []string{"help"}, want: []string{"admin", "--nats-addr"}},
+		{args: []string{"serve", "--help"}, want: []string{"--ws-addr"}},
+		{args: []string{"serve", "help"}, want: []string{"--ws-addr"}},
+		{args: []string{"help", "serve"}, want: []string{"--ws-addr"}},
+		{args: []string{"admin", "--help"}, want: []string{"account create", "account disable", "agent-token", "agent retire"}},
+		{args: []string{"admin", "-h"}, want: []string{"agent-token"}},
+		{args: []string{"admin", "help"}, want: []string{"agent-token"}},
+		{args: []string{"help", "admin"}, want: []string{"agent-token"}},
+		{args: []string{"--help", "admin"}, want: []string{"agent-token"}},
+		{args: []string{"admin", "account", "--help"}, want: []string{"account create", "account disable"}, not: []string{"agent-token"}},
+		{args: []string{"admin", "account", "create", "--email", "x@example.org", "--help"}, want: []string{"Usage: meshd admin account create --email E"}},
+		{args: []string{"admin", "--data-dir", none, "account", "create", "-h", "--email", "x@example.org"}, want: []string{"Usage: meshd admin account create"}},
+		{args: []string{"admin", "account", "disable", "acct_1", "help"}, want: []string{"Usage: meshd admin account disable ID [--reason R]"}},
+		{args: []string{"admin", "agent-token", "--account", "acct_1", "--name", "coder", "--help"}, want: []string{"--operator NAME", "claims"}},
+		{args: []string{"admin", "agent", "retire", "U123", "--help"}, want: []string{"Usage: meshd admin agent retire ID --reason R"}},
+		{args: []string{"help", "admin", "agent", "retire"}, want: []string{"Usage: meshd admin agent retire"}},
+	}
+	for _, tc := range tests {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			env := func(k string) (string, bool) {
+				if k == "MESHD_DATA_DIR" {
+					return none, true
+				}
+				return "", false
+			}
+			err := run(t.Context(), tc.args, env, &stdout, &stderr)
+			if !errors.Is(err, flag.ErrHelp) {
+				t.Fatalf("err = %v, want flag.ErrHelp (exit 0)\nstderr: %s", err, &stderr)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(stdout.String(), w) {
+					t.Errorf("help lacks %q:\n%s", w, &stdout)
+				}
+			}
+			for _, w := range tc.not {
+				if strings.Contains(stdout.String(), w) {
+					t.Errorf("help has %q:\n%s", w, &stdout)
+				}
+			}
+			if stderr.Len() > 0 {
+				t.Errorf("stderr: %s", &stderr)
+			}
+			if _, err := os.Stat(none); err == nil {
+				t.Error("help created the data directory")
+			}
+		})
+	}
+}
+
+// A second meshd on a data directory in use refuses before it opens
+// anything, naming the one that runs there.
+func TestSecondMeshdOnADataDirInUse(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	_, _, stop := runUntilReady(t, dataDir)
+	defer stop()
+
+	var stdout, stderr bytes.Buffer
+	err := run(t.Context(), []string{"--data-dir", dataDir, "--http-addr", "127.0.0.1:0", "--nats-addr", "127.0.0.1:0",
+		"--ws-addr", "127.0.0.1:0", "--log-level", "error"}, noEnv, &stdout, &stderr)
+	want := fmt.Sprintf("another meshd is running on this data dir, pid %d", os.Getpid())
+	if err == nil || !strings.Contains(err.Error(), want) {
+		t.Fatalf("second meshd: %v, want %q", err, want)
+	}
+	if stdout.Len() > 0 {
+		t.Errorf("the refused meshd printed: %s", &stdout)
 	}
 }

@@ -17,9 +17,12 @@ import (
 // scripts and adapters can find the addresses without parsing stdout.
 const urlsFile = "meshd.json"
 
-// shutdownGrace bounds how long in-flight HTTP requests may take after a
-// signal; the broker's JetStream flush that follows is always waited for.
-const shutdownGrace = 15 * time.Second
+// shutdownBudget bounds the whole stop after SIGINT or SIGTERM: in-flight
+// HTTP requests get half of it, the broker's JetStream flush the rest (see
+// devenv.Mesh.Shutdown). Service managers kill a process that takes much
+// longer (Docker after 10 s), and a person pressing Ctrl-C expects it to
+// be quick.
+const shutdownBudget = 4 * time.Second
 
 // serve runs the mesh until ctx is cancelled.
 func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error {
@@ -51,7 +54,7 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 
 	<-ctx.Done()
 	log.Info("shutting down", "cause", context.Cause(ctx))
-	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownBudget)
 	defer cancel()
 	return mesh.Shutdown(shutdownCtx)
 }

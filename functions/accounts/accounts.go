@@ -259,7 +259,10 @@ func (h *handlers) createAgentToken(w http.ResponseWriter, r *http.Request, p *a
 	if err != nil {
 		return err
 	}
-	out := map[string]any{"token": g.Token, "id": g.ID, "label": g.Label, "expires_in": g.ExpiresIn, "command": g.Command}
+	// handle_note says which handle the agent will claim when it starts,
+	// or plainly why none (spec §4.4: the label stands as a claim).
+	out := map[string]any{"token": g.Token, "id": g.ID, "label": g.Label, "expires_in": g.ExpiresIn, "command": g.Command,
+		"handle_note": g.HandleNote, "operator_name": g.OperatorName}
 	if g.HandleClaim != "" {
 		out["handle_claim"] = g.HandleClaim
 	}

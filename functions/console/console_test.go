@@ -7,13 +7,16 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"path/filepath"
 	"regexp"
 	"strings"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/functions/console"
+	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey/passkeytest"
 )
 
@@ -79,6 +82,10 @@ func TestConsoleSignInWithMailedCode(t *testing.T) {
 	if !strings.Contains(page.body, "<title>Enter your sign-in code – agentmesh console</title>") ||
 		!strings.Contains(page.body, `role="status">Code sent.`) || !strings.Contains(page.body, "the mail we sent to <strong>ana@example.org</strong>") {
 		t.Fatalf("code page:\n%s", page.body)
+	}
+	// Mail goes to a mail server here: nothing about files on a machine.
+	if strings.Contains(page.body, "outbox") || strings.Contains(page.body, "no mail server") {
+		t.Errorf("the code page speaks of an outbox with a mail server configured:\n%s", page.body)
 	}
 	wrong := "000000"
 	if code == wrong {
@@ -206,6 +213,10 @@ func TestConsoleMintNeedsAFreshPasskey(t *testing.T) {
 	if strings.Count(a.body, key) != 2 || !strings.Contains(a.body, "it is shown only this once") ||
 		!strings.Contains(a.body, "coder.ana@example.org") || a.header.Get("Cache-Control") != "no-store" {
 		t.Errorf("the minted key's page:\n%s", a.body)
+	}
+	// The page says plainly which handle the key's name claims.
+	if !strings.Contains(a.body, `<p id="handle-note">When the agent starts it claims the handle coder.ana@example.org, unless someone claims it first.</p>`) {
+		t.Errorf("the minted key's page has no handle note:\n%s", a.body)
 	}
 	// Listed, never shown again.
 	list := b.get("agent-keys")
@@ -486,5 +497,38 @@ func TestConsoleOnHTTPS(t *testing.T) {
 		if rec.Code != want || foreign != (origin != "https://mesh.example.org") {
 			t.Errorf("post from %s: %d, refused as another site: %v", origin, rec.Code, foreign)
 		}
+	}
+}
+
+// meshd with no mail server writes its mail to <data-dir>/outbox/: the
+// sign-in code page says so and where, and the code is in the newest file
+// there.
+func TestConsoleCodePageSaysWhereTheOutboxIs(t *testing.T) {
+	dir := t.TempDir()
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	m, err := devenv.Start(ctx, devenv.Config{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	b := newBrowser(t, m.URLs().Console)
+	a := b.post("login", url.Values{"email": {"ana@example.org"}, "csrf": {csrf(t, b.get("login"))}})
+	if a.status != http.StatusSeeOther {
+		t.Fatalf("send code: %d\n%s", a.status, a.body)
+	}
+	page := b.get(a.location)
+	outbox := filepath.Join(dir, "outbox")
+	if !strings.Contains(page.body, `id="outbox-note"`) || !strings.Contains(page.body, "<code>"+outbox+"</code>") ||
+		!strings.Contains(page.body, "newest file") || strings.Contains(page.body, "spam folder") {
+		t.Fatalf("code page with mail in the outbox:\n%s", page.body)
+	}
+	msgs, err := mail.ReadOutbox(outbox)
+	if err != nil || len(msgs) != 1 || codeRE.FindString(msgs[0].Text) == "" {
+		t.Fatalf("the outbox at %s: %+v, %v", outbox, msgs, err)
+	}
+	code := codeRE.FindString(msgs[0].Text)
+	if a := b.post("login/verify", url.Values{"email": {"ana@example.org"}, "code": {code}, "csrf": {csrf(t, page)}}); a.status != http.StatusSeeOther {
+		t.Errorf("sign in with the code from the outbox: %d\n%s", a.status, a.body)
 	}
 }

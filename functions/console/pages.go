@@ -59,7 +59,11 @@ func (s *Server) loginPage(w http.ResponseWriter, r *http.Request) {
 	v := &view{Title: "Sign in", CSRF: s.signinToken(w, r), Form: map[string]string{"email": q.Get("email"), "next": next}}
 	if email, err := account.NormalizeEmail(q.Get("email")); err == nil {
 		v.Title, v.Form["email"] = "Enter your sign-in code", email
-		if q.Get("sent") == "1" {
+		switch {
+		case q.Get("sent") != "1":
+		case s.outbox != "":
+			v.Notice = "Code written to the outbox on the machine running meshd (see below)."
+		default:
 			v.Notice = "Code sent. It can take a minute to arrive; look in your spam folder too."
 		}
 		s.render(w, r, http.StatusOK, "code", v)

@@ -44,6 +44,9 @@ type Server struct {
 	canonical *url.URL
 	secure    bool
 	mux       *http.ServeMux
+	// outbox is where the mail goes when it is not sent (meshd with no
+	// mail server), for the sign-in code page; "" with a mail server.
+	outbox string
 }
 
 // Cookie names. The session cookie holds the account session token (ams_);
@@ -98,6 +101,9 @@ func parsePages() map[string]*template.Template {
 // New builds the console.
 func New(cfg Config) *Server {
 	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux()}
+	if s.acc != nil {
+		s.outbox = s.acc.OutboxDir()
+	}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
@@ -327,7 +333,10 @@ type view struct {
 	Account *account.Account
 	CSRF    string
 	Data    any
-	sess    *session
+	// Outbox is the directory mail is written to instead of sent, when it
+	// is ("" with a mail server).
+	Outbox string
+	sess   *session
 }
 
 func errMap(form, msg string) map[string]string { return map[string]string{form: msg} }
@@ -366,6 +375,7 @@ func (s *Server) render(w http.ResponseWriter, r *http.Request, status int, name
 	if v.sess != nil {
 		v.Account, v.CSRF = &v.sess.p.Account, v.sess.csrf
 	}
+	v.Outbox = s.outbox
 	t := pages[name]
 	var buf strings.Builder
 	if err := t.ExecuteTemplate(&buf, "layout.html", v); err != nil {

@@ -14,13 +14,19 @@ import (
 
 // AgentKeyGrant is what minting an agent key returns, once.
 type AgentKeyGrant struct {
-	Token       string   `json:"token"`
-	ID          string   `json:"id"`
-	Label       string   `json:"label"`
-	HandleClaim string   `json:"handle_claim,omitempty"`
-	ExpiresIn   int64    `json:"expires_in"`
-	Command     string   `json:"command"`
-	Key         AgentKey `json:"-"`
+	Token       string `json:"token"`
+	ID          string `json:"id"`
+	Label       string `json:"label"`
+	HandleClaim string `json:"handle_claim,omitempty"`
+	// HandleNote says in one sentence which handle the agent will claim
+	// when it starts, or why it will claim none (HandleNote).
+	HandleNote string `json:"handle_note"`
+	// OperatorName is the account's operator name after the mint ("" when
+	// it has none).
+	OperatorName string   `json:"operator_name"`
+	ExpiresIn    int64    `json:"expires_in"`
+	Command      string   `json:"command"`
+	Key          AgentKey `json:"-"`
 }
 
 // MintAgentKey mints a single-use am_ key for the signed-in person. It
@@ -44,6 +50,12 @@ func (s *Service) AdminMintAgentKey(ctx context.Context, accountID, name string)
 	return s.mintAgentKey(ctx, accountID, name, "")
 }
 
+// AdminMintAgentKeyFor is AdminMintAgentKey giving the account an operator
+// name when it has none (meshd admin agent-token --operator).
+func (s *Service) AdminMintAgentKeyFor(ctx context.Context, accountID, name, operatorName string) (AgentKeyGrant, error) {
+	return s.mintAgentKey(ctx, accountID, name, operatorName)
+}
+
 func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorName string) (AgentKeyGrant, error) {
 	label, err := CheckLabel(name)
 	if err != nil {
@@ -56,6 +68,7 @@ func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorNam
 	h := secret.Hash(tok)
 	now := s.now()
 	var acct Account
+	var note string
 	k := AgentKey{ID: publicID(h), Hash: h, AccountID: accountID, Label: label, CreatedAt: ms(now), ExpiresAt: ms(now.Add(AgentKeyTTL))}
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		if err := tx.Get(CollAccounts, accountID, &acct); err != nil {
@@ -65,12 +78,24 @@ func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorNam
 			return errs.New(errs.Forbidden, "this account is disabled")
 		}
 		k.HandleClaim = HandleClaimOf(label, acct.Email)
-		if operatorName != "" && acct.OperatorName == "" {
-			acct.OperatorName = operatorName
-			if err := tx.Update(CollAccounts, accountID, map[string]any{"operator_name": operatorName}); err != nil {
+		var held *Handle
+		if k.HandleClaim != "" {
+			var hd Handle
+			switch err := tx.Get(CollHandles, HandleID(k.HandleClaim), &hd); {
+			case err == nil:
+				held = &hd
+			case !errors.Is(err, store.ErrNotFound):
 				return err
 			}
 		}
+		// Writes. The account is where the operator name lives: one given
+		// here counts only when it has none (SetOperatorName).
+		opName, err := SetOperatorName(tx, acct.Email, &acct, operatorName, now)
+		if err != nil {
+			return err
+		}
+		acct.OperatorName = opName
+		note = HandleNote(label, acct, held)
 		return tx.Create(CollAgentKeys, h, k)
 	})
 	if err != nil {
@@ -79,7 +104,7 @@ func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorNam
 		}
 		return AgentKeyGrant{}, txErr(err)
 	}
-	g := AgentKeyGrant{Token: tok, ID: k.ID, Label: label, HandleClaim: k.HandleClaim,
+	g := AgentKeyGrant{Token: tok, ID: k.ID, Label: label, HandleClaim: k.HandleClaim, HandleNote: note, OperatorName: acct.OperatorName,
 		ExpiresIn: int64(AgentKeyTTL.Seconds()), Command: s.upCommand(tok), Key: k}
 	// The copy by mail is the owner's record; a failure to send it must not
 	// lose the key that was just minted and shown, so it is logged, not fatal.

@@ -14,7 +14,6 @@ import (
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
-	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
@@ -74,6 +73,16 @@ func New(cfg Config) *Service {
 // point there); "" when none is.
 func (s *Service) ConsoleURL() string { return s.cfg.ConsoleURL }
 
+// OutboxDir is the directory this service's mail is written to when it is
+// not sent at all (meshd with no mail server: a mail.Outbox), so that pages
+// can say where a person finds it; "" when mail goes to a mail server.
+func (s *Service) OutboxDir() string {
+	if o, ok := s.cfg.Mail.(*mail.Outbox); ok {
+		return o.Dir()
+	}
+	return ""
+}
+
 const storeDown = "the account store is unavailable; retry shortly"
 
 // unavailable is the 503 of a store that cannot answer.
@@ -103,12 +112,9 @@ func (s *Service) CreateAccount(ctx context.Context, email string) (acct Account
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		acct = Account{ID: "acct_" + strings.ReplaceAll(protocol.NewID(), "-", ""), Email: email, CreatedAt: ms(s.now())}
-		if err := tx.Create(CollEmails, email, emailIndex{AccountID: acct.ID}); err != nil {
-			return err
-		}
+		acct = newAccount(email, s.now())
 		created = true
-		return tx.Create(CollAccounts, acct.ID, acct)
+		return createIn(tx, acct)
 	})
 	return acct, created, txErr(err)
 }

@@ -30,7 +30,8 @@ const AdminSocket = "admin.sock"
 // AdminHandler serves the operator commands over HTTP:
 //
 //	POST /admin/accounts                 {email}         → {account_id, email, created}
-//	POST /admin/agent-tokens             {account, name} → {token, id, label, expires_in, command}
+//	POST /admin/agent-tokens             {account, name, operator_name?}
+//	                                     → {token, id, label, expires_in, command, handle_claim, handle_note, operator_name}
 //	POST /admin/agents/{id}/retire       {reason}        → {ok}
 //	POST /admin/accounts/{id}/disable    {reason}        → {ok}
 //
@@ -55,18 +56,20 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 	})
 	h("POST /admin/agent-tokens", func(w http.ResponseWriter, r *http.Request) error {
 		var b struct {
-			Account string `json:"account"`
-			Name    string `json:"name"`
+			Account      string `json:"account"`
+			Name         string `json:"name"`
+			OperatorName string `json:"operator_name"`
 		}
 		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 			return err
 		}
-		g, err := c.Accounts.AdminMintAgentKey(r.Context(), b.Account, b.Name)
+		g, err := c.Accounts.AdminMintAgentKeyFor(r.Context(), b.Account, b.Name, b.OperatorName)
 		if err != nil {
 			return err
 		}
 		httpx.WriteJSON(w, http.StatusOK, map[string]any{"token": g.Token, "id": g.ID, "label": g.Label,
-			"expires_in": g.ExpiresIn, "command": g.Command, "handle_claim": g.HandleClaim})
+			"expires_in": g.ExpiresIn, "command": g.Command, "handle_claim": g.HandleClaim, "handle_note": g.HandleNote,
+			"operator_name": g.OperatorName})
 		return nil
 	})
 	reasoned := func(do func(ctx context.Context, id, reason string) error) httpx.HandlerFunc {
@@ -98,8 +101,8 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 func (m *Mesh) startAdmin(dataDir string) error {
 	path := filepath.Join(dataDir, AdminSocket)
 	// A socket left by a meshd that died is stale; one that answers belongs
-	// to a meshd still running on this directory (its store lock would have
-	// stopped us before this point anyway).
+	// to a meshd still running on this directory (the data-dir lock would
+	// have stopped us before this point anyway).
 	if _, err := os.Stat(path); err == nil {
 		if conn, err := net.DialTimeout("unix", path, 200*time.Millisecond); err == nil {
 			conn.Close()
@@ -133,15 +136,26 @@ func (m *Mesh) startAdmin(dataDir string) error {
 
 // OpenControl opens a stopped mesh's control plane for the operator
 // commands: the store and the services over it, with no broker (a
-// revocation recorded now is pushed when meshd next starts). It fails when
-// a meshd holds the store.
-func OpenControl(dataDir string, log *slog.Logger) (*Control, func() error, error) {
+// revocation recorded now is pushed when meshd next starts). It holds the
+// data directory's lock until the returned close, so it fails, before
+// opening anything, with a *LockedError while a meshd (or another admin
+// command) has the directory, and no meshd starts there meanwhile.
+func OpenControl(dataDir string, log *slog.Logger) (c *Control, closeFn func() error, err error) {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
 	if _, err := os.Stat(filepath.Join(dataDir, keysDir)); err != nil {
 		return nil, nil, fmt.Errorf("no mesh in %s (start meshd there once first): %w", dataDir, err)
 	}
+	lock, err := LockDataDir(dataDir, "meshd admin")
+	if err != nil {
+		return nil, nil, err
+	}
+	defer func() {
+		if err != nil {
+			_ = lock.Unlock()
+		}
+	}()
 	trust, err := creds.Load(filepath.Join(dataDir, keysDir))
 	if err != nil {
 		return nil, nil, err
@@ -155,10 +169,10 @@ func OpenControl(dataDir string, log *slog.Logger) (*Control, func() error, erro
 		st.Close()
 		return nil, nil, err
 	}
-	c := &Control{Store: st}
+	c = &Control{Store: st}
 	c.Accounts = account.New(account.Config{Store: st, Mail: ob, Log: log})
 	c.Credentials = credential.New(credential.Config{Store: st, Trust: trust, Log: log})
-	return c, st.Close, nil
+	return c, func() error { return errors.Join(st.Close(), lock.Unlock()) }, nil
 }
 
 // applyStoredRevocations pushes to the broker every revocation the store

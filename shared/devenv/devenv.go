@@ -161,6 +161,10 @@ type Mesh struct {
 	// concurrent revocations cannot overwrite each other.
 	accountMu sync.Mutex
 
+	// lock is the data directory's lock, held from Start until the broker
+	// has stopped.
+	lock *DirLock
+
 	shutdownOnce sync.Once
 	shutdownErr  error
 }
@@ -187,15 +191,23 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("devenv: data dir: %w", err)
 	}
+	// Nothing in the directory is opened before its lock is ours: a second
+	// meshd would otherwise share the broker's JetStream files.
+	lock, err := LockDataDir(dataDir, "meshd")
+	if err != nil {
+		return nil, err
+	}
 
 	trust, created, err := creds.LoadOrCreate(filepath.Join(dataDir, keysDir))
 	if err != nil {
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("devenv: %w", err)
 	}
-	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now()}
+	m := &Mesh{log: log, trust: trust, mux: http.NewServeMux(), started: time.Now(), lock: lock}
 	// The workers' signing key lives beside the trust chain (0600): clients
 	// may pin it, so it must survive restarts.
 	if m.servicesKey, err = keys.LoadOrGenerate[keys.AgentRole](filepath.Join(dataDir, keysDir, "services.nk")); err != nil {
+		_ = lock.Unlock()
 		return nil, fmt.Errorf("devenv: services key: %w", err)
 	}
 	pk := trust.PublicKeys()
@@ -601,19 +613,36 @@ func (m *Mesh) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClai
 	return nil
 }
 
-// Shutdown stops the HTTP server gracefully (bounded by ctx), then the broker,
-// waiting for JetStream to flush its stores. It is safe to call more than once.
+// Shutdown stops the mesh within ctx: the HTTP server first (in-flight
+// requests get at most half of what is left of ctx, then their connections
+// are closed), then the control plane and the workers, then the broker,
+// whose JetStream flush gets the rest. It is safe to call more than once.
+//
+// The broker stops its durable consumers one after another and each costs
+// about 10 ms (nats-server waits out its consumer store's flusher), so
+// with thousands of mailboxes it can take longer than a service manager
+// waits. When ctx ends first, Shutdown logs it and returns while the
+// broker carries on in the background; a process that exits then leaves
+// JetStream as a crash would, and the broker recovers it at the next start
+// (the consumers' positions are written at most 100 ms after they change,
+// so at worst mail acknowledged in that window is delivered again). The
+// data directory's lock is released only once the broker has stopped, so
+// no other meshd can open the directory while it still writes there.
 func (m *Mesh) Shutdown(ctx context.Context) error {
 	m.shutdownOnce.Do(func() {
+		start := time.Now()
 		var errs []error
 		if m.httpSrv != nil {
 			// Shutdown waits up to five seconds for connections that never
 			// sent a request (clients dialling ahead); they carry nothing in
 			// flight, so they are closed at once.
 			m.closeNewConns()
-			if err := m.httpSrv.Shutdown(ctx); err != nil {
+			hctx, cancel := halfOf(ctx)
+			if err := m.httpSrv.Shutdown(hctx); err != nil {
 				errs = append(errs, fmt.Errorf("http shutdown: %w", err))
+				_ = m.httpSrv.Close()
 			}
+			cancel()
 		}
 		// The control plane's closers run in reverse: the sweeper stops
 		// before the store it writes to is closed.
@@ -629,19 +658,39 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 			m.sys.Close()
 		}
 		if m.ns != nil {
-			// Not bounded by ctx on purpose: returning before the broker has
-			// released its stores would let a restart on the same data dir
-			// race the old one.
-			m.ns.Shutdown()
-			m.ns.WaitForShutdown()
-			m.nslog.violations.flush()
-		} else if m.dirRes != nil {
-			m.dirRes.Close()
+			stopped := make(chan struct{})
+			go func() {
+				defer close(stopped)
+				m.ns.Shutdown()
+				m.ns.WaitForShutdown()
+				m.nslog.violations.flush()
+				_ = m.lock.Unlock()
+			}()
+			select {
+			case <-stopped:
+			case <-ctx.Done():
+				m.log.Warn("the broker is still writing its JetStream state; stopping without waiting for it, and it recovers at the next start",
+					"waited", time.Since(start).Round(time.Millisecond))
+			}
+		} else {
+			if m.dirRes != nil {
+				m.dirRes.Close()
+			}
+			_ = m.lock.Unlock()
 		}
 		m.shutdownErr = errors.Join(errs...)
-		m.log.Info("mesh stopped")
+		m.log.Info("mesh stopped", "took", time.Since(start).Round(time.Millisecond))
 	})
 	return m.shutdownErr
+}
+
+// halfOf is ctx with a deadline half as far away as ctx's, if it has one.
+func halfOf(ctx context.Context) (context.Context, context.CancelFunc) {
+	d, ok := ctx.Deadline()
+	if !ok {
+		return context.WithCancel(ctx)
+	}
+	return context.WithDeadline(ctx, time.Now().Add(time.Until(d)/2))
 }
 
 // Close is Shutdown with a ten-second grace period for HTTP requests.

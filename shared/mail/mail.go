@@ -10,8 +10,10 @@
 //     mail/mailtest.
 //
 // Every sender renders the same RFC 5322 message (see [Message]): plain text,
-// UTF-8, quoted-printable, with the subject RFC 2047-encoded when it is not
-// ASCII. Header injection is impossible by construction: a recipient, subject
+// UTF-8, with the subject RFC 2047-encoded when it is not ASCII. [SMTP]
+// sends the text quoted-printable (7-bit safe for any relay); [Outbox]
+// writes it as it is (8bit), so that a person opening the file can copy a
+// key or a link from one line. Header injection is impossible by construction: a recipient, subject
 // or kind that holds CR, LF or any other control character is refused with
 // [ErrInvalidMessage] before anything is written or sent.
 //
@@ -33,6 +35,7 @@ import (
 	"mime/quotedprintable"
 	netmail "net/mail"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -157,10 +160,32 @@ func newMessageID(from *netmail.Address) (string, error) {
 	return "<" + hex.EncodeToString(b[:]) + "@" + domain + ">", nil
 }
 
+// bodyEncoding is how render writes the text.
+type bodyEncoding int
+
+const (
+	// quotedPrintable is 7-bit safe for any relay: what SMTP sends. Its
+	// soft line breaks ("=" at the end of a line) split long lines, which
+	// a mail program joins again but a person reading the raw file does not.
+	quotedPrintable bodyEncoding = iota
+	// plain8bit is the text as it is, UTF-8 with CRLF line endings, so a
+	// key or a link in a file a person opens is on one line, as written:
+	// what the outbox writes. A text with a line longer than RFC 5322's
+	// 998 bytes falls back to quoted-printable.
+	plain8bit
+)
+
+// maxLine is RFC 5322's limit on a line, without its CRLF.
+const maxLine = 998
+
 // render writes m as an RFC 5322 message with CRLF line endings: headers
 // folded under 78 characters where they have spaces to fold at, the subject
-// RFC 2047-encoded when needed, and the text quoted-printable.
-func render(from *netmail.Address, m checked, date time.Time, messageID string) ([]byte, error) {
+// RFC 2047-encoded when needed, and the text in enc.
+func render(from *netmail.Address, m checked, date time.Time, messageID string, enc bodyEncoding) ([]byte, error) {
+	text := normalizeNewlines(m.Text)
+	if enc == plain8bit && slices.ContainsFunc(strings.Split(text, "\n"), func(l string) bool { return len(l) > maxLine }) {
+		enc = quotedPrintable
+	}
 	var buf bytes.Buffer
 	header := func(name, value string) {
 		buf.WriteString(fold(name, value))
@@ -173,19 +198,27 @@ func render(from *netmail.Address, m checked, date time.Time, messageID string) 
 	header("Message-ID", messageID)
 	header("MIME-Version", "1.0")
 	header("Content-Type", "text/plain; charset=utf-8")
-	header("Content-Transfer-Encoding", "quoted-printable")
+	if enc == plain8bit {
+		header("Content-Transfer-Encoding", "8bit")
+	} else {
+		header("Content-Transfer-Encoding", "quoted-printable")
+	}
 	header("Auto-Submitted", "auto-generated")
 	if m.Kind != "" {
 		header(kindHeader, m.Kind)
 	}
 	buf.WriteString("\r\n")
 
-	qp := quotedprintable.NewWriter(&buf)
-	if _, err := io.WriteString(qp, normalizeNewlines(m.Text)); err != nil {
-		return nil, fmt.Errorf("mail: encode body: %w", err)
-	}
-	if err := qp.Close(); err != nil {
-		return nil, fmt.Errorf("mail: encode body: %w", err)
+	if enc == plain8bit {
+		buf.WriteString(strings.ReplaceAll(text, "\n", "\r\n"))
+	} else {
+		qp := quotedprintable.NewWriter(&buf)
+		if _, err := io.WriteString(qp, text); err != nil {
+			return nil, fmt.Errorf("mail: encode body: %w", err)
+		}
+		if err := qp.Close(); err != nil {
+			return nil, fmt.Errorf("mail: encode body: %w", err)
+		}
 	}
 	// The body always ends with a line break, so that the SMTP end-of-data
 	// marker adds nothing to it; parseMessage removes exactly this one.

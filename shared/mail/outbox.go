@@ -31,8 +31,10 @@ const outboxFrom = "meshd <meshd@localhost>"
 // kind and path but never the text. Anyone who can read the directory can
 // sign in as the recipients; treat it like the data directory's key files.
 //
-// Each file is a complete RFC 5322 message (the same bytes SMTP would send),
-// written atomically (temporary file, fsync, rename), and named
+// Each file is a complete RFC 5322 message, the text in UTF-8 as it is
+// (Content-Transfer-Encoding 8bit, where SMTP sends quoted-printable) so
+// that a key or a link stays on one line for a person to copy, written
+// atomically (temporary file, fsync, rename), and named
 //
 //	<UTC time, YYYYMMDDTHHMMSS.nnnnnnnnnZ>-<kind>-<random>.eml
 //
@@ -110,7 +112,7 @@ func (o *Outbox) Send(ctx context.Context, m Message) error {
 	if err != nil {
 		return err
 	}
-	raw, err := render(o.from, c, at, id)
+	raw, err := render(o.from, c, at, id, plain8bit)
 	if err != nil {
 		return err
 	}

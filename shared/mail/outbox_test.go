@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -203,5 +204,40 @@ func TestReadOutboxSkipsTempFilesAndMissingDir(t *testing.T) {
 func TestNewOutboxNeedsALogger(t *testing.T) {
 	if _, err := mail.NewOutbox(t.TempDir(), nil); err == nil {
 		t.Error("nil logger accepted")
+	}
+}
+
+// A person copies keys and links from the outbox file itself: each stays
+// on one line, as written, with no quoted-printable soft line break ("="
+// at a line's end) or "=3D" inside it.
+func TestOutboxKeepsKeysAndLinksOnOneLine(t *testing.T) {
+	o, dir, _ := newOutbox(t)
+	key := "am_" + strings.Repeat("k7Q2x9", 20) // 123 characters
+	link := "http://localhost:8080/console/login?email=" + strings.Repeat("ana.lopez", 12) + "%40example.org&next=%2Fconsole%2Fagent-keys"
+	cmd := "mesh-adapter --control-url http://127.0.0.1:8080 up " + key
+	text := "Run this on the agent's machine:\n\n    " + cmd + "\n\nOr open " + link + " and enter it there.\nÜmlauts stay as they are."
+	if err := o.Send(context.Background(), mail.Message{To: "ana@example.org", Subject: "Your new agent key", Text: text, Kind: "agent-key"}); err != nil {
+		t.Fatal(err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil || len(entries) != 1 {
+		t.Fatalf("outbox: %v, %v", entries, err)
+	}
+	raw, err := os.ReadFile(filepath.Join(dir, entries[0].Name()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(string(raw), "\r\n")
+	for _, want := range []string{"    " + cmd, "Or open " + link + " and enter it there.", "Ümlauts stay as they are."} {
+		if !slices.Contains(lines, want) {
+			t.Errorf("no line %q in the file:\n%s", want, raw)
+		}
+	}
+	if !slices.Contains(lines, "Content-Transfer-Encoding: 8bit") {
+		t.Errorf("the file is not 8bit:\n%s", raw)
+	}
+	got, err := mail.ReadOutbox(dir)
+	if err != nil || len(got) != 1 || got[0].Text != text {
+		t.Errorf("read back: %+v, %v", got, err)
 	}
 }

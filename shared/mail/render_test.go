@@ -1,6 +1,7 @@
 package mail
 
 import (
+	netmail "net/mail"
 	"strings"
 	"testing"
 	"time"
@@ -23,14 +24,22 @@ func FuzzRenderParse(f *testing.F) {
 		if err != nil {
 			return
 		}
-		raw, err := render(from, c, time.Unix(1700000000, 0), "<id@example.com>")
+		for _, enc := range []bodyEncoding{quotedPrintable, plain8bit} {
+			checkRendered(t, from, c, enc, subject, text)
+		}
+	})
+}
+
+func checkRendered(t *testing.T, from *netmail.Address, c checked, enc bodyEncoding, subject, text string) {
+	t.Helper()
+	{
+		raw, err := render(from, c, time.Unix(1700000000, 0), "<id@example.com>", enc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		head, _, _ := strings.Cut(string(raw), "\r\n\r\n")
-		for _, line := range strings.Split(head, "\r\n") {
+		for _, line := range strings.Split(string(raw), "\r\n") {
 			if len(line) > 998 {
-				t.Fatalf("header line of %d characters", len(line))
+				t.Fatalf("line of %d characters", len(line))
 			}
 		}
 		got, err := ParseMessage(raw)
@@ -46,7 +55,7 @@ func FuzzRenderParse(f *testing.F) {
 		if got.To != "a@example.com" || got.Kind != "login-code" {
 			t.Errorf("to, kind = %q, %q", got.To, got.Kind)
 		}
-	})
+	}
 }
 
 func TestFoldKeepsShortLinesAndWords(t *testing.T) {

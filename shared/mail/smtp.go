@@ -132,7 +132,7 @@ func (s *SMTP) Send(ctx context.Context, m Message) error {
 	if err != nil {
 		return err
 	}
-	raw, err := render(s.from, c, s.cfg.Now(), id)
+	raw, err := render(s.from, c, s.cfg.Now(), id, quotedPrintable)
 	if err != nil {
 		return err
 	}

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -81,22 +82,32 @@ func (s *Service) Lookup(ctx context.Context, handle, agentID string) (account.H
 	var h account.Handle
 	var found bool
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
-		found = false
+		h, found = account.Handle{}, false
 		if handle != "" {
 			var err error
-			found, err = getOptional(tx, account.CollHandles, HandleID(handle), &h)
-			return err
-		}
-		var hs []account.Handle
-		if err := tx.Query(account.CollHandles, store.Where("agent_id", agentID), &hs); err != nil {
-			return err
-		}
-		for _, x := range hs {
-			if !found || x.BoundAt > h.BoundAt {
-				h, found = x, true
+			if found, err = getOptional(tx, account.CollHandles, HandleID(handle), &h); err != nil {
+				return err
+			}
+		} else {
+			var hs []account.Handle
+			if err := tx.Query(account.CollHandles, store.Where("agent_id", agentID), &hs); err != nil {
+				return err
+			}
+			for _, x := range hs {
+				if !found || x.BoundAt > h.BoundAt {
+					h, found = x, true
+				}
 			}
 		}
-		return nil
+		if !found {
+			return nil
+		}
+		// The card shows the operator name where it lives, on the
+		// address's account; the handle's own copy is the name it was
+		// claimed under, for an address whose account has none.
+		op, err := operatorNameIn(tx, h.Email)
+		h.OperatorName = cmp.Or(op, h.OperatorName)
+		return err
 	})
 	if err != nil {
 		return account.Handle{}, txErr(err)

@@ -1,6 +1,7 @@
 package registrar
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"slices"
@@ -17,9 +18,10 @@ import (
 	"agentmesh.dev/mesh/shared/store"
 )
 
-// operator is the operator display name of one address, set by its first
-// claim and inherited by the later ones (spec §2.1).
-type operator struct {
+// legacyOperator is an address's operator name as this registrar kept it
+// before the name moved to the address's account (CollOperators). Claim
+// and Sweep move each one there.
+type legacyOperator struct {
 	Email string `json:"email"`
 	Name  string `json:"name"`
 	SetAt int64  `json:"set_at"`
@@ -44,8 +46,10 @@ func errTaken(handle string) error {
 // come first served, decided in one transaction. The first claim of an
 // address must name its operator (OPERATOR_REQUIRED otherwise); later
 // claims inherit that name, and an operator_name given with them is
-// ignored. A handle the same address already holds is answered as claimed
-// again.
+// ignored. The name is the address's account's (account.SetOperatorName;
+// an address with no account gets one to hold it), the same one a key
+// minted in the console or by the operator shows. A handle the same
+// address already holds is answered as claimed again.
 func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (Claimed, error) {
 	if token == "" {
 		return Claimed{}, errNoToken
@@ -77,37 +81,50 @@ func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (
 			if h.Email != sess.Email {
 				return errTaken(h.Handle)
 			}
-			out = Claimed{Handle: h.Handle, OperatorName: h.OperatorName, Existing: true}
+			op, err := operatorNameIn(tx, h.Email)
+			if err != nil {
+				return err
+			}
+			out = Claimed{Handle: h.Handle, OperatorName: cmp.Or(op, h.OperatorName), Existing: true}
 			return nil
 		}
-		var op operator
-		opKnown, err := getOptional(tx, CollOperators, sess.Email, &op)
+		// The operator name lives on the address's account (account.
+		// SetOperatorName): the first one given stays and a later one is
+		// ignored, whichever door it came through. A name this registrar
+		// kept itself before moves there now.
+		var legacy legacyOperator
+		hasLegacy, err := getOptional(tx, CollOperators, sess.Email, &legacy)
 		if err != nil {
 			return err
 		}
-		acct, err := verifiedAccount(tx, sess.Email)
+		acct, err := account.AccountOfEmail(tx, sess.Email)
 		if err != nil {
 			return err
 		}
-		switch {
-		case opKnown:
-		case acct != nil && acct.OperatorName != "":
-			op = operator{Email: sess.Email, Name: acct.OperatorName, SetAt: ms(now)}
-		case operatorName != "":
-			op = operator{Email: sess.Email, Name: operatorName, SetAt: ms(now)}
-		default:
+		if hasLegacy && legacy.Name != "" {
+			operatorName = legacy.Name
+		}
+		if (acct == nil || acct.OperatorName == "") && operatorName == "" {
 			return errs.New(errs.OperatorRequired, "the first handle of an address needs an operator name: send operator_name (the person or organisation running the agent, at most 80 characters; later handles inherit it)")
 		}
-		h = account.Handle{Handle: handle, Email: sess.Email, OperatorName: op.Name, ClaimedAt: ms(now), ClaimedVia: sess.Provenance}
-		if acct != nil {
-			h.AccountID = acct.ID
+		// Writes.
+		op, err := account.SetOperatorName(tx, sess.Email, acct, operatorName, now)
+		if err != nil {
+			return err
 		}
-		if !opKnown {
-			if err := tx.Create(CollOperators, sess.Email, op); err != nil {
+		if hasLegacy {
+			if err := tx.Delete(CollOperators, sess.Email); err != nil {
 				return err
 			}
 		}
-		out = Claimed{Handle: handle, OperatorName: op.Name}
+		h = account.Handle{Handle: handle, Email: sess.Email, OperatorName: op, ClaimedAt: ms(now), ClaimedVia: sess.Provenance}
+		// A handle claimed for the address of a verified account belongs
+		// to that account too, so the account's agent key exchange may
+		// bind it.
+		if acct != nil && acct.Verified && !acct.Disabled {
+			h.AccountID = acct.ID
+		}
+		out = Claimed{Handle: handle, OperatorName: op}
 		return tx.Create(account.CollHandles, id, h)
 	})
 	s.dropExpiredSession(ctx, token, err)
@@ -125,24 +142,22 @@ func (s *Service) Claim(ctx context.Context, token, name, operatorName string) (
 	return out, nil
 }
 
-// verifiedAccount is the control plane's account of email when it has one
-// whose address is verified: a handle claimed for that address belongs to
-// the account too (so the account's agent key exchange may bind it), and
-// the account's operator name counts as the address's.
-func verifiedAccount(tx store.Tx, email string) (*account.Account, error) {
-	var idx struct {
-		AccountID string `json:"account_id"`
+// operatorNameIn is, in tx, the operator name of an address as the cards
+// and the console show it: its account's, or one this registrar kept
+// before the name moved to accounts; "" when it has neither.
+func operatorNameIn(tx store.Tx, email string) (string, error) {
+	acct, err := account.AccountOfEmail(tx, email)
+	if err != nil {
+		return "", err
 	}
-	found, err := getOptional(tx, account.CollEmails, email, &idx)
-	if err != nil || !found {
-		return nil, err
+	if acct != nil && acct.OperatorName != "" {
+		return acct.OperatorName, nil
 	}
-	var a account.Account
-	found, err = getOptional(tx, account.CollAccounts, idx.AccountID, &a)
-	if err != nil || !found || !a.Verified || a.Disabled {
-		return nil, err
+	var legacy legacyOperator
+	if _, err := getOptional(tx, CollOperators, email, &legacy); err != nil {
+		return "", err
 	}
-	return &a, nil
+	return legacy.Name, nil
 }
 
 // pairing is a pairing code as stored, under the hash of the code.
@@ -337,7 +352,14 @@ func (s *Service) Mine(ctx context.Context, token string) ([]account.Handle, err
 			return err
 		}
 		out = nil
-		return tx.Query(account.CollHandles, store.Where("email", sess.Email), &out)
+		if err := tx.Query(account.CollHandles, store.Where("email", sess.Email), &out); err != nil {
+			return err
+		}
+		op, err := operatorNameIn(tx, sess.Email)
+		for i := range out {
+			out[i].OperatorName = cmp.Or(op, out[i].OperatorName)
+		}
+		return err
 	})
 	if err != nil {
 		s.dropExpiredSession(ctx, token, err)

@@ -37,7 +37,7 @@ const (
 	CollCodes      = "registrar_email_codes"   // id: hash of the address → its pending codes
 	CollSessions   = "registrar_sessions"      // id: SHA-256 of the session token
 	CollPairing    = "registrar_pairing_codes" // id: keyed hash of the normalised pairing code (codeHasher)
-	CollOperators  = "registrar_operators"     // id: the address → its operator name
+	CollOperators  = "registrar_operators"     // id: the address → its operator name, as kept before it moved to the account; Claim and Sweep move each one there
 	CollRateLimits = "registrar_rate_limits"   // id: hash of (limit, key); see shared/ratelimit
 )
 

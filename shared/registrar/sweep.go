@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/secret"
 	"agentmesh.dev/mesh/shared/store"
 )
@@ -64,7 +65,46 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 			return total, txErr(err)
 		}
 	}
-	return total, nil
+	n, err := s.moveOperatorNames(ctx)
+	return total + n, txErr(err)
+}
+
+// moveOperatorNames moves the operator names this registrar kept itself
+// (CollOperators) to the addresses' accounts, where they live now
+// (account.SetOperatorName: an account's own name stays), deleting each
+// record. Claim moves an address's record when it claims; this moves the
+// rest, so that the console and minting see them too.
+func (s *Service) moveOperatorNames(ctx context.Context) (int, error) {
+	var recs []legacyOperator
+	if err := store.List(ctx, s.st, CollOperators, store.Query{}, &recs); err != nil {
+		return 0, err
+	}
+	moved := 0
+	for _, r := range recs {
+		if r.Email == "" {
+			continue // every record carries its address, which is its id
+		}
+		err := s.st.RunTx(ctx, func(tx store.Tx) error {
+			var cur legacyOperator
+			found, err := getOptional(tx, CollOperators, r.Email, &cur)
+			if err != nil || !found {
+				return err
+			}
+			acct, err := account.AccountOfEmail(tx, r.Email)
+			if err != nil {
+				return err
+			}
+			if _, err := account.SetOperatorName(tx, r.Email, acct, cur.Name, s.now()); err != nil {
+				return err
+			}
+			return tx.Delete(CollOperators, r.Email)
+		})
+		if err != nil {
+			return moved, err
+		}
+		moved++
+	}
+	return moved, nil
 }
 
 // sweep deletes the expired documents of coll.

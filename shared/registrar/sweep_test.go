@@ -64,9 +64,9 @@ func TestSweep(t *testing.T) {
 			t.Errorf("%s: %d documents left", coll, n)
 		}
 	}
-	// Handles and operators never expire.
-	if e.count(account.CollHandles) != 1 || e.count(registrar.CollOperators) != 1 {
-		t.Fatal("the sweep touched handles or operators")
+	// Handles and operator names (on the address's account) never expire.
+	if e.count(account.CollHandles) != 1 || e.count(account.CollAccounts) != 1 {
+		t.Fatal("the sweep touched handles or accounts")
 	}
 	if _, err := e.svc.Resolve(ctx, h, ""); err != nil {
 		t.Fatalf("the handle after the sweep: %v", err)
