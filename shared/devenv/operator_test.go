@@ -47,7 +47,9 @@ func (c *cp) adminPost(path string, body any) (int, map[string]any) {
 	c.t.Helper()
 	b, _ := json.Marshal(body)
 	rec := httptest.NewRecorder()
-	devenv.AdminHandler(c.m.Control(), nil).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, path, bytes.NewReader(b)))
+	req := httptest.NewRequest(http.MethodPost, path, bytes.NewReader(b))
+	req.Header.Set("Content-Type", "application/json") // as meshd admin sends it
+	devenv.AdminHandler(c.m.Control(), nil).ServeHTTP(rec, req)
 	var out map[string]any
 	_ = json.Unmarshal(rec.Body.Bytes(), &out)
 	return rec.Code, out
