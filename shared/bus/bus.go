@@ -92,6 +92,16 @@ type Request struct {
 	Payload any
 }
 
+// PrivateReply reports whether the request's reply subject is one only
+// the requester can read: a client's private prefix or the services'. An
+// answer to a reply under the shared _INBOX. is readable by every
+// credential holding the shared grant (docs/security.md), so what only the
+// requester may see is sent on private replies alone.
+func (r *Request) PrivateReply() bool {
+	return strings.HasPrefix(r.Reply, protocol.PrivateInboxPrefix("")) ||
+		strings.HasPrefix(r.Reply, protocol.ServiceInboxPrefix+".")
+}
+
 // Decode unmarshals the payload into dst; a payload that does not fit is
 // INVALID_ENVELOPE.
 func (r *Request) Decode(dst any) error {

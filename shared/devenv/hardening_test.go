@@ -13,6 +13,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -250,5 +251,89 @@ func TestUnownedMintsAreLimited(t *testing.T) {
 		if st, out := c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{owned}, time.Now().Unix()), ""); st != 200 {
 			t.Fatalf("owned roster refused: %d %v", st, out)
 		}
+	}
+}
+
+// TestSharedInboxGetsNothingConfidential (issue 10 item 1): a credential
+// on the shared _INBOX.> grant (what an upstream SDK holds) may read every
+// reply sent under _INBOX., so the workers send nothing confidential
+// there: a task record comes without its output, a private manifest is not
+// found, and the mailbox refuses to fetch. The same requests on a private
+// prefix get everything.
+func TestSharedInboxGetsNothingConfidential(t *testing.T) {
+	c := startCP(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	node, requester, responder := newNode(t), newAgent(t), newAgent(t)
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{requester, responder}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("node: %d %v", st, out)
+	}
+	shared, err := c.connectJWT(out["jwt"].(string), node, nil) // NATS's default prefix, as upstream
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer shared.Close()
+	private, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer private.Close()
+
+	// A task whose output is a secret.
+	task := protocol.NewID()
+	for _, p := range []map[string]any{{"status": "working"}, {"status": "completed", "output": map[string]any{"secret": "42"}}} {
+		e, err := protocol.New(protocol.TypeRespond, responder.Public(), p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.To, e.TaskID = requester.Public(), task
+		if err := e.Sign(responder); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := e.Marshal()
+		if err := private.Publish(protocol.TaskUpdateSubject(task), b); err != nil {
+			t.Fatal(err)
+		}
+	}
+	taskOf := func(nc *nats.Conn) (map[string]any, bool) {
+		rep, err := bus.Call(ctx, nc, requester, protocol.TaskGetSubject(task), protocol.TypeRequest, "", map[string]any{})
+		if err != nil {
+			return nil, false
+		}
+		var p struct {
+			Task     map[string]any `json:"task"`
+			Redacted bool           `json:"redacted"`
+		}
+		_ = rep.DecodePayload(&p)
+		return p.Task, p.Redacted
+	}
+	eventually(t, "the completed task", func() bool { tk, _ := taskOf(private); return tk["state"] == "completed" })
+	if tk, redacted := taskOf(private); tk["output"] == nil || redacted {
+		t.Fatalf("on the private prefix: %v", tk)
+	}
+	if tk, redacted := taskOf(shared); tk["state"] != "completed" || tk["output"] != nil || !redacted {
+		t.Fatalf("on the shared prefix the task came with %v", tk)
+	}
+
+	// A private manifest.
+	m := vouchedManifest(t, responder, node)
+	m["visibility"] = "private"
+	if _, err := bus.Call(ctx, private, responder, protocol.SubjRegister, protocol.TypeRegister, "", m); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Call(ctx, private, responder, protocol.RegistryGetSubject(responder.Public()), protocol.TypeDiscover, "", map[string]any{}); err != nil {
+		t.Fatalf("the agent reading its private manifest: %v", err)
+	}
+	if _, err := bus.Call(ctx, shared, responder, protocol.RegistryGetSubject(responder.Public()), protocol.TypeDiscover, "", map[string]any{}); errs.CodeOf(err) != errs.NotFound {
+		t.Fatalf("a private manifest on the shared prefix: %v", err)
+	}
+
+	// The mailbox.
+	if _, _, err := mailbox.Fetch(ctx, shared, requester, 0, 10); errs.CodeOf(err) != errs.InvalidRequest {
+		t.Fatalf("a mailbox fetch on the shared prefix: %v", err)
+	}
+	if _, _, err := mailbox.Fetch(ctx, private, requester, 0, 10); err != nil {
+		t.Fatalf("a mailbox fetch on the private prefix: %v", err)
 	}
 }

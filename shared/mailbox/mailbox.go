@@ -317,8 +317,11 @@ type FetchResult struct {
 // sender could have set), then answers with a FetchResult. The caller
 // verifies each message like any inbound envelope.
 func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
-	if r.Reply == "" || !protocol.IsReplySubject(r.Reply) {
-		return nil, errs.New(errs.InvalidRequest, "mesh.mailbox.fetch needs a reply subject in a reply namespace")
+	if !r.PrivateReply() {
+		// Mail goes only where the requester alone can read it: never to
+		// the shared _INBOX., which every upstream-style credential may
+		// subscribe (docs/security.md).
+		return nil, errs.New(errs.InvalidRequest, "mesh.mailbox.fetch answers only on a private reply prefix (_MESH_INBOX.<credential key>, the inbox_prefix of the credential answer)")
 	}
 	var req FetchRequest
 	if err := r.Decode(&req); err != nil {

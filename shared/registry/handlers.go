@@ -125,7 +125,10 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	if !found {
 		return nil, notFound
 	}
-	if rec.visibility() == VisibilityPrivate && r.Env.From != agent && r.Env.From != rec.nodeID() {
+	// A private manifest is for the agent and its node, and only where
+	// they alone read the answer: not on the shared _INBOX., which every
+	// upstream-style credential may subscribe (docs/security.md).
+	if rec.visibility() == VisibilityPrivate && (r.Env.From != agent && r.Env.From != rec.nodeID() || !r.PrivateReply()) {
 		return nil, notFound
 	}
 	p := newPresence(w)

@@ -287,7 +287,21 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	if r.Env.From != t.Requester && r.Env.From != t.Responder {
 		return nil, errs.New(errs.Unauthorized, "only the requester or the responder of a task may read it")
 	}
+	if !r.PrivateReply() {
+		// The shared _INBOX. is readable by every credential holding the
+		// shared grant: there the answer is the task's state, not what the
+		// parties said (docs/security.md).
+		return map[string]any{"task": t.redacted(), "redacted": true}, nil
+	}
 	return map[string]any{"task": t}, nil
+}
+
+// redacted is what a task record says on a shared reply subject: its
+// parties, offering, state and times; not its output, message, error,
+// cancel note, budget or history.
+func (t Task) redacted() Task {
+	return Task{ID: t.ID, Requester: t.Requester, Responder: t.Responder, Offering: t.Offering, State: t.State,
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, History: []Entry{}}
 }
 
 // update is one decoded, verified task update.
