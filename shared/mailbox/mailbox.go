@@ -28,6 +28,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -199,6 +200,11 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream: %w", Name, err))
 	}
+	if n, err := dropLegacyConsumers(ctx, stream); err != nil {
+		svc.Log.Warn("mailbox: the per-agent consumers of an earlier version could not all be deleted; the next start tries again", "deleted", n, "err", err)
+	} else if n > 0 {
+		svc.Log.Info("mailbox: deleted the per-agent consumers of an earlier version", "count", n)
+	}
 	w := &Worker{svc: svc, stream: stream, cfg: cfg, now: cfg.Now, log: svc.Log,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket}, admission: bus.LazyBucket{JS: svc.JS, Bucket: AdmissionBucket}}
 	for _, ep := range []struct {
@@ -231,6 +237,31 @@ func (w *Worker) Stop() error {
 		w.stopErr = w.svc.Stop()
 	})
 	return w.stopErr
+}
+
+// dropLegacyConsumers deletes the durable consumers inbox_<agent> that
+// earlier versions made on the stream, one per registered agent: nothing
+// reads them now, and each costs the broker memory and time at every stop.
+// The mail they held stays in the stream, where the worker reads it.
+func dropLegacyConsumers(ctx context.Context, stream jetstream.Stream) (int, error) {
+	names := stream.ConsumerNames(ctx)
+	var legacy []string
+	for name := range names.Name() {
+		if strings.HasPrefix(name, "inbox_") {
+			legacy = append(legacy, name)
+		}
+	}
+	if err := names.Err(); err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, name := range legacy {
+		if err := stream.DeleteConsumer(ctx, name); err != nil && !errors.Is(err, jetstream.ErrConsumerNotFound) {
+			return n, err
+		}
+		n++
+	}
+	return n, nil
 }
 
 // Which inbox subject an agent's mail is read from.

@@ -395,3 +395,52 @@ func TestKnown(t *testing.T) {
 		t.Fatalf("an agent asked known: %v", err)
 	}
 }
+
+// A mesh upgraded from the version with one durable consumer per agent:
+// the worker deletes those consumers at start, keeps the mail they held,
+// and moves the stream to its bounded, discard-new configuration.
+func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
+	m := bustest.Mesh(t)
+	nc := bustest.Client(t, m)
+	js, _ := jetstream.New(nc)
+	ctx := t.Context()
+	old, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: protocol.MailboxStream, NoAck: true,
+		Subjects: []string{protocol.InboxSubject("*"), protocol.GuardedInboxSubject("*")},
+		Discard:  jetstream.DiscardOld, MaxAge: 7 * 24 * time.Hour, MaxMsgsPerSubject: 1000})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, sender := bustest.Agent(t), bustest.Agent(t)
+	for _, agent := range []string{a.Public(), bustest.Agent(t).Public(), bustest.Agent(t).Public()} {
+		if _, err := old.CreateOrUpdateConsumer(ctx, jetstream.ConsumerConfig{Durable: "inbox_" + agent,
+			FilterSubject: protocol.InboxSubject(agent), AckPolicy: jetstream.AckExplicitPolicy}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	e, _ := protocol.New(protocol.TypeRequest, sender.Public(), map[string]any{"offering": "chat", "input": map[string]any{}})
+	_ = e.Sign(sender)
+	data, _ := e.Marshal()
+	if err := nc.Publish(protocol.InboxSubject(a.Public()), data); err != nil {
+		t.Fatal(err)
+	}
+	_ = nc.Flush()
+
+	w, err := mailbox.Start(ctx, bustest.Env(t, m, "mailbox", nil), mailbox.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+	info, err := old.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Consumers != 0 || info.Config.Discard != jetstream.DiscardNew || !info.Config.DiscardNewPerSubject || info.Config.MaxBytes != mailbox.DefaultLimits.MaxBytes {
+		t.Fatalf("after the upgrade: %d consumers, config %+v", info.State.Consumers, info.Config)
+	}
+	fctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	mail, _, err := mailbox.Fetch(fctx, nc, a, 0, 10)
+	if err != nil || len(mail) != 1 || string(mail[0].Data) != string(data) {
+		t.Fatalf("the mail the old consumer held: %d messages, %v", len(mail), err)
+	}
+}
