@@ -32,6 +32,10 @@ type Config struct {
 	// only one a form post may come from.
 	ConsoleURL string
 	Log        *slog.Logger
+	// TrustedProxyHops is how many proxies append to X-Forwarded-For in
+	// front of the console (api.Deps.TrustedProxyHops): the sign-in form
+	// counts against the sign-up limits of the client's address.
+	TrustedProxyHops int
 }
 
 // Server serves the console under Prefix.
@@ -43,6 +47,7 @@ type Server struct {
 	canonical *url.URL
 	secure    bool
 	mux       *http.ServeMux
+	hops      int
 }
 
 // Cookie names. The session cookie holds the account session token (ams_);
@@ -96,7 +101,7 @@ func parsePages() map[string]*template.Template {
 
 // New builds the console.
 func New(cfg Config) *Server {
-	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
