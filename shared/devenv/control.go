@@ -79,7 +79,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	meshInfo := credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}}
 	c := &Control{Store: st}
 	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
-		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now})
+		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now, Limits: cfg.AccountLimits})
 	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
 		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential")})
 	// The control plane's own way onto the bus, for the account views and
@@ -91,7 +91,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
 	cpBus := &bus.Caller{NC: cpNC, Key: m.servicesKey}
 	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
-		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Now: cfg.Now, Log: m.log.With("service", "guest")})
+		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Limits: cfg.GuestLimits, Now: cfg.Now, Log: m.log.With("service", "guest")})
 	idle := cfg.GuestIdleTTL
 	if idle <= 0 {
 		idle = guest.DefaultIdleTTL
@@ -131,6 +131,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		every = RegistrarSweepInterval
 	}
 	m.startSweeper(every, "expired registrar documents deleted", c.Registrar.Sweep)
+	m.startSweeper(every, "expired account rate-limit counters deleted", c.Accounts.Sweep)
 	return nil
 }
 

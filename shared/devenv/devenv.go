@@ -24,7 +24,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
@@ -59,6 +61,14 @@ type Config struct {
 	GuestIdleTTL time.Duration
 	// RateLimit is the per-address HTTP limit per minute (600 by default).
 	RateLimit int
+	// GuestLimits bound guest leases per client address, per network and
+	// overall, and the pool; zero fields take guest.DefaultLimits. meshd
+	// sets them from its --limit-guest-* flags.
+	GuestLimits guest.Limits
+	// AccountLimits bound sign-up, sign-in and connect per client address,
+	// per network, overall and per recipient; zero fields take
+	// account.DefaultLimits. meshd sets them from its --limit-* flags.
+	AccountLimits account.Limits
 	// RegistrarSweepInterval is how often the registrar's expired
 	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
 	RegistrarSweepInterval time.Duration
