@@ -10,7 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/guest"
 )
 
 // serveConfig is all of meshd's configuration, read once at start.
@@ -25,6 +27,11 @@ type serveConfig struct {
 	// TrustedProxyHops is how many reverse proxies in front of meshd append
 	// to X-Forwarded-For (devenv.Config.TrustedProxyHops).
 	TrustedProxyHops int
+	// GuestLimits and AccountLimits are the flood limits, one --limit-*
+	// flag each (MESH_LIMIT_* variables, the same the Cloud Functions
+	// read); devenv.Config's fields of the same names.
+	GuestLimits   guest.Limits
+	AccountLimits account.Limits
 }
 
 // setting is one flag with its environment variable and default.
@@ -53,9 +60,19 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"reverse proxies in front of meshd that append to X-Forwarded-For; 0 uses the socket address and ignores the header", &hops},
 	}
 
+	// The limits' knobs write into cfg; their flags take a value each,
+	// parsed once the command line is read.
+	cfg.GuestLimits, cfg.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
+	knobs := append(cfg.GuestLimits.Knobs(), cfg.AccountLimits.Knobs()...)
+	knobValues := make([]string, len(knobs))
+	var limits []setting
+	for i, k := range knobs {
+		limits = append(limits, setting{k.Flag, k.Env, k.Default, k.Help, &knobValues[i]})
+	}
+
 	fs := flag.NewFlagSet("meshd", flag.ContinueOnError)
 	fs.SetOutput(io.Discard) // errors and usage are printed below, to the right stream
-	for _, s := range settings {
+	for _, s := range append(settings, limits...) {
 		def := s.def
 		if v, ok := env(s.env); ok && v != "" {
 			def = v
@@ -75,6 +92,12 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"variable shown; a flag wins. Use 127.0.0.1:0 for any address to pick a free port.\n\n")
 		for _, s := range settings {
 			fmt.Fprintf(w, "  --%s\n      %s\n      env %s, default %q\n", s.flag, s.help, s.env, s.def)
+		}
+		fmt.Fprint(w, "\nLimits against floods (docs/control-plane.md). A rate is <count>/<window>, a sliding\n"+
+			"window such as 20/1h; a client address is an IPv4 address or an IPv6 /64, its network\n"+
+			"the /24 or /48. Over a limit the answer is 429 with retry_after_ms.\n\n")
+		for _, s := range limits {
+			fmt.Fprintf(w, "  --%s\n  %-12s %s\n  %-12s env %s, default %q\n", s.flag, "", s.help, "", s.env, s.def)
 		}
 	}
 
@@ -105,6 +128,16 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 	cfg.LogLevel = lvl
 	if cfg.TrustedProxyHops, err = strconv.Atoi(strings.TrimSpace(hops)); err != nil || cfg.TrustedProxyHops < 0 || cfg.TrustedProxyHops > 16 {
 		fmt.Fprintf(stderr, "meshd: --trusted-proxy-hops must be a whole number from 0 to 16, not %q\n", hops)
+		return cfg, errUsage
+	}
+	for i, k := range knobs {
+		if err := k.Set(knobValues[i]); err != nil {
+			fmt.Fprintf(stderr, "meshd: --%s: %v\n", k.Flag, err)
+			return cfg, errUsage
+		}
+	}
+	if err := cfg.GuestLimits.Check(); err != nil {
+		fmt.Fprintf(stderr, "meshd: --limit-guest-reserve: %v\n", err)
 		return cfg, errUsage
 	}
 	cfg.MarkupPct = 10

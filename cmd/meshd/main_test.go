@@ -18,7 +18,10 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
 // noEnv keeps the developer's MESHD_* variables out of the tests.
@@ -170,6 +173,15 @@ func TestParseServeConfig(t *testing.T) {
 	env := func(m map[string]string) lookupEnv {
 		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
 	}
+	// limited is a config with the default limits, changed by f.
+	limited := func(c serveConfig, f func(*guest.Limits, *account.Limits)) serveConfig {
+		c.GuestLimits, c.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
+		if f != nil {
+			f(&c.GuestLimits, &c.AccountLimits)
+		}
+		return c
+	}
+	defaults := serveConfig{DataDir: "./.mesh", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelInfo, MarkupPct: 10}
 	tests := []struct {
 		name    string
 		args    []string
@@ -179,20 +191,35 @@ func TestParseServeConfig(t *testing.T) {
 	}{
 		{
 			name: "defaults",
-			want: serveConfig{DataDir: "./.mesh", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelInfo, MarkupPct: 10},
+			want: limited(defaults, nil),
 		},
 		{
 			name: "environment",
 			env: map[string]string{"MESHD_DATA_DIR": "/var/mesh", "MESHD_HTTP_ADDR": ":9000", "MESHD_NATS_ADDR": ":5222",
 				"MESHD_WS_ADDR": ":5443", "MESHD_LOG_LEVEL": "debug", "CREDITS_PLATFORM_MARKUP_PCT": "15", "MESHD_TRUSTED_PROXY_HOPS": "1"},
-			want: serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug, MarkupPct: 15, TrustedProxyHops: 1},
+			want: limited(serveConfig{DataDir: "/var/mesh", HTTPAddr: ":9000", NATSAddr: ":5222", WSAddr: ":5443", LogLevel: slog.LevelDebug, MarkupPct: 15, TrustedProxyHops: 1}, nil),
 		},
 		{
 			name: "flags win over environment",
 			args: []string{"--data-dir", "/flag", "--log-level", "trace", "--trusted-proxy-hops", "2"},
 			env:  map[string]string{"MESHD_DATA_DIR": "/env", "MESHD_LOG_LEVEL": "error", "MESHD_TRUSTED_PROXY_HOPS": "1"},
-			want: serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4, MarkupPct: 10, TrustedProxyHops: 2},
+			want: limited(serveConfig{DataDir: "/flag", HTTPAddr: "127.0.0.1:8080", NATSAddr: "127.0.0.1:4222", WSAddr: "127.0.0.1:4443", LogLevel: slog.LevelDebug - 4, MarkupPct: 10, TrustedProxyHops: 2}, nil),
 		},
+		{
+			name: "limits from the environment and flags",
+			args: []string{"--limit-guest-live-per-network", "4", "--limit-signup-per-address=2/30m", "--limit-mail-per-recipient", "3/2h"},
+			env:  map[string]string{"MESH_LIMIT_GUEST_POOL": "50", "MESH_LIMIT_CONNECT_OVERALL": "9/24h", "MESH_LIMIT_MAIL_PER_RECIPIENT": "1/1h"},
+			want: limited(defaults, func(g *guest.Limits, a *account.Limits) {
+				g.Pool, g.LivePerNetwork = 50, 4
+				a.SignUp.PerAddress = ratelimit.Rate{Max: 2, Window: 30 * time.Minute}
+				a.Connect.Overall = ratelimit.Rate{Max: 9, Window: 24 * time.Hour}
+				a.MailPerRecipient = ratelimit.Rate{Max: 3, Window: 2 * time.Hour}
+			}),
+		},
+		{name: "rate without a window", args: []string{"--limit-guest-per-address", "20"}, wantErr: errUsage},
+		{name: "zero rate", env: map[string]string{"MESH_LIMIT_LOGIN_PER_NETWORK": "0/1h"}, wantErr: errUsage},
+		{name: "zero live cap", args: []string{"--limit-guest-live-per-address", "0"}, wantErr: errUsage},
+		{name: "reserve as big as the pool", args: []string{"--limit-guest-pool", "10", "--limit-guest-reserve", "10"}, wantErr: errUsage},
 		{name: "help", args: []string{"--help"}, wantErr: flag.ErrHelp},
 		{name: "unknown flag", args: []string{"--nope"}, wantErr: errUsage},
 		{name: "bad level", args: []string{"--log-level", "loud"}, wantErr: errUsage},
@@ -231,6 +258,8 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for _, want := range []string{
 		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
 		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL", "--trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS",
+		"--limit-guest-pool", "MESH_LIMIT_GUEST_POOL", "--limit-guest-per-network", "MESH_LIMIT_GUEST_PER_NETWORK", `default "60/1h"`,
+		"--limit-signup-per-address", "MESH_LIMIT_SIGNUP_PER_ADDRESS", `default "10/1h"`, "--limit-mail-per-recipient", "MESH_LIMIT_MAIL_PER_RECIPIENT",
 	} {
 		if !strings.Contains(stdout.String(), want) {
 			t.Errorf("help lacks %q:\n%s", want, &stdout)

@@ -40,6 +40,8 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		Logger:           log,
 		MarkupPct:        cfg.MarkupPct,
 		TrustedProxyHops: cfg.TrustedProxyHops,
+		GuestLimits:      cfg.GuestLimits,
+		AccountLimits:    cfg.AccountLimits,
 	})
 	if err != nil {
 		return err

@@ -129,7 +129,7 @@ func (h *handlers) startLogin(create bool) httpx.HandlerFunc {
 		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
 			return err
 		}
-		email, err := h.acc.StartLogin(r.Context(), b.Email, create)
+		email, err := h.acc.StartLogin(r.Context(), b.Email, create, httpx.ClientKey(r, h.d.TrustedProxyHops))
 		if err != nil {
 			return err
 		}

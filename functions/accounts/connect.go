@@ -52,7 +52,7 @@ func (h *handlers) connect(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	apps := &appIssuer{Service: h.d.Credentials}
-	st, err := h.acc.StartConnect(r.Context(), b.Email, b.AppName, httpx.BearerToken(r), apps)
+	st, err := h.acc.StartConnect(r.Context(), b.Email, b.AppName, httpx.BearerToken(r), httpx.ClientKey(r, h.d.TrustedProxyHops), apps)
 	if err != nil {
 		return err
 	}

@@ -30,6 +30,7 @@ import (
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/registrar"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
 )
@@ -64,6 +65,12 @@ type Config struct {
 	MarkupPct        int             // CREDITS_PLATFORM_MARKUP_PCT (10)
 	TrustedProxyHops int             // MESH_TRUSTED_PROXY_HOPS (1: Google's front end)
 	RateLimit        int             // MESH_RATE_LIMIT_PER_MINUTE (30, upstream §16.2)
+	// GuestLimits and AccountLimits bound guest leases, sign-up, sign-in
+	// and connect per client address, per network and overall; each field
+	// is one MESH_LIMIT_* variable (guest.Limits.Knobs,
+	// account.Limits.Knobs), the same variables meshd reads.
+	GuestLimits   guest.Limits
+	AccountLimits account.Limits
 }
 
 // FromEnv reads the configuration through getenv and checks it.
@@ -106,6 +113,13 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	if c.RateLimit, err = num("MESH_RATE_LIMIT_PER_MINUTE", 30); err != nil {
+		return c, err
+	}
+	c.GuestLimits, c.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
+	if err := ratelimit.FromEnv(getenv, append(c.GuestLimits.Knobs(), c.AccountLimits.Knobs()...)...); err != nil {
+		return c, err
+	}
+	if err := c.GuestLimits.Check(); err != nil {
 		return c, err
 	}
 	var missing []string
@@ -185,7 +199,8 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 		}
 	}
 	meshInfo := credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs}
-	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL})
+	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL,
+		Limits: c.AccountLimits})
 	var history credential.History
 	if caller != nil {
 		history = mailbox.History{Bus: caller}
@@ -196,7 +211,8 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if caller != nil {
 		evictor = &guest.BusEvictor{Bus: caller}
 	}
-	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Mesh: meshInfo, Log: log})
+	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Mesh: meshInfo, Log: log,
+		Limits: c.GuestLimits})
 	var views *accountview.Service
 	if caller != nil {
 		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}

@@ -7,8 +7,12 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
 func TestFromEnv(t *testing.T) {
@@ -50,6 +54,55 @@ func TestFromEnv(t *testing.T) {
 		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_REGISTRAR_KEY_FILE": "/secrets/registrar.nk"}))
 	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.RegistrarKeyFile != "/secrets/registrar.nk" {
 		t.Errorf("explicit values: %+v", c)
+	}
+}
+
+// Every flood limit is read from its MESH_LIMIT_* variable, the same one
+// meshd reads, and defaults to the service's default; a bad value is refused
+// naming the variable.
+func TestFromEnvLimits(t *testing.T) {
+	base := map[string]string{
+		"GOOGLE_CLOUD_PROJECT": "p1", "MESH_CONTROL_URL": "https://api.example.org", "MESH_CONSOLE_URL": "https://console.example.org/",
+		"SMTP_ADDR": "smtp.example.org:587", "SMTP_FROM": "mesh@example.org", "MESH_NATS_URLS": "tls://a:4222",
+	}
+	env := func(over map[string]string) func(string) string {
+		return func(k string) string {
+			if v, ok := over[k]; ok {
+				return v
+			}
+			return base[k]
+		}
+	}
+	c, err := FromEnv(env(nil))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.GuestLimits != guest.DefaultLimits() || c.AccountLimits != account.DefaultLimits() {
+		t.Errorf("defaults: %+v %+v", c.GuestLimits, c.AccountLimits)
+	}
+	c, err = FromEnv(env(map[string]string{
+		"MESH_LIMIT_GUEST_POOL": "40", "MESH_LIMIT_GUEST_LIVE_PER_NETWORK": "4", "MESH_LIMIT_GUEST_PER_NETWORK": "7/10m",
+		"MESH_LIMIT_SIGNUP_PER_ADDRESS": "2/1h", "MESH_LIMIT_CONNECT_OVERALL": "9/24h", "MESH_LIMIT_MAIL_PER_RECIPIENT": "3/30m",
+	}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, a := c.GuestLimits, c.AccountLimits
+	if g.Pool != 40 || g.LivePerNetwork != 4 || g.PerNetwork != (ratelimit.Rate{Max: 7, Window: 10 * time.Minute}) ||
+		g.LivePerAddress != guest.DefaultLimits().LivePerAddress ||
+		a.SignUp.PerAddress != (ratelimit.Rate{Max: 2, Window: time.Hour}) || a.Connect.Overall != (ratelimit.Rate{Max: 9, Window: 24 * time.Hour}) ||
+		a.MailPerRecipient != (ratelimit.Rate{Max: 3, Window: 30 * time.Minute}) || a.SignIn != account.DefaultLimits().SignIn {
+		t.Errorf("explicit limits: %+v %+v", g, a)
+	}
+	for name, over := range map[string]map[string]string{
+		"MESH_LIMIT_GUEST_PER_ADDRESS":      {"MESH_LIMIT_GUEST_PER_ADDRESS": "20"},
+		"MESH_LIMIT_LOGIN_PER_NETWORK":      {"MESH_LIMIT_LOGIN_PER_NETWORK": "0/1h"},
+		"MESH_LIMIT_GUEST_LIVE_PER_ADDRESS": {"MESH_LIMIT_GUEST_LIVE_PER_ADDRESS": "-1"},
+		"reserve":                           {"MESH_LIMIT_GUEST_POOL": "10", "MESH_LIMIT_GUEST_RESERVE": "10"},
+	} {
+		if _, err := FromEnv(env(over)); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(name, "reserve")) {
+			t.Errorf("%s: %v", name, err)
+		}
 	}
 }
 

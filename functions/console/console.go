@@ -41,7 +41,7 @@ func handler(d *api.Deps, _ httpx.Route) httpx.HandlerFunc {
 	if d.Accounts == nil {
 		return api.NotConfigured("the account service (and with it the console)")
 	}
-	cfg := Config{Accounts: d.Accounts, ConsoleURL: d.Accounts.ConsoleURL(), Log: d.Log}
+	cfg := Config{Accounts: d.Accounts, ConsoleURL: d.Accounts.ConsoleURL(), Log: d.Log, TrustedProxyHops: d.TrustedProxyHops}
 	// Without a registrar the Handles page says it is not configured. The
 	// nil check is on the pointer: a nil *Service inside the interface
 	// would not compare equal to nil.

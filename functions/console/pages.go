@@ -93,7 +93,7 @@ func (s *Server) sendCode(w http.ResponseWriter, r *http.Request) {
 	if !s.signinFormOK(w, r, "login", v) {
 		return
 	}
-	email, err := s.acc.StartLogin(r.Context(), r.PostFormValue("email"), true)
+	email, err := s.acc.StartLogin(r.Context(), r.PostFormValue("email"), true, httpx.ClientKey(r, s.hops))
 	if err != nil {
 		status, msg := s.messageOf(err)
 		v.CSRF, v.Err = s.signinToken(w, r), errMap("login", msg)

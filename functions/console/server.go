@@ -33,6 +33,10 @@ type Config struct {
 	// only one a form post may come from.
 	ConsoleURL string
 	Log        *slog.Logger
+	// TrustedProxyHops is how many proxies append to X-Forwarded-For in
+	// front of the console (api.Deps.TrustedProxyHops): the sign-in form
+	// counts against the sign-up limits of the client's address.
+	TrustedProxyHops int
 }
 
 // Server serves the console under Prefix.
@@ -47,6 +51,7 @@ type Server struct {
 	// outbox is where the mail goes when it is not sent (meshd with no
 	// mail server), for the sign-in code page; "" with a mail server.
 	outbox string
+	hops      int
 }
 
 // Cookie names. The session cookie holds the account session token (ams_);
@@ -100,7 +105,7 @@ func parsePages() map[string]*template.Template {
 
 // New builds the console.
 func New(cfg Config) *Server {
-	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux()}
+	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
 	if s.acc != nil {
 		s.outbox = s.acc.OutboxDir()
 	}

@@ -48,7 +48,6 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
-	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/secret"
@@ -132,10 +131,13 @@ type ConnectState struct {
 }
 
 // StartConnect begins connecting an app called appName to the account of
-// email. bearer is the request's bearer token, if any: a session of the
-// account that owns email issues the app at once through apps. Anything
-// else (no token, another account's, a bad one) takes the mailed-code path.
-func (s *Service) StartConnect(ctx context.Context, email, appName, bearer string, apps AppIssuer) (ConnectStart, error) {
+// email, for the client at from (its httpx.ClientKey). bearer is the
+// request's bearer token, if any: a session of the account that owns email
+// issues the app at once through apps. Anything else (no token, another
+// account's, a bad one) takes the mailed-code path, which counts against
+// the connect limits and the recipient's (see Limits) in the transaction
+// that records the request, before the mail.
+func (s *Service) StartConnect(ctx context.Context, email, appName, bearer, from string, apps AppIssuer) (ConnectStart, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return ConnectStart{}, err
@@ -157,20 +159,35 @@ func (s *Service) StartConnect(ctx context.Context, email, appName, bearer strin
 			return ConnectStart{}, err // the store could not answer: retry, rather than mail a code
 		}
 	}
-	if ok, after := s.mailRate.Allow(email); !ok {
-		return ConnectStart{}, httpx.RateLimited(after, " for this address")
-	}
-	acct, _, err := s.CreateAccount(ctx, email)
-	if err != nil {
-		return ConnectStart{}, err
-	}
 	now := s.now()
 	code := secret.Digits(6)
-	req := ConnectRequest{ID: protocol.NewID(), Email: email, AccountID: acct.ID, AppName: appName,
+	req := ConnectRequest{ID: protocol.NewID(), Email: email, AppName: appName,
 		CreatedAt: ms(now), ExpiresAt: ms(now.Add(s.cfg.CodeTTL)), AttemptsLeft: CodeAttempts, Status: ConnectPending}
 	req.CodeHash = secret.HashCode(connectCodeContext(req.ID), code)
-	if err := s.st.RunTx(ctx, func(tx store.Tx) error { return tx.Create(CollConnects, req.ID, req) }); err != nil {
-		return ConnectStart{}, unavailable(err)
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		req.AccountID = ""
+		var idx emailIndex
+		found := true
+		if err := tx.Get(CollEmails, email, &idx); errors.Is(err, store.ErrNotFound) {
+			found = false
+		} else if err != nil {
+			return err
+		}
+		if err := s.take(tx, routeConnect, from, email, now); err != nil {
+			return err
+		}
+		req.AccountID = idx.AccountID
+		if !found {
+			acct, err := s.newAccount(tx, email)
+			if err != nil {
+				return err
+			}
+			req.AccountID = acct.ID
+		}
+		return tx.Create(CollConnects, req.ID, req)
+	})
+	if err != nil {
+		return ConnectStart{}, txErr(err)
 	}
 	body := fmt.Sprintf("An app called %q asks to connect to your agentmesh account (%s).\n\n"+
 		"If you started this, give the app this code:\n\n    %s\n\n"+

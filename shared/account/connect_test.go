@@ -135,7 +135,7 @@ func newFixture(t *testing.T) *fixture {
 // start begins a connect by mail and returns the request id and code.
 func (f *fixture) start(t *testing.T, app string) (string, string) {
 	t.Helper()
-	res, err := f.svc.StartConnect(context.Background(), f.email, app, "", f.apps)
+	res, err := f.svc.StartConnect(context.Background(), f.email, app, "", "192.0.2.1", f.apps)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,7 +249,7 @@ func TestConnectRefusals(t *testing.T) {
 	for _, tc := range []struct{ email, app string }{
 		{"not-an-address", "x"}, {"ana@example.org", ""}, {"ana@example.org", strings.Repeat("a", 65)}, {"ana@example.org", "a\x00b"},
 	} {
-		if _, err := f.svc.StartConnect(ctx, tc.email, tc.app, "", f.apps); codeOf(err) != errs.InvalidRequest {
+		if _, err := f.svc.StartConnect(ctx, tc.email, tc.app, "", "192.0.2.1", f.apps); codeOf(err) != errs.InvalidRequest {
 			t.Errorf("%q %q: %v", tc.email, tc.app, err)
 		}
 	}
@@ -273,15 +273,15 @@ func TestConnectRefusals(t *testing.T) {
 func TestConnectMailLimit(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if _, err := f.svc.StartLogin(ctx, f.email, true); err != nil {
+	if _, err := f.svc.StartLogin(ctx, f.email, true, "192.0.2.1"); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 4 {
-		if _, err := f.svc.StartConnect(ctx, f.email, "dashboard", "", f.apps); err != nil {
+		if _, err := f.svc.StartConnect(ctx, f.email, "dashboard", "", "192.0.2.1", f.apps); err != nil {
 			t.Fatalf("connect %d: %v", i, err)
 		}
 	}
-	if _, err := f.svc.StartConnect(ctx, f.email, "dashboard", "", f.apps); codeOf(err) != errs.RateLimited {
+	if _, err := f.svc.StartConnect(ctx, f.email, "dashboard", "", "192.0.2.1", f.apps); codeOf(err) != errs.RateLimited {
 		t.Fatalf("6th mail: %v", err)
 	}
 	if f.mail.count() != 5 {
@@ -292,7 +292,7 @@ func TestConnectMailLimit(t *testing.T) {
 func TestConnectSession(t *testing.T) {
 	f := newFixture(t)
 	ctx := context.Background()
-	if _, err := f.svc.StartLogin(ctx, f.email, true); err != nil {
+	if _, err := f.svc.StartLogin(ctx, f.email, true, "192.0.2.1"); err != nil {
 		t.Fatal(err)
 	}
 	_, code := f.mail.last(t)
@@ -301,7 +301,7 @@ func TestConnectSession(t *testing.T) {
 		t.Fatal(err)
 	}
 	before := f.mail.count()
-	res, err := f.svc.StartConnect(ctx, "ANA@example.org", "dashboard", tok, f.apps)
+	res, err := f.svc.StartConnect(ctx, "ANA@example.org", "dashboard", tok, "192.0.2.1", f.apps)
 	if err != nil || !res.Connected || res.AccountID != acct.ID || res.AppID == "" || res.RequestID != "" {
 		t.Fatalf("fast path: %+v %v", res, err)
 	}
@@ -310,7 +310,7 @@ func TestConnectSession(t *testing.T) {
 	}
 	// Another address, or a token that is not a live session: the mail path.
 	for _, tc := range []struct{ email, bearer string }{{"bo@example.org", tok}, {f.email, "ams_nope"}, {f.email, "amt_nope"}} {
-		res, err := f.svc.StartConnect(ctx, tc.email, "dashboard", tc.bearer, f.apps)
+		res, err := f.svc.StartConnect(ctx, tc.email, "dashboard", tc.bearer, "192.0.2.1", f.apps)
 		if err != nil || res.Connected || res.RequestID == "" {
 			t.Fatalf("%v: %+v %v", tc, res, err)
 		}

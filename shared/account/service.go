@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
-	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/secret"
@@ -31,18 +30,18 @@ type Config struct {
 	ControlURL string
 	SessionTTL time.Duration
 	CodeTTL    time.Duration
-	// MailPerAddress limits code mails per address (upstream: 5 per 15 min).
-	MailPerAddress int
-	MailWindow     time.Duration
+	// Limits bound sign-up, sign-in and connect per client address, per
+	// network, overall and per recipient (limits.go); zero fields take
+	// DefaultLimits.
+	Limits Limits
 }
 
 // Service is the account service.
 type Service struct {
-	cfg      Config
-	st       store.Store
-	now      func() time.Time
-	log      *slog.Logger
-	mailRate *httpx.Limiter
+	cfg Config
+	st  store.Store
+	now func() time.Time
+	log *slog.Logger
 }
 
 // New builds the service.
@@ -59,14 +58,8 @@ func New(cfg Config) *Service {
 	if cfg.CodeTTL <= 0 {
 		cfg.CodeTTL = DefaultCodeTTL
 	}
-	if cfg.MailPerAddress <= 0 {
-		cfg.MailPerAddress = 5
-	}
-	if cfg.MailWindow <= 0 {
-		cfg.MailWindow = 15 * time.Minute
-	}
-	return &Service{cfg: cfg, st: cfg.Store, now: cfg.Now, log: cfg.Log,
-		mailRate: httpx.NewLimiter(cfg.MailPerAddress, cfg.MailWindow, cfg.Now)}
+	cfg.Limits = cfg.Limits.withDefaults()
+	return &Service{cfg: cfg, st: cfg.Store, now: cfg.Now, log: cfg.Log}
 }
 
 // ConsoleURL is where the web console is served, as configured (mail links
@@ -112,11 +105,18 @@ func (s *Service) CreateAccount(ctx context.Context, email string) (acct Account
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		acct = newAccount(email, s.now())
 		created = true
-		return createIn(tx, acct)
+		acct, err = s.newAccount(tx, email)
+		return err
 	})
 	return acct, created, txErr(err)
+}
+
+// newAccount writes a new account for email, an address with none, in tx
+// (after its reads).
+func (s *Service) newAccount(tx store.Tx, email string) (Account, error) {
+	acct := newAccount(email, s.now())
+	return acct, createIn(tx, acct)
 }
 
 // GetAccount reads an account.
@@ -149,33 +149,53 @@ func (s *Service) AccountByEmail(ctx context.Context, email string) (Account, er
 	return a, txErr(err)
 }
 
-// StartLogin mails a one-time code to email. With create set (sign-up) the
-// account is made when missing; without it an unknown address gets no mail
-// but the same answer, so the route cannot be used to probe who has an
-// account.
-func (s *Service) StartLogin(ctx context.Context, email string, create bool) (string, error) {
+// StartLogin mails a one-time code to email for the client at from (its
+// httpx.ClientKey). With create set (sign-up) the account is made when
+// missing; without it an unknown address gets no mail but the same answer,
+// so the route cannot be used to probe who has an account. Either way the
+// request counts against the route's limits and the recipient's (see
+// Limits), in the transaction that records the code, before any mail.
+func (s *Service) StartLogin(ctx context.Context, email string, create bool, from string) (string, error) {
 	email, err := NormalizeEmail(email)
 	if err != nil {
 		return "", err
 	}
-	if ok, after := s.mailRate.Allow(email); !ok {
-		return email, httpx.RateLimited(after, " for this address")
-	}
+	rt := routeSignIn
 	if create {
-		if _, _, err := s.CreateAccount(ctx, email); err != nil {
-			return email, err
-		}
-	} else if _, err := s.AccountByEmail(ctx, email); err != nil {
-		if errs.CodeOf(err) == errs.NotFound {
-			return email, nil
-		}
-		return email, err
+		rt = routeSignUp
 	}
 	code := secret.Digits(6)
 	now := s.now()
 	rec := loginCode{Code: secret.NewCode(email, code, now.Add(s.cfg.CodeTTL), CodeAttempts), Email: email}
-	if err := s.st.RunTx(ctx, func(tx store.Tx) error { return tx.Set(CollCodes, codeID(email), rec) }); err != nil {
-		return email, unavailable(err)
+	send := false
+	err = s.st.RunTx(ctx, func(tx store.Tx) error {
+		send = false
+		var idx emailIndex
+		found := true
+		if err := tx.Get(CollEmails, email, &idx); errors.Is(err, store.ErrNotFound) {
+			found = false
+		} else if err != nil {
+			return err
+		}
+		if err := s.take(tx, rt, from, email, now); err != nil {
+			return err
+		}
+		if !found {
+			if !create {
+				return nil // counted, but an unknown address is not mailed
+			}
+			if _, err := s.newAccount(tx, email); err != nil {
+				return err
+			}
+		}
+		send = true
+		return tx.Set(CollCodes, codeID(email), rec)
+	})
+	if err != nil {
+		return email, txErr(err)
+	}
+	if !send {
+		return email, nil
 	}
 	link := ""
 	if s.cfg.ConsoleURL != "" {

@@ -80,7 +80,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	meshInfo := credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}}
 	c := &Control{Store: st}
 	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
-		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now})
+		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now, Limits: cfg.AccountLimits})
 	// The control plane's own way onto the bus, for the account views, for
 	// clearing ended guests and for asking whether an agent key is new.
 	cpNC, err := m.ConnectService("control-plane")
@@ -97,7 +97,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		guestClass = &l
 	}
 	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
-		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
+		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Limits: cfg.GuestLimits, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
 	idle := cfg.GuestIdleTTL
 	if idle <= 0 {
 		idle = guest.DefaultIdleTTL
@@ -138,6 +138,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	}
 	m.startSweeper(every, "expired registrar documents deleted", c.Registrar.Sweep)
 	m.startSweeper(every, "expired credential rate-limit counters deleted", c.Credentials.SweepLimits)
+	m.startSweeper(every, "expired account rate-limit counters deleted", c.Accounts.Sweep)
 	return nil
 }
 

@@ -24,9 +24,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
+	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 )
@@ -66,6 +68,14 @@ type Config struct {
 	// (httpx.DefaultBodyTimeout, 10 s, when 0); a slower body is cut off
 	// with 408.
 	BodyTimeout time.Duration
+	// GuestLimits bound guest leases per client address, per network and
+	// overall, and the pool; zero fields take guest.DefaultLimits. meshd
+	// sets them from its --limit-guest-* flags.
+	GuestLimits guest.Limits
+	// AccountLimits bound sign-up, sign-in and connect per client address,
+	// per network, overall and per recipient; zero fields take
+	// account.DefaultLimits. meshd sets them from its --limit-* flags.
+	AccountLimits account.Limits
 	// RegistrarSweepInterval is how often the registrar's expired
 	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
 	RegistrarSweepInterval time.Duration

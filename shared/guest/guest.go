@@ -1,7 +1,8 @@
 // Package guest leases sandbox credentials (spec §4.4, §5 "Rules on
 // credentials"): no account, a fresh key per lease, a lease kept alive by
-// heartbeats and ended early by a signed release, a cap of concurrent leases
-// per client address and a pool capacity for the whole instance.
+// heartbeats and ended early by a signed release, caps on concurrent leases
+// per client address and per network, rate limits, and a pool capacity for
+// the whole instance (limits.go).
 //
 // The pool is a capacity, not a stock of pre-minted keys: a key handed back
 // to a pool could be reused by whoever held it before, so every lease gets a
@@ -17,8 +18,10 @@ import (
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -45,11 +48,12 @@ type Config struct {
 	// Evictor clears what an ended lease left on the bus; nil when the
 	// control plane has no bus connection (the registry's sandbox sweep
 	// then removes the registration an hour later, spec §3.3).
-	Evictor       Evictor
-	Mesh          credential.MeshInfo
-	IdleTTL       time.Duration
-	PerIP         int
-	PoolSize      int
+	Evictor Evictor
+	Mesh    credential.MeshInfo
+	IdleTTL time.Duration
+	// Limits bound what one address, one network and everyone take from
+	// the pool; zero fields take DefaultLimits.
+	Limits        Limits
 	CredentialTTL time.Duration
 	// Class are the guest credentials' fence limits; nil means
 	// creds.DefaultClassLimits()[creds.ClassGuest].
@@ -71,12 +75,7 @@ func New(cfg Config) *Service {
 	if cfg.IdleTTL <= 0 {
 		cfg.IdleTTL = DefaultIdleTTL
 	}
-	if cfg.PerIP <= 0 {
-		cfg.PerIP = DefaultPerIP
-	}
-	if cfg.PoolSize <= 0 {
-		cfg.PoolSize = DefaultPoolSize
-	}
+	cfg.Limits = cfg.Limits.withDefaults()
 	if cfg.CredentialTTL <= 0 {
 		cfg.CredentialTTL = DefaultCredentialTTL
 	}
@@ -137,7 +136,7 @@ func (s *Service) limits() map[string]any {
 	c := s.class()
 	return map[string]any{
 		"idle_ttl_seconds":    int(s.cfg.IdleTTL / time.Second),
-		"leases_per_address":  s.cfg.PerIP,
+		"leases_per_address":  s.cfg.Limits.LivePerAddress,
 		"max_inbound_chars":   protocol.DefaultMaxInbound,
 		"max_payload_bytes":   c.Payload,
 		"max_subscriptions":   c.Subs,
@@ -159,7 +158,8 @@ func (s *Service) class() creds.ClassLimits {
 }
 
 // Issue leases a fresh guest credential to the client at ip, its key for
-// the per-address cap (httpx.ClientKey, so an IPv6 client counts by its /64).
+// the per-address limits (httpx.ClientKey, so an IPv6 client counts by its
+// /64); its network's limits count httpx.NetworkKey of it (see Limits).
 func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 	if s.cfg.Trust == nil {
 		return Grant{}, errs.New(errs.NotImplemented, "guest credentials are not configured on this instance")
@@ -168,6 +168,7 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 	if err != nil {
 		return Grant{}, errs.Wrap(errs.InternalError, "guest key", err)
 	}
+	ip = httpx.LimitKey(ip)
 	now := s.now()
 	lease := Lease{Key: k.Public(), IP: ip, IssuedAt: ms(now), LeaseUntil: ms(now.Add(s.cfg.IdleTTL)), Active: true}
 	credExpires := now.Add(s.cfg.CredentialTTL)
@@ -179,24 +180,16 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 		if err := tx.Query(CollLeases, store.Where("active", true), &active); err != nil {
 			return err
 		}
-		live, fromIP := 0, 0
+		var live []Lease
 		for _, l := range active {
 			if l.LeaseUntil <= ms(now) {
 				lapsed = append(lapsed, l.Key)
 				continue
 			}
-			live++
-			if l.IP == ip {
-				fromIP++
-			}
+			live = append(live, l)
 		}
-		if fromIP >= s.cfg.PerIP {
-			return errs.Newf(errs.RateLimited, "this address already holds %d guest leases; release one or wait for one to lapse", s.cfg.PerIP).
-				WithRetryAfter(int64(s.cfg.IdleTTL / time.Millisecond))
-		}
-		if live >= s.cfg.PoolSize {
-			return errs.New(errs.Unavailable, "pool_exhausted: every guest credential is leased; retry later").
-				WithDetail("reason", "pool_exhausted").WithRetryAfter(60_000)
+		if err := s.admit(tx, live, ip, now); err != nil {
+			return err
 		}
 		var err error
 		tok, err = s.cfg.Trust.MintUser(creds.UserSpec{PublicKey: k.Public(), Name: "guest", Kind: creds.KindGuest,
@@ -351,9 +344,9 @@ func (s *Service) Release(ctx context.Context, b Signed) error {
 }
 
 // Sweep ends every lease idle past its deadline, revokes its key and clears
-// its guest from the bus, and retries the clearing of leases that ended
-// earlier without it. meshd runs it every minute; Issue also sweeps what
-// it reads.
+// its guest from the bus, retries the clearing of leases that ended
+// earlier without it, and deletes the rate-limit counters that no longer
+// matter. meshd runs it every minute; Issue also sweeps what it reads.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	now := s.now()
 	var lapsed, pending []string
@@ -385,6 +378,9 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 	}
 	s.revoke(ctx, lapsed, now)
 	s.clear(ctx, append(pending, lapsed...))
+	if _, err := ratelimit.Sweep(ctx, s.st, CollRateLimits, now); err != nil {
+		s.log.Warn("expired guest rate-limit counters not deleted; the next sweep retries", "err", err)
+	}
 	return len(lapsed), nil
 }
 
@@ -403,5 +399,5 @@ func (s *Service) Status(ctx context.Context) (available, issued int, err error)
 	if s.cfg.Trust == nil {
 		return 0, issued, nil
 	}
-	return max(s.cfg.PoolSize-issued, 0), issued, nil
+	return max(s.cfg.Limits.Pool-issued, 0), issued, nil
 }

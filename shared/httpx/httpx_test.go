@@ -165,3 +165,29 @@ func TestWriteJSONExactKeepsRawBytes(t *testing.T) {
 		t.Fatalf("WriteJSON keeps escaping: %q", rec.Body.String())
 	}
 }
+
+func TestNetworkKey(t *testing.T) {
+	for in, want := range map[string]string{
+		"192.0.2.7":          "192.0.2.0/24",
+		"192.0.2.255":        "192.0.2.0/24",
+		"::ffff:192.0.2.7":   "192.0.2.0/24",
+		"192.0.3.1":          "192.0.3.0/24",
+		"192.0.2.0/24":       "192.0.2.0/24", // idempotent
+		"2001:db8:1:2::1":    "2001:db8:1::/48",
+		"2001:db8:1:2::/64":  "2001:db8:1::/48", // from a LimitKey
+		"2001:db8:1:ffff::9": "2001:db8:1::/48",
+		"2001:db8:2::1":      "2001:db8:2::/48",
+		"2001:db8:1::/48":    "2001:db8:1::/48",
+		"fe80::1%eth0":       "fe80::/48",
+		"10.0.0.0/8":         "10.0.0.0/8", // not a key NetworkKey makes: unchanged
+		"not-an-ip":          "not-an-ip",
+		"":                   "",
+	} {
+		if got := NetworkKey(in); got != want {
+			t.Errorf("NetworkKey(%q) = %q, want %q", in, got, want)
+		}
+		if got := NetworkKey(NetworkKey(in)); got != NetworkKey(in) {
+			t.Errorf("NetworkKey is not idempotent on %q: %q", in, got)
+		}
+	}
+}

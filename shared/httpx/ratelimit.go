@@ -149,6 +149,35 @@ func LimitKey(ip string) string {
 	return p.String()
 }
 
+// NetworkKey is what a per-network limit counts under for the address ip
+// (an address, or a LimitKey result): its IPv4 /24 ("192.0.2.0/24") or
+// its IPv6 /48 ("2001:db8:1::/48"). A /24 is the smallest block one
+// customer is usually routed, and a /48 the usual IPv6 site: a limit per
+// network bounds what one party gets by walking the addresses it holds.
+// A string that is neither an address nor a LimitKey prefix is returned
+// unchanged, like LimitKey does; NetworkKey of its own result is that
+// result.
+func NetworkKey(ip string) string {
+	k := LimitKey(ip)
+	if p, err := netip.ParsePrefix(k); err == nil && p.Addr().Zone() == "" && !p.Addr().Is4In6() {
+		switch a := p.Addr(); {
+		case a.Is6() && p.Bits() >= 48:
+			n, _ := a.Prefix(48)
+			return n.String()
+		case a.Is4() && p.Bits() >= 24:
+			n, _ := a.Prefix(24)
+			return n.String()
+		}
+		return ip
+	}
+	a, err := netip.ParseAddr(k)
+	if err != nil || !a.Is4() {
+		return ip
+	}
+	n, _ := a.Prefix(24)
+	return n.String()
+}
+
 // ClientKey is LimitKey(ClientIP(r, trustedHops)): the key of the request's
 // client for a per-IP limit.
 func ClientKey(r *http.Request, trustedHops int) string {

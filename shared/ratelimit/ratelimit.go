@@ -11,10 +11,8 @@
 package ratelimit
 
 import (
-	"context"
 	"errors"
 	"fmt"
-	"slices"
 	"time"
 
 	"agentmesh.dev/mesh/shared/secret"
@@ -127,59 +125,4 @@ func roll(c counter, now time.Time, window time.Duration) counter {
 	}
 	c.ExpiresAt = start.Add(2 * window).UnixMilli()
 	return c
-}
-
-// SweepBatch is how many counters one sweep transaction deletes at most
-// (Firestore allows 500 writes in a transaction).
-const SweepBatch = 100
-
-// Sweep deletes the counters of coll that no longer matter (two windows
-// after their last count) and returns how many it deleted. Anyone can make
-// counters (one per address tried), so a collection nobody sweeps grows
-// without bound. Each counter is read again inside its transaction and
-// deleted only if it is still expired, so a count made meanwhile survives.
-func Sweep(ctx context.Context, st store.Store, coll string, now time.Time) (int, error) {
-	var all []counter
-	if err := store.List(ctx, st, coll, store.Query{}, &all); err != nil {
-		return 0, err
-	}
-	var ids []string
-	for _, c := range all {
-		if c.ID != "" && c.ExpiresAt != 0 && now.UnixMilli() >= c.ExpiresAt {
-			ids = append(ids, c.ID)
-		}
-	}
-	deleted := 0
-	for batch := range slices.Chunk(ids, SweepBatch) {
-		n := 0
-		err := st.RunTx(ctx, func(tx store.Tx) error {
-			n = 0
-			var gone []string
-			for _, id := range batch {
-				var c counter
-				err := tx.Get(coll, id, &c)
-				if errors.Is(err, store.ErrNotFound) {
-					continue
-				}
-				if err != nil {
-					return err
-				}
-				if c.ExpiresAt != 0 && now.UnixMilli() >= c.ExpiresAt {
-					gone = append(gone, id)
-				}
-			}
-			for _, id := range gone {
-				if err := tx.Delete(coll, id); err != nil {
-					return err
-				}
-			}
-			n = len(gone)
-			return nil
-		})
-		if err != nil {
-			return deleted, err
-		}
-		deleted += n
-	}
-	return deleted, nil
 }
