@@ -114,8 +114,8 @@ type (
 )
 
 // Start subscribes to the account's connect and disconnect events, picks
-// up the limited connections already open (within ctx), and reads rates
-// every Window until Stop.
+// up the limited connections already open, and reads rates every Window
+// until Stop.
 func Start(ctx context.Context, cfg Config) (*Fence, error) {
 	if cfg.Sys == nil || cfg.Account == "" {
 		return nil, errors.New("fence: a system connection and the mesh account are required")
@@ -152,14 +152,18 @@ func Start(ctx context.Context, cfg Config) (*Fence, error) {
 		f.unsubscribe()
 		return nil, fmt.Errorf("fence: %w", err)
 	}
-	if err := f.adopt(ctx); err != nil {
-		f.log.Warn("limited connections already open are not watched until they reconnect", "err", err)
-	}
-	// The fence lives until Stop, not as long as the start-up's ctx.
+	// The fence lives until Stop, not as long as the start-up's ctx. It
+	// picks up the connections already open in the background: the
+	// listing waits a second for every broker of a cluster to answer.
 	lctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	f.cancel = cancel
 	f.done.Add(1)
-	go f.loop(lctx)
+	go func() {
+		if err := f.adopt(lctx); err != nil && lctx.Err() == nil {
+			f.log.Warn("limited connections already open are not watched until they reconnect", "err", err)
+		}
+		f.loop(lctx)
+	}()
 	return f, nil
 }
 
@@ -379,9 +383,10 @@ func (f *Fence) adopt(ctx context.Context) error {
 	if err := f.cfg.Sys.PublishRequest("$SYS.REQ.SERVER.PING.CONNZ", inbox, body); err != nil {
 		return err
 	}
-	deadline := time.Now().Add(time.Second)
+	wctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
 	for {
-		m, err := sub.NextMsg(time.Until(deadline))
+		m, err := sub.NextMsgWithContext(wctx)
 		if err != nil {
 			return nil // every broker that answers in a second has answered
 		}
