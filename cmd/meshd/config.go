@@ -11,8 +11,11 @@ import (
 	"strings"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/mailbox"
 )
 
 // serveConfig is all of meshd's configuration, read once at start.
@@ -32,6 +35,12 @@ type serveConfig struct {
 	// read); devenv.Config's fields of the same names.
 	GuestLimits   guest.Limits
 	AccountLimits account.Limits
+	// Unowned, Classes and Mailbox bound what keys no account owns may mint
+	// and do on the bus, and what the offline mailboxes hold
+	// (docs/security.md); --limit-* flags and MESH_LIMIT_* variables too.
+	Unowned credential.UnownedLimits
+	Classes fence.Classes
+	Mailbox mailbox.Limits
 }
 
 // setting is one flag with its environment variable and default.
@@ -63,7 +72,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 	// The limits' knobs write into cfg; their flags take a value each,
 	// parsed once the command line is read.
 	cfg.GuestLimits, cfg.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
-	knobs := append(cfg.GuestLimits.Knobs(), cfg.AccountLimits.Knobs()...)
+	cfg.Unowned, cfg.Classes, cfg.Mailbox = credential.DefaultUnownedLimits(), fence.DefaultClasses(), mailbox.DefaultLimits
+	knobs := slices.Concat(cfg.GuestLimits.Knobs(), cfg.AccountLimits.Knobs(), cfg.Unowned.Knobs(), cfg.Classes.Knobs(), cfg.Mailbox.Knobs())
 	knobValues := make([]string, len(knobs))
 	var limits []setting
 	for i, k := range knobs {

@@ -19,8 +19,11 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
@@ -176,6 +179,7 @@ func TestParseServeConfig(t *testing.T) {
 	// limited is a config with the default limits, changed by f.
 	limited := func(c serveConfig, f func(*guest.Limits, *account.Limits)) serveConfig {
 		c.GuestLimits, c.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
+		c.Unowned, c.Classes, c.Mailbox = credential.DefaultUnownedLimits(), fence.DefaultClasses(), mailbox.DefaultLimits
 		if f != nil {
 			f(&c.GuestLimits, &c.AccountLimits)
 		}
@@ -216,6 +220,20 @@ func TestParseServeConfig(t *testing.T) {
 				a.MailPerRecipient = ratelimit.Rate{Max: 3, Window: 2 * time.Hour}
 			}),
 		},
+		{
+			name: "bus limits from the environment and flags",
+			args: []string{"--limit-guest-connections", "5", "--limit-mailbox-bytes", "200MiB", "--limit-unowned-per-key=3/1h"},
+			env:  map[string]string{"MESH_LIMIT_UNOWNED_PAYLOAD": "256KiB", "MESH_LIMIT_MAILBOX_PER_AGENT": "50", "MESH_LIMIT_GUEST_SUBSCRIPTIONS": "64"},
+			want: func() serveConfig {
+				c := limited(defaults, nil)
+				c.Classes.Guest.Conns, c.Classes.Guest.Subs, c.Classes.Unowned.Payload = 5, 64, 256<<10
+				c.Mailbox.MaxBytes, c.Mailbox.MaxMsgsPerAgent = 200<<20, 50
+				c.Unowned.PerKey = ratelimit.Rate{Max: 3, Window: time.Hour}
+				return c
+			}(),
+		},
+		{name: "size without a number", args: []string{"--limit-mailbox-bytes", "lots"}, wantErr: errUsage},
+		{name: "payload too small", env: map[string]string{"MESH_LIMIT_GUEST_PAYLOAD": "10"}, wantErr: errUsage},
 		{name: "rate without a window", args: []string{"--limit-guest-per-address", "20"}, wantErr: errUsage},
 		{name: "zero rate", env: map[string]string{"MESH_LIMIT_LOGIN_PER_NETWORK": "0/1h"}, wantErr: errUsage},
 		{name: "zero live cap", args: []string{"--limit-guest-live-per-address", "0"}, wantErr: errUsage},

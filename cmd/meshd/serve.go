@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/shared/mailbox"
 )
 
 // urlsFile is written into the data directory once the mesh is ready, so
@@ -42,6 +43,9 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		TrustedProxyHops: cfg.TrustedProxyHops,
 		GuestLimits:      cfg.GuestLimits,
 		AccountLimits:    cfg.AccountLimits,
+		Unowned:          cfg.Unowned,
+		Classes:          cfg.Classes.Map(),
+		Workers:          devenv.WorkerConfig{Mailbox: mailbox.Config{Limits: cfg.Mailbox}},
 	})
 	if err != nil {
 		return err

@@ -40,7 +40,8 @@ func (a *appIssuer) IssueApp(ctx context.Context, accountID, name string) (strin
 // issuedFields are the members of an answer carrying new app credentials.
 func issuedFields(res credential.AppResult) map[string]any {
 	return map[string]any{"status": account.ConnectConnected, "app_id": res.AppID, "name": res.Name, "public_key": res.PublicKey,
-		"jwt": res.JWT, "seed": res.Seed, "creds": res.Creds, "expires_at": res.ExpiresAt, "mesh": res.Mesh, "note": noteShownOnce}
+		"jwt": res.JWT, "seed": res.Seed, "creds": res.Creds, "expires_at": res.ExpiresAt, "mesh": res.Mesh, "inbox_prefix": res.InboxPrefix,
+		"note": noteShownOnce}
 }
 
 func (h *handlers) connect(w http.ResponseWriter, r *http.Request) error {

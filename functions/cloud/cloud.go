@@ -12,6 +12,7 @@ import (
 	"net/url"
 	"os"
 	"strconv"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,6 +24,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
@@ -71,6 +73,12 @@ type Config struct {
 	// account.Limits.Knobs), the same variables meshd reads.
 	GuestLimits   guest.Limits
 	AccountLimits account.Limits
+	// Unowned bounds node credentials for rosters no account owns, and
+	// Classes are the limits minted into guest and unowned credentials
+	// (MESH_LIMIT_UNOWNED_*, MESH_LIMIT_GUEST_*: the same variables meshd
+	// and the fence read).
+	Unowned credential.UnownedLimits
+	Classes fence.Classes
 }
 
 // FromEnv reads the configuration through getenv and checks it.
@@ -116,7 +124,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		return c, err
 	}
 	c.GuestLimits, c.AccountLimits = guest.DefaultLimits(), account.DefaultLimits()
-	if err := ratelimit.FromEnv(getenv, append(c.GuestLimits.Knobs(), c.AccountLimits.Knobs()...)...); err != nil {
+	c.Unowned, c.Classes = credential.DefaultUnownedLimits(), fence.DefaultClasses()
+	if err := ratelimit.FromEnv(getenv, slices.Concat(c.GuestLimits.Knobs(), c.AccountLimits.Knobs(), c.Unowned.Knobs(), c.Classes.Knobs())...); err != nil {
 		return c, err
 	}
 	if err := c.GuestLimits.Check(); err != nil {
@@ -206,13 +215,13 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 		history = mailbox.History{Bus: caller}
 	}
 	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
-		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log, History: history})
+		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log, History: history, Unowned: c.Unowned, Classes: c.Classes.Map()})
 	var evictor guest.Evictor
 	if caller != nil {
 		evictor = &guest.BusEvictor{Bus: caller}
 	}
 	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Mesh: meshInfo, Log: log,
-		Limits: c.GuestLimits})
+		Limits: c.GuestLimits, Class: &c.Classes.Guest})
 	var views *accountview.Service
 	if caller != nil {
 		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}

@@ -223,46 +223,58 @@ func classOf(accountID string) string {
 
 // UnownedLimits bound node credentials minted for rosters no account owns
 // (docs/security.md). Renewal at two thirds of a 30-day life is one mint
-// in twenty days, so honest nodes never meet them.
+// in twenty days, so honest nodes never meet them. Zero fields take
+// DefaultUnownedLimits.
 type UnownedLimits struct {
-	// PerClient is mints per Window from one address (an IPv6 /64).
-	PerClient int
-	// PerKey is mints per Window naming one node key, or one agent key.
-	PerKey int
-	Window time.Duration
+	// PerAddress is mints per window from one client address (an IPv6 /64).
+	PerAddress ratelimit.Rate
+	// PerKey is mints per window naming one node key, or one agent key.
+	PerKey ratelimit.Rate
 }
 
 // DefaultUnownedLimits: 20 mints an hour per address, 5 per key.
-var DefaultUnownedLimits = UnownedLimits{PerClient: 20, PerKey: 5, Window: time.Hour}
+func DefaultUnownedLimits() UnownedLimits {
+	return UnownedLimits{PerAddress: ratelimit.Rate{Max: 20, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 5, Window: time.Hour}}
+}
+
+func (l UnownedLimits) withDefaults() UnownedLimits {
+	d := DefaultUnownedLimits()
+	return UnownedLimits{PerAddress: l.PerAddress.Or(d.PerAddress), PerKey: l.PerKey.Or(d.PerKey)}
+}
+
+// Knobs are the operator settings of l (meshd flags and the same
+// MESH_LIMIT_* variables for meshd and the Cloud Functions).
+func (l *UnownedLimits) Knobs() []ratelimit.Knob {
+	return []ratelimit.Knob{
+		ratelimit.RateKnob("limit-unowned-per-address", "node credentials for rosters no account owns, per client address per window", &l.PerAddress),
+		ratelimit.RateKnob("limit-unowned-per-key", "node credentials for rosters no account owns, per node or agent key per window", &l.PerKey),
+	}
+}
 
 // unownedLimits are the limits one unowned mint is counted against.
 func (s *Service) unownedLimits(client, node string, agents []string) []ratelimit.Limit {
-	l := s.cfg.Unowned
-	if l.Window <= 0 {
-		l = DefaultUnownedLimits
-	}
+	l := s.cfg.Unowned.withDefaults()
 	var out []ratelimit.Limit
 	if client != "" {
-		out = append(out, ratelimit.Limit{Name: "unowned-mint-per-address", Key: client, Max: l.PerClient, Window: l.Window})
+		out = append(out, l.PerAddress.Limit("unowned-mint-per-address", client))
 	}
-	out = append(out, ratelimit.Limit{Name: "unowned-mint-per-key", Key: node, Max: l.PerKey, Window: l.Window})
+	out = append(out, l.PerKey.Limit("unowned-mint-per-key", node))
 	for _, a := range agents {
 		if a != node {
-			out = append(out, ratelimit.Limit{Name: "unowned-mint-per-key", Key: a, Max: l.PerKey, Window: l.Window})
+			out = append(out, l.PerKey.Limit("unowned-mint-per-key", a))
 		}
 	}
 	return out
 }
 
-// limitErr turns a ratelimit refusal into 429 with retry_after_ms.
+// limitErr turns a ratelimit refusal into the 429 every store-limited
+// route answers (ratelimit.Refusal).
 func limitErr(err error) error {
 	var ex *ratelimit.Exceeded
 	if !errors.As(err, &ex) {
 		return err
 	}
-	return errs.Newf(errs.RateLimited, "too many node credentials for keys no account owns (%s: %d per %s); retry later, or redeem an agent key (am_) so an account owns them",
-		ex.Limit.Name, ex.Limit.Max, ex.Limit.Window).
-		WithRetryAfter(max(ex.RetryAfter.Milliseconds(), 1))
+	return ratelimit.Refusal(ex, "node credentials for keys no account owns (redeem an agent key, am_, so an account owns them)")
 }
 
 // SweepLimits deletes the rate-limit counters that no longer matter.

@@ -67,7 +67,7 @@ func useAppCreds(t *testing.T, c *cp, out map[string]any) {
 	t.Helper()
 	errCh := make(chan error, 8)
 	nc, err := nats.Connect(c.m.URLs().MeshTCP, nats.UserCredentialBytes([]byte(out["creds"].(string))), nats.MaxReconnects(0),
-		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
+		inboxOption(t, out), nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { errCh <- err }))
 	if err != nil {
 		t.Fatalf("connect with the app credentials: %v", err)
 	}

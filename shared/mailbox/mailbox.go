@@ -27,6 +27,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strconv"
 	"strings"
 	"sync"
@@ -38,6 +39,7 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
 // Name is the worker's name (micro service mesh-mailbox, queue group
@@ -61,7 +63,7 @@ type Limits struct {
 	// agent is not stored until it drains.
 	MaxMsgsPerAgent int64
 	// MaxMsgSize bounds one stored message.
-	MaxMsgSize int32
+	MaxMsgSize int64
 	// MaxAge is how long unread mail is kept.
 	MaxAge time.Duration
 }
@@ -87,6 +89,17 @@ func (l Limits) orDefault() Limits {
 	return d
 }
 
+// Knobs are the operator settings of l (meshd flags, and the same
+// MESH_LIMIT_* variables for meshd and the mailbox worker); each sets its
+// field of l, and its default is the field's value when Knobs is called.
+func (l *Limits) Knobs() []ratelimit.Knob {
+	return []ratelimit.Knob{
+		ratelimit.SizeKnob("limit-mailbox-bytes", "bytes the offline mailboxes hold in all; past it new mail is not stored", 1<<20, &l.MaxBytes),
+		ratelimit.Count64Knob("limit-mailbox-per-agent", "messages one agent's mailbox holds; past it new mail for it is not stored", 1, &l.MaxMsgsPerAgent),
+		ratelimit.SizeKnob("limit-mailbox-message", "largest message a mailbox stores", 1<<10, &l.MaxMsgSize),
+	}
+}
+
 // StreamConfig is the one configuration of the mailbox stream for l.
 // Whoever creates the stream uses exactly this, so copies that
 // create-or-update it concurrently never flip it back and forth.
@@ -104,7 +117,7 @@ func StreamConfig(l Limits) jetstream.StreamConfig {
 		MaxBytes:             l.MaxBytes,
 		MaxAge:               l.MaxAge,
 		MaxMsgsPerSubject:    l.MaxMsgsPerAgent,
-		MaxMsgSize:           l.MaxMsgSize,
+		MaxMsgSize:           int32(min(l.MaxMsgSize, math.MaxInt32)),
 		Storage:              jetstream.FileStorage,
 		Replicas:             1,
 		// No publish acks: a JetStream ack on the inbox subject would race

@@ -121,6 +121,66 @@ func CountKnob(flag, help string, min int, n *int) Knob {
 	}}
 }
 
+// Count64Knob is CountKnob for an int64.
+func Count64Knob(flag, help string, min int64, n *int64) Knob {
+	return Knob{Flag: flag, Env: envName(flag), Default: strconv.FormatInt(*n, 10), Help: help, Set: func(s string) error {
+		v, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+		if err != nil || v < min {
+			return fmt.Errorf("want a whole number of at least %d, not %q", min, s)
+		}
+		*n = v
+		return nil
+	}}
+}
+
+// SizeKnob is the knob of a size in bytes of at least min, written as a
+// whole number of bytes or with a unit: "65536", "64KiB", "1MiB", "1GiB".
+// Its default is *n when called.
+func SizeKnob(flag, help string, min int64, n *int64) Knob {
+	return Knob{Flag: flag, Env: envName(flag), Default: FormatSize(*n), Help: help, Set: func(s string) error {
+		v, err := ParseSize(s)
+		if err != nil || v < min {
+			return fmt.Errorf("want a size of at least %s, such as 64KiB or 1GiB, not %q", FormatSize(min), s)
+		}
+		*n = v
+		return nil
+	}}
+}
+
+// sizeUnits are the units a size may carry, largest first.
+var sizeUnits = []struct {
+	name string
+	n    int64
+}{{"GiB", 1 << 30}, {"MiB", 1 << 20}, {"KiB", 1 << 10}}
+
+// ParseSize reads a size: a whole number of bytes, or one with a KiB, MiB
+// or GiB unit.
+func ParseSize(s string) (int64, error) {
+	s = strings.TrimSpace(s)
+	mul := int64(1)
+	for _, u := range sizeUnits {
+		if rest, ok := strings.CutSuffix(s, u.name); ok {
+			s, mul = strings.TrimSpace(rest), u.n
+			break
+		}
+	}
+	v, err := strconv.ParseInt(s, 10, 64)
+	if err != nil || v < 0 || v > (1<<62)/mul {
+		return 0, fmt.Errorf("not a size: %q", s)
+	}
+	return v * mul, nil
+}
+
+// FormatSize spells n with the largest unit that divides it.
+func FormatSize(n int64) string {
+	for _, u := range sizeUnits {
+		if n > 0 && n%u.n == 0 {
+			return strconv.FormatInt(n/u.n, 10) + u.name
+		}
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // FromEnv sets each knob from its environment variable through getenv,
 // leaving the ones not set at their defaults. An error names the variable.
 func FromEnv(getenv func(string) string, knobs ...Knob) error {

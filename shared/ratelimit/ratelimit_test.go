@@ -231,3 +231,21 @@ func TestSweep(t *testing.T) {
 		t.Fatalf("%d counters left, %v", len(docs), err)
 	}
 }
+
+func TestParseSize(t *testing.T) {
+	for in, want := range map[string]int64{"65536": 65536, "64KiB": 64 << 10, " 1MiB ": 1 << 20, "1GiB": 1 << 30, "0": 0, "3 KiB": 3 << 10} {
+		if got, err := ratelimit.ParseSize(in); err != nil || got != want {
+			t.Errorf("ParseSize(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, bad := range []string{"", "KiB", "1.5MiB", "-1", "1kb", "9223372036854775807GiB"} {
+		if _, err := ratelimit.ParseSize(bad); err == nil {
+			t.Errorf("ParseSize(%q) accepted", bad)
+		}
+	}
+	for n, want := range map[int64]string{64 << 10: "64KiB", 1 << 30: "1GiB", 1000: "1000", 3 << 20: "3MiB", 1536: "1536"} {
+		if got := ratelimit.FormatSize(n); got != want {
+			t.Errorf("FormatSize(%d) = %q, want %q", n, got, want)
+		}
+	}
+}

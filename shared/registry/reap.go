@@ -19,8 +19,9 @@ import (
 // last (re-)registration. A non-sandbox registration is never reclaimed for
 // missed heartbeats. Each reclamation is a compare-and-set delete that
 // re-checks the condition on the current record, so copies reaping at once
-// reclaim (and emit registry.agent_reaped for) each registration once; the
-// mailbox consumer goes with it. It returns how many this call reclaimed.
+// reclaim (and emit registry.agent_reaped for) each registration once (the
+// mailbox worker's sweep purges the mail of keys left with no
+// registration). It returns how many this call reclaimed.
 func (w *Worker) Reap(ctx context.Context) (int, error) {
 	recs, err := w.records(ctx)
 	if err != nil {
