@@ -17,6 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
 // vouchedManifest is a manifest for agent hosted on node, vouched for a day.
@@ -45,7 +46,7 @@ func TestMailboxSurvivesHostileRegistrations(t *testing.T) {
 	}
 	const agents = 2048 // 8 attackers × 16 nodes × 16 agents
 	c := startCP(t, func(cfg *devenv.Config) {
-		cfg.Unowned = credential.UnownedLimits{PerClient: agents, PerKey: 10, Window: time.Hour}
+		cfg.Unowned = credential.UnownedLimits{PerAddress: ratelimit.Rate{Max: agents, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 10, Window: time.Hour}}
 	})
 	svc, err := c.m.ConnectService("test-observer")
 	if err != nil {
@@ -212,7 +213,7 @@ func TestBootstrapNeedsProofForAKeyWithHistory(t *testing.T) {
 // 429 with retry_after_ms, and an owned roster is not counted.
 func TestUnownedMintsAreLimited(t *testing.T) {
 	c := startCP(t, func(cfg *devenv.Config) {
-		cfg.Unowned = credential.UnownedLimits{PerClient: 6, PerKey: 2, Window: time.Hour}
+		cfg.Unowned = credential.UnownedLimits{PerAddress: ratelimit.Rate{Max: 6, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 2, Window: time.Hour}}
 	})
 	// Per key: the same node renews twice, the third is refused.
 	node, agent := newNode(t), newAgent(t)
