@@ -530,17 +530,33 @@ func (w *Worker) switchMailbox(ctx context.Context, agent, want string) error {
 	if want == mailbox.BoxOpen {
 		src = guarded
 	}
-	// Waiting mail keeps its delivery.
-	if err := w.moveMail(ctx, src, dst(src, open, guarded), 1, last); err != nil {
+	to := dst(src, open, guarded)
+	before, err := storedOn(ctx, stream, to)
+	if err != nil {
 		return err
 	}
-	// On guard, what was on the open inbox has moved; on unguard, what
-	// reached the open inbox while guarded is dropped before the agent can
-	// read it. Either way the open inbox is empty up to the switch, and on
-	// unguard the guarded one too (its mail has moved).
-	purge := []string{open}
+	// Waiting mail keeps its delivery.
+	moved, err := w.moveMail(ctx, src, to, 1, last)
+	if err != nil {
+		return err
+	}
+	// The stream discards new mail past its bounds (per box and in all), so
+	// the copies are counted before their originals go: a box that could not
+	// take them all keeps its originals, and the agent's journal drops
+	// whatever it then reads twice.
+	carried := moved == 0 || waitStored(ctx, stream, to, before+uint64(moved))
+	if !carried {
+		w.svc.Log.Warn("mailbox switch: the other box did not take every copy; the originals stay", "agent", agent, "moved", moved)
+	}
+	// On unguard, what reached the open inbox while guarded is dropped
+	// before the agent can read it; the box the mail moved from is emptied
+	// up to the switch once every copy is stored.
+	var purge []string
 	if want == mailbox.BoxOpen {
-		purge = append(purge, guarded)
+		purge = append(purge, open)
+	}
+	if carried {
+		purge = append(purge, src)
 	}
 	for _, subj := range purge {
 		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(last+1)); err != nil {
@@ -548,6 +564,31 @@ func (w *Worker) switchMailbox(ctx context.Context, agent, want string) error {
 		}
 	}
 	return nil
+}
+
+// storedOn is how many messages the stream holds on subject.
+func storedOn(ctx context.Context, stream jetstream.Stream, subject string) (uint64, error) {
+	info, err := stream.Info(ctx, jetstream.WithSubjectFilter(subject))
+	if err != nil {
+		return 0, fmt.Errorf("mailbox stream info: %w", err)
+	}
+	return info.State.Subjects[subject], nil
+}
+
+// waitStored waits (a few seconds at most) until the stream holds at least
+// n messages on subject: a no-ack stream stores what it is sent
+// asynchronously.
+func waitStored(ctx context.Context, stream jetstream.Stream, subject string, n uint64) bool {
+	deadline := time.Now().Add(3 * time.Second)
+	for {
+		if got, err := storedOn(ctx, stream, subject); err == nil && got >= n {
+			return true
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
 }
 
 // dst is the other one of open and guarded.
@@ -561,42 +602,44 @@ func dst(src, open, guarded string) string {
 // moveMail republishes the messages stored on subject src with sequence in
 // [from, to] onto dst, unchanged (they are signed envelopes). The copies are
 // deduplicated by the stream on moved:<dst>:<sequence>.
-func (w *Worker) moveMail(ctx context.Context, src, dst string, from, to uint64) error {
+func (w *Worker) moveMail(ctx context.Context, src, dst string, from, to uint64) (int, error) {
 	if to < from {
-		return nil
+		return 0, nil
 	}
 	cons, err := w.svc.JS.OrderedConsumer(ctx, protocol.MailboxStream, jetstream.OrderedConsumerConfig{
 		FilterSubjects: []string{src}, DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: from})
 	if err != nil {
-		return fmt.Errorf("mailbox: read %s: %w", src, err)
+		return 0, fmt.Errorf("mailbox: read %s: %w", src, err)
 	}
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
-		return nil
+		return 0, nil
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(100))
 	if err != nil {
-		return fmt.Errorf("mailbox: read %s: %w", src, err)
+		return 0, fmt.Errorf("mailbox: read %s: %w", src, err)
 	}
 	defer it.Stop()
+	moved := 0
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
-			return fmt.Errorf("mailbox: read %s: %w", src, err)
+			return moved, fmt.Errorf("mailbox: read %s: %w", src, err)
 		}
 		meta, err := m.Metadata()
 		if err != nil {
-			return fmt.Errorf("mailbox: read %s: %w", src, err)
+			return moved, fmt.Errorf("mailbox: read %s: %w", src, err)
 		}
 		if meta.Sequence.Stream > to {
-			return nil
+			return moved, w.svc.NC.FlushWithContext(ctx)
 		}
 		msg := &nats.Msg{Subject: dst, Data: m.Data(), Header: nats.Header{}}
 		msg.Header.Set(nats.MsgIdHdr, fmt.Sprintf("moved:%s:%d", dst, meta.Sequence.Stream))
 		if err := w.svc.NC.PublishMsg(msg); err != nil {
-			return fmt.Errorf("mailbox: move to %s: %w", dst, err)
+			return moved, fmt.Errorf("mailbox: move to %s: %w", dst, err)
 		}
+		moved++
 		if meta.Sequence.Stream >= to || meta.NumPending == 0 {
-			return w.svc.NC.FlushWithContext(ctx)
+			return moved, w.svc.NC.FlushWithContext(ctx)
 		}
 	}
 }

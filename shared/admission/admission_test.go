@@ -135,9 +135,13 @@ func (h *harness) record(agent string) (admission.Record, bool) {
 
 // mailbox runs the mailbox worker, which makes the stream and reads the
 // box the stored guard names.
-func (h *harness) mailbox() {
+func (h *harness) mailbox(limits ...mailbox.Limits) {
 	h.t.Helper()
-	w, err := mailbox.Start(h.t.Context(), bustest.Env(h.t, h.m, "mailbox", nil), mailbox.Config{})
+	var cfg mailbox.Config
+	if len(limits) > 0 {
+		cfg.Limits = limits[0]
+	}
+	w, err := mailbox.Start(h.t.Context(), bustest.Env(h.t, h.m, "mailbox", nil), cfg)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -811,5 +815,48 @@ func TestGuardSwitchCarriesTheMailbox(t *testing.T) {
 	after := publish(protocol.InboxSubject(a), stranger)
 	if got := pull(); len(got) != 1 || got[0] != after {
 		t.Fatalf("after the unguard, new mail: %v", got)
+	}
+}
+
+// A switch whose other box cannot take the mail (it is full: the stream
+// discards new mail per box) leaves the originals where they are instead of
+// purging them.
+func TestGuardSwitchKeepsWhatTheOtherBoxRefuses(t *testing.T) {
+	h := start(t, admission.Config{})
+	agent, owner, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	h.mailbox(mailbox.Limits{MaxMsgsPerAgent: 2})
+	stream, err := h.js.Stream(t.Context(), protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stored := func(subject string) uint64 {
+		t.Helper()
+		info, err := stream.Info(t.Context(), jetstream.WithSubjectFilter(subject))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.State.Subjects[subject]
+	}
+	publish := func(subject string) {
+		t.Helper()
+		before := stored(subject)
+		data, _ := signedRequest(t, stranger, a)
+		if err := h.nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); stored(subject) == before; time.Sleep(5 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("the stream never stored a message on %s", subject)
+			}
+		}
+	}
+	// The guarded box is full; one message waits on the open one.
+	publish(protocol.GuardedInboxSubject(a))
+	publish(protocol.GuardedInboxSubject(a))
+	publish(protocol.InboxSubject(a))
+	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, nil)})
+	if got := stored(protocol.InboxSubject(a)); got != 1 {
+		t.Fatalf("the open box holds %d messages after a switch its copy could not make, want 1", got)
 	}
 }
