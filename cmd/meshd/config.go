@@ -103,9 +103,11 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 		for _, s := range settings {
 			fmt.Fprintf(w, "  --%s\n      %s\n      env %s, default %q\n", s.flag, s.help, s.env, s.def)
 		}
-		fmt.Fprint(w, "\nLimits against floods (docs/control-plane.md). A rate is <count>/<window>, a sliding\n"+
-			"window such as 20/1h; a client address is an IPv4 address or an IPv6 /64, its network\n"+
-			"the /24 or /48. Over a limit the answer is 429 with retry_after_ms.\n\n")
+		fmt.Fprint(w, "\nLimits (docs/security.md lists them all). A rate is <count>/<window>, a sliding\n"+
+			"window such as 20/1h; a size is bytes or 64KiB, 1MiB, 1GiB; a client address is an\n"+
+			"IPv4 address or an IPv6 /64, its network the /24 or /48. Over a rate the answer is 429\n"+
+			"with retry_after_ms. The guest and unowned classes bound what guests and keys no\n"+
+			"account owns may do on the bus; the mailbox ones what offline mail may take.\n\n")
 		for _, s := range limits {
 			fmt.Fprintf(w, "  --%s\n  %-12s %s\n  %-12s env %s, default %q\n", s.flag, "", s.help, "", s.env, s.def)
 		}
