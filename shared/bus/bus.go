@@ -330,3 +330,21 @@ func (c *Caller) Call(ctx context.Context, subject string, typ protocol.Type, pa
 	m, _ := v.(map[string]any)
 	return m, nil
 }
+
+// Every calls f every d until ctx ends, each call with a context that ends
+// after d at most: the loop of a worker's periodic job (reaping, sweeping).
+// It returns when ctx ends.
+func Every(ctx context.Context, d time.Duration, f func(ctx context.Context)) {
+	t := time.NewTicker(d)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fctx, cancel := context.WithTimeout(ctx, d)
+			f(fctx)
+			cancel()
+		}
+	}
+}

@@ -5,34 +5,25 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
 // sweepLoop runs Sweep every SweepEvery until Start's ctx ends or Stop.
 func (w *Worker) sweepLoop(ctx context.Context) {
 	defer w.done.Done()
-	t := time.NewTicker(w.cfg.SweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			sctx, cancel := context.WithTimeout(ctx, w.cfg.SweepEvery)
-			if n, err := w.Sweep(sctx); err != nil {
-				if ctx.Err() == nil {
-					w.log.Warn("mailbox sweep", "err", err, "purged", n)
-				}
-			} else if n > 0 {
-				w.log.Info("mailbox sweep purged mail nobody will read", "subjects", n)
+	bus.Every(ctx, w.cfg.SweepEvery, func(sctx context.Context) {
+		if n, err := w.Sweep(sctx); err != nil {
+			if ctx.Err() == nil {
+				w.log.Warn("mailbox sweep", "err", err, "purged", n)
 			}
-			cancel()
+		} else if n > 0 {
+			w.log.Info("mailbox sweep purged mail nobody will read", "subjects", n)
 		}
-	}
+	})
 }
 
 // Sweep purges the mail nobody will read: every inbox subject whose agent

@@ -154,22 +154,13 @@ func (w *Worker) Stop() error {
 // reapLoop runs Reap every ReapEvery until Start's ctx ends or Stop.
 func (w *Worker) reapLoop(ctx context.Context) {
 	defer w.done.Done()
-	t := time.NewTicker(w.cfg.ReapEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			rctx, cancel := context.WithTimeout(ctx, w.cfg.ReapEvery)
-			if n, err := w.Reap(rctx); err != nil {
-				w.log.Warn("reap", "err", err, "reaped", n)
-			} else if n > 0 {
-				w.log.Info("reaped registrations", "count", n)
-			}
-			cancel()
+	bus.Every(ctx, w.cfg.ReapEvery, func(ctx context.Context) {
+		if n, err := w.Reap(ctx); err != nil {
+			w.log.Warn("reap", "err", err, "reaped", n)
+		} else if n > 0 {
+			w.log.Info("reaped registrations", "count", n)
 		}
-	}
+	})
 }
 
 // optionalBucket is a bucket another worker owns, bound through
