@@ -235,6 +235,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err := env.NC.Flush(); err != nil {
 		return fail(fmt.Errorf("%s: flush: %w", Name, err))
 	}
+	w.warnWhenFull(ctx)
 	loopCtx, cancel := context.WithCancel(ctx)
 	w.cancel = cancel
 	w.done.Add(1)

@@ -313,6 +313,10 @@ func TestStreamLimitsRefuseTheOverflow(t *testing.T) {
 	if h.stored(first) != 1 || h.stored(protocol.InboxSubject(victim)) != 3 {
 		t.Fatal("the flood evicted mail stored before it")
 	}
+	// The broker refuses silently; the worker says so.
+	if !h.ws[0].WarnWhenFull(t.Context()) {
+		t.Fatal("a full mailbox stream was not reported")
+	}
 	t.Logf("stream after the flood: %d messages, %.1f MiB", info.State.Msgs, float64(info.State.Bytes)/mib)
 }
 

@@ -16,6 +16,7 @@ import (
 func (w *Worker) sweepLoop(ctx context.Context) {
 	defer w.done.Done()
 	bus.Every(ctx, w.cfg.SweepEvery, func(sctx context.Context) {
+		w.warnWhenFull(sctx)
 		if n, err := w.Sweep(sctx); err != nil {
 			if ctx.Err() == nil {
 				w.log.Warn("mailbox sweep", "err", err, "purged", n)
@@ -24,6 +25,26 @@ func (w *Worker) sweepLoop(ctx context.Context) {
 			w.log.Info("mailbox sweep purged mail nobody will read", "subjects", n)
 		}
 	})
+}
+
+// fullAt is the share of its byte bound past which the stream is reported
+// as filling: past the bound, new mail is refused without a word from the
+// broker (the stream takes no-ack publishes), so the operator hears it here.
+const fullAt = 0.9
+
+// warnWhenFull logs a warning when the stream holds more than fullAt of
+// its byte bound. It reports whether it did.
+func (w *Worker) warnWhenFull(ctx context.Context) bool {
+	info, err := w.stream.Info(ctx)
+	if err != nil || info.Config.MaxBytes <= 0 {
+		return false
+	}
+	if share := float64(info.State.Bytes) / float64(info.Config.MaxBytes); share >= fullAt {
+		w.log.Warn("the mailbox stream is nearly full: past its bound, new offline mail is not stored (raise --limit-mailbox-bytes, or see who fills it)",
+			"bytes", info.State.Bytes, "max_bytes", info.Config.MaxBytes, "messages", info.State.Msgs, "full_pct", int(share*100))
+		return true
+	}
+	return false
 }
 
 // Sweep purges the mail nobody will read: every inbox subject whose agent
