@@ -77,6 +77,12 @@ func TestCheckIDIsFirestoresRule(t *testing.T) {
 		_, err := d.Set(t.Context(), map[string]any{"v": 1})
 		return err
 	}
+	// Google's emulator refuses what Firestore refuses; the npm emulator
+	// CI falls back to (DEPENDENCIES.md) stores any id, so there the rule
+	// cannot be compared.
+	if set("..") == nil {
+		t.Skip("skipped: this emulator stores the id \"..\", which Firestore refuses: it does not enforce Firestore's id rule (the npm emulator; run with Google's to compare)")
+	}
 	for _, id := range storetest.BadIDs {
 		if set(id) == nil {
 			t.Errorf("Firestore takes %.20q, which store.CheckID refuses", id)
