@@ -26,7 +26,6 @@ import (
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
-	"github.com/nats-io/nuid"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -531,6 +530,15 @@ func (w *Worker) switchMailbox(ctx context.Context, agent, want string) error {
 		src = guarded
 	}
 	to := dst(src, open, guarded)
+	if want == mailbox.BoxOpen {
+		// Unguard: what reached the open inbox while guarded (blocked and
+		// held senders, copies of what was relayed) is dropped first, so
+		// that it neither reaches the agent nor takes the room the relayed
+		// mail moving there needs.
+		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(open), jetstream.WithPurgeSequence(last+1)); err != nil {
+			return fmt.Errorf("mailbox of %s: purge %s: %w", agent, open, err)
+		}
+	}
 	before, err := storedOn(ctx, stream, to)
 	if err != nil {
 		return err
@@ -542,26 +550,15 @@ func (w *Worker) switchMailbox(ctx context.Context, agent, want string) error {
 	}
 	// The stream discards new mail past its bounds (per box and in all), so
 	// the copies are counted before their originals go: a box that could not
-	// take them all keeps its originals, and the agent's journal drops
-	// whatever it then reads twice.
-	carried := moved == 0 || waitStored(ctx, stream, to, before+uint64(moved))
-	if !carried {
+	// take them all keeps its originals (the mailbox worker reads the box
+	// the mail was carried to, and the agent's journal drops whatever it
+	// reads twice).
+	if moved > 0 && !waitStored(ctx, stream, to, before+uint64(moved)) {
 		w.svc.Log.Warn("mailbox switch: the other box did not take every copy; the originals stay", "agent", agent, "moved", moved)
+		return nil
 	}
-	// On unguard, what reached the open inbox while guarded is dropped
-	// before the agent can read it; the box the mail moved from is emptied
-	// up to the switch once every copy is stored.
-	var purge []string
-	if want == mailbox.BoxOpen {
-		purge = append(purge, open)
-	}
-	if carried {
-		purge = append(purge, src)
-	}
-	for _, subj := range purge {
-		if err := stream.Purge(ctx, jetstream.WithPurgeSubject(subj), jetstream.WithPurgeSequence(last+1)); err != nil {
-			return fmt.Errorf("mailbox of %s: purge %s: %w", agent, subj, err)
-		}
+	if err := stream.Purge(ctx, jetstream.WithPurgeSubject(src), jetstream.WithPurgeSequence(last+1)); err != nil {
+		return fmt.Errorf("mailbox of %s: purge %s: %w", agent, src, err)
 	}
 	return nil
 }
@@ -811,6 +808,15 @@ func (w *Worker) onInbox(msg *nats.Msg) {
 	if !ok {
 		return
 	}
+	if msg.Reply != "" && !protocol.IsClientReplySubject(msg.Reply) {
+		// Every answer of this worker (the relayed answers, the queued ack,
+		// a busy refusal) goes to the reply subject with the services'
+		// rights: one that names no client's replies ($KV., $JS.API., an
+		// inbox) is dropped, and the request served as one without a reply.
+		m := *msg
+		m.Reply = ""
+		msg = &m
+	}
 	ctx, cancel := context.WithTimeout(w.ctx, 5*time.Second)
 	c, err := w.lookup(ctx, agent)
 	cancel()
@@ -962,8 +968,10 @@ func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
 	}
 	// The agent answers under the relay's own reply prefix: clients may
 	// publish there (to answer) but never subscribe it, and it is not the
-	// services' prefix, which clients may not touch at all.
-	out.Reply = protocol.RelayReplyPrefix + "." + nuid.Next()
+	// services' prefix, which clients may not touch at all. The token is
+	// random, not a nuid (whose next values two observed ones give away),
+	// since any client may publish under the prefix.
+	out.Reply = protocol.RelayReplyPrefix + "." + protocol.RandomToken()
 	sub, err := nc.SubscribeSync(out.Reply)
 	if err != nil {
 		w.svc.Log.Warn("admission relay", "agent", agent, "err", err)

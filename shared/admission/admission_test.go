@@ -42,6 +42,8 @@ type harness struct {
 	held    jetstream.KeyValue
 	reg     jetstream.KeyValue
 	workers []*admission.Worker
+	// clientNC is client's connection, made when first needed.
+	clientNC *nats.Conn
 }
 
 // start runs a mesh with a registry bucket and three copies of the worker,
@@ -148,13 +150,28 @@ func (h *harness) mailbox(limits ...mailbox.Limits) {
 	h.t.Cleanup(func() { _ = w.Stop() })
 }
 
+// client is a connection whose replies arrive under a client's private
+// prefix, the only kind the mailbox answers a fetch on.
+func (h *harness) client() *nats.Conn {
+	h.t.Helper()
+	if h.clientNC == nil {
+		nc, err := h.m.ConnectService("test-client", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix("Utest")))
+		if err != nil {
+			h.t.Fatal(err)
+		}
+		h.t.Cleanup(nc.Close)
+		h.clientNC = nc
+	}
+	return h.clientNC
+}
+
 // fetch reads agent's mail as its node would: the box it came from and
 // the messages in order.
 func (h *harness) fetch(agent *keys.Agent) (string, []mailbox.Mail) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
 	defer cancel()
-	mail, res, err := mailbox.Fetch(ctx, h.nc, agent, 0, mailbox.MaxFetch)
+	mail, res, err := mailbox.Fetch(ctx, h.client(), agent, 0, mailbox.MaxFetch)
 	if err != nil {
 		h.t.Fatal(err)
 	}
@@ -176,7 +193,7 @@ func (h *harness) drain(agent *keys.Agent) []string {
 	if len(mail) > 0 {
 		ctx, cancel := context.WithTimeout(h.t.Context(), 5*time.Second)
 		defer cancel()
-		if err := mailbox.Ack(ctx, h.nc, agent, box, mail[len(mail)-1].Seq+1, nil); err != nil {
+		if err := mailbox.Ack(ctx, h.client(), agent, box, mail[len(mail)-1].Seq+1, nil); err != nil {
 			h.t.Fatal(err)
 		}
 	}
@@ -360,7 +377,9 @@ func signedRequest(t *testing.T, from *keys.Agent, to string) ([]byte, *protocol
 // until one is not an accept, or wait passes with nothing new.
 func send(t *testing.T, nc *nats.Conn, agent string, data []byte, wait time.Duration) []*protocol.Envelope {
 	t.Helper()
-	inbox := nc.NewRespInbox()
+	// A client's reply subject (the harness connection is a service's,
+	// whose own prefix the admission service does not answer on).
+	inbox := protocol.PrivateInboxPrefix("Utest") + "." + protocol.RandomToken()
 	sub, err := nc.SubscribeSync(inbox)
 	if err != nil {
 		t.Fatal(err)
@@ -858,5 +877,45 @@ func TestGuardSwitchKeepsWhatTheOtherBoxRefuses(t *testing.T) {
 	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, nil)})
 	if got := stored(protocol.InboxSubject(a)); got != 1 {
 		t.Fatalf("the open box holds %d messages after a switch its copy could not make, want 1", got)
+	}
+}
+
+// Unguarding with the open inbox full of what blocked senders sent (it
+// holds at most MaxMsgsPerAgent): that mail is dropped first, so the
+// relayed mail moving there has room and is read (review finding: it was
+// discarded, and the guarded originals purged).
+func TestUnguardMakesRoomForTheRelayedMail(t *testing.T) {
+	h := start(t, admission.Config{})
+	agent, owner, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	h.mailbox(mailbox.Limits{MaxMsgsPerAgent: 2})
+	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, nil)})
+	stream, err := h.js.Stream(t.Context(), protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	publish := func(subject string) string {
+		t.Helper()
+		data, env := signedRequest(t, stranger, a)
+		if err := h.nc.Publish(subject, data); err != nil {
+			t.Fatal(err)
+		}
+		for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(5 * time.Millisecond) {
+			if m, err := stream.GetLastMsgForSubject(t.Context(), subject); err == nil && bytes.Equal(m.Data, data) {
+				return env.ID
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("the stream never stored %s", env.ID)
+			}
+		}
+	}
+	publish(protocol.InboxSubject(a)) // blocked
+	publish(protocol.InboxSubject(a)) // blocked: the open inbox is full
+	relayed := publish(protocol.GuardedInboxSubject(a))
+	if _, err := h.call(agent, protocol.SubjAdmissionUnguard, map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	if got := h.drain(agent); len(got) != 1 || got[0] != relayed {
+		t.Fatalf("after the unguard the agent read %v, want the relayed %s", got, relayed)
 	}
 }

@@ -63,6 +63,9 @@ type Tombstone struct {
 type hosts struct {
 	AgentID string   `json:"agent_id"`
 	Keys    []string `json:"keys"`
+	// owner is the account that owns the agent, as standing read it (not
+	// stored).
+	owner string
 }
 
 // Mint is the record every minted credential leaves (spec §4.6: "every

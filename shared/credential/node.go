@@ -122,11 +122,15 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		if err != nil {
 			return err
 		}
+		// One key no account owns makes the roster unowned: an account
+		// holder must not lift every limit from fifteen fresh keys by
+		// adding one agent of its own (review finding).
+		unowned := accountID == "" || slices.ContainsFunc(hs, func(h hosts) bool { return h.owner == "" })
 		rev, err := revokedAt(tx, r.NodeID)
 		if err != nil {
 			return err
 		}
-		if accountID == "" {
+		if unowned {
 			// No account vouches for these keys, and anyone can make keys:
 			// count the mint against the caller's address, the node and
 			// each agent (docs/security.md). Take reads, then writes: every
@@ -135,7 +139,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 				return limitErr(err)
 			}
 		}
-		tok, err := s.mint(mintSpec{kind: creds.KindNode, key: r.NodeID, name: "node", hosted: ids, expires: expires, revokedAt: rev, shared: !r.PrivateInbox, class: classOf(accountID)})
+		tok, err := s.mint(mintSpec{kind: creds.KindNode, key: r.NodeID, name: "node", hosted: ids, expires: expires, revokedAt: rev, shared: !r.PrivateInbox && !unowned, class: classOf(unowned)})
 		if err != nil {
 			return err
 		}
@@ -196,6 +200,9 @@ func standing(tx store.Tx, ids []string) (string, []hosts, error) {
 		if _, err := getOptional(tx, CollHosts, id, &hs[i]); err != nil {
 			return "", nil, err
 		}
+		if known {
+			hs[i].owner = a.AccountID
+		}
 	}
 	if len(accounts) > 1 {
 		return "", nil, errs.New(errs.Conflict, "roster spans two accounts; mint one credential per account")
@@ -212,10 +219,12 @@ func standing(tx store.Tx, ids []string) (string, []hosts, error) {
 	return owner, hs, nil
 }
 
-// classOf is the fence class of a node credential for a roster owned by
-// accountID: unowned when no account owns it.
-func classOf(accountID string) string {
-	if accountID == "" {
+// classOf is the fence class of a node credential: unowned when a key of
+// its roster has no owning account. Such a credential also never gets the
+// shared _INBOX.> grant: anyone can make keys, and the shared space holds
+// every upstream client's replies.
+func classOf(unowned bool) string {
+	if unowned {
 		return creds.ClassUnowned
 	}
 	return ""

@@ -68,6 +68,14 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		{"publish", protocol.SubjMailboxKnown},
 		{"subscribe", protocol.SubjMailboxFetch},
 	}
+	// No client joins a queue group: the workers' are public names, and a
+	// member would take a share of their traffic (review finding).
+	common = append(common,
+		forbidden{"queue:mesh-tasks-updates", "mesh.task.*.update"},
+		forbidden{"queue:mesh-tasks", "mesh.task.get.*"},
+		forbidden{"queue:mesh-feeds", "mesh.feed.*.*"},
+		forbidden{"queue:anything", "mesh.event.>"},
+	)
 	// What a credential without the shared grant is refused on top.
 	private := []forbidden{{"subscribe", protocol.SharedInboxSpace}, {"subscribe", "_INBOX.abc.1"}}
 
@@ -469,7 +477,7 @@ func TestRevokedNodeIsCutOffAndRemintable(t *testing.T) {
 
 // forbidden is one act the broker must refuse.
 type forbidden struct {
-	op      string // "publish" or "subscribe"
+	op      string // "publish", "subscribe" or "queue:<group>"
 	subject string
 }
 
@@ -583,6 +591,11 @@ func (w *watched) refuse(t *testing.T, acts []forbidden) {
 			verb = "Subscription to"
 			_, err = w.SubscribeSync(a.subject)
 		default:
+			if q, ok := strings.CutPrefix(a.op, "queue:"); ok {
+				verb = "Subscription to"
+				_, err = w.QueueSubscribeSync(a.subject, q)
+				break
+			}
 			t.Fatalf("unknown op %q", a.op)
 		}
 		if err != nil {

@@ -117,7 +117,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "_MESH_INBOX." + nodeKey + ".>",
 	}
 	wantPubDeny := []string{"$KV.>", "mesh.peer.>", "mesh.aclroom.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>"}
-	wantSubDeny := append(slices.Clone(wantPubDeny), "_MESH_RELAY.>")
+	wantSubDeny := append(slices.Clone(wantPubDeny), "_MESH_RELAY.>", "> >")
 
 	for _, shared := range []bool{false, true} {
 		p := NodePermissions(ag[:2], Replies{Key: nodeKey, Shared: shared})
@@ -276,6 +276,7 @@ func TestGuardRefuses(t *testing.T) {
 		{"guest without $JS deny", KindGuest, []string{a}, with(guest, func(p *Permissions) { p.PubDeny = drop(p.PubDeny, "$JS.>") }), RuleDenies, "$JS.>"},
 		{"node without the services' reply deny", KindNode, roster, with(node, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, "_MESH_SVC.>") }), RuleDenies, "_MESH_SVC.>"},
 		{"node reading the relay's replies", KindNode, roster, with(node, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, "_MESH_RELAY.>") }), RuleDenies, "_MESH_RELAY.>"},
+		{"guest joining queue groups", KindGuest, []string{a}, with(guest, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, "> >") }), RuleDenies, "> >"},
 		{"narrower deny is not the deny", KindNode, roster, with(node, func(p *Permissions) {
 			p.PubDeny = append(drop(p.PubDeny, "$KV.>"), "$KV.mesh_registry.>")
 		}), RuleDenies, "$KV.>"},

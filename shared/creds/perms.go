@@ -121,9 +121,16 @@ func MeshDenies() []string {
 	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace)
 }
 
+// denyQueues denies every queue subscription ("<subject> <queue>", both
+// wildcards): no client needs one, and the workers' queue groups
+// (mesh-tasks, mesh-feeds, ...) are public names, so a client joining one
+// would take a share of the traffic meant for the workers (task updates,
+// feed publishes, the outbox taps) and drop it.
+const denyQueues = "> >"
+
 // subDenies are MeshDenies plus the relay reply space, which clients
-// publish answers to and never read.
-func subDenies() []string { return append(MeshDenies(), protocol.RelayReplySpace) }
+// publish answers to and never read, and every queue subscription.
+func subDenies() []string { return append(MeshDenies(), protocol.RelayReplySpace, denyQueues) }
 
 // Replies says where a credential's connection receives replies.
 type Replies struct {

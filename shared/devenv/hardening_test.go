@@ -2,16 +2,20 @@ package devenv_test
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -266,6 +270,14 @@ func TestSharedInboxGetsNothingConfidential(t *testing.T) {
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	node, requester, responder := newNode(t), newAgent(t), newAgent(t)
+	// An account owns both (a roster no account owns never gets the shared
+	// grant).
+	acct, _ := c.signIn("ana@example.org")
+	for i, a := range []*keys.Agent{requester, responder} {
+		if st, out := c.post("/v1/bootstrap", bootstrapBody(c.agentKey(acct, fmt.Sprintf("agent%d", i)), a), ""); st != 200 {
+			t.Fatalf("bootstrap: %d %v", st, out)
+		}
+	}
 	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{requester, responder}, time.Now().Unix()), "")
 	if st != 200 {
 		t.Fatalf("node: %d %v", st, out)
@@ -336,5 +348,137 @@ func TestSharedInboxGetsNothingConfidential(t *testing.T) {
 	}
 	if _, _, err := mailbox.Fetch(ctx, private, requester, 0, 10); err != nil {
 		t.Fatalf("a mailbox fetch on the private prefix: %v", err)
+	}
+}
+
+// TestAdmissionAnswersOnlyClientReplySubjects: the admission service
+// answers a request to a guarded agent (the relayed answers, the queued
+// ack) on the request's reply subject with the services' rights. A guest
+// naming a key-value subject or a JetStream API subject as its reply must
+// not make it write there (review finding: a blocked guest wrote a
+// services-signed record into mesh_registry, and a purge emptied the
+// mailbox stream).
+func TestAdmissionAnswersOnlyClientReplySubjects(t *testing.T) {
+	c := startCP(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	// A guarded agent on its node.
+	node, g := newNode(t), newAgent(t)
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{g}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("node: %d %v", st, out)
+	}
+	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	if _, err := bus.Call(ctx, nc, g, protocol.SubjAdmissionGuard, protocol.TypeRequest, "", map[string]any{}); err != nil {
+		t.Fatalf("guard: %v", err)
+	}
+	// Mail already waiting for someone, and a registry the attacker wants
+	// to write into.
+	svc, err := c.m.ConnectService("test-observer")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Close()
+	js, _ := jetstream.New(svc)
+	victim := newAgent(t).Public()
+	if err := svc.Publish(protocol.InboxSubject(victim), []byte("waiting mail")); err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the waiting mail", func() bool {
+		_, err := stream.GetLastMsgForSubject(ctx, protocol.InboxSubject(victim))
+		return err == nil
+	})
+
+	// A guest (anonymous: the admission service blocks it) sends to the
+	// guarded agent with replies pointing at the registry and the stream API.
+	st, grant := c.post("/v1/guest", nil, "")
+	if st != 200 {
+		t.Fatalf("guest: %d %v", st, grant)
+	}
+	gk, _ := keys.FromSeed[keys.AgentRole]([]byte(grant["seed"].(string)))
+	gnc, err := c.connectJWT(grant["jwt"].(string), gk, nil, nats.CustomInboxPrefix(grant["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer gnc.Close()
+	for _, reply := range []string{"$KV.mesh_registry." + victim, "$JS.API.STREAM.PURGE." + protocol.MailboxStream} {
+		e, _ := protocol.New(protocol.TypeRequest, gk.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "hi"}})
+		_ = e.Sign(gk)
+		data, _ := e.Marshal()
+		if err := gnc.PublishRequest(protocol.InboxSubject(g.Public()), reply, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_ = gnc.Flush()
+	time.Sleep(500 * time.Millisecond) // what the admission service would do, it has done
+	reg, err := js.KeyValue(ctx, "mesh_registry")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if e, err := reg.Get(ctx, victim); err == nil {
+		t.Fatalf("the admission service wrote the registry: %s", e.Value())
+	}
+	if _, err := stream.GetLastMsgForSubject(ctx, protocol.InboxSubject(victim)); err != nil {
+		t.Fatalf("the waiting mail is gone: %v", err)
+	}
+}
+
+// TestMixedRosterIsUnowned (review finding): a roster with one agent an
+// account owns and fresh keys is unowned for the limits, the fence class
+// and the shared inbox; a roster the account owns whole is not.
+func TestMixedRosterIsUnowned(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) {
+		cfg.Unowned = credential.UnownedLimits{PerAddress: ratelimit.Rate{Max: 100, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 1, Window: time.Hour}}
+	})
+	acct, _ := c.signIn("ana@example.org")
+	owned := newAgent(t)
+	if st, out := c.post("/v1/bootstrap", bootstrapBody(c.agentKey(acct, "mine"), owned), ""); st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, out)
+	}
+	classOf := func(out map[string]any) (string, bool) {
+		t.Helper()
+		uc, err := jwt.DecodeUserClaims(out["jwt"].(string))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return creds.ClassOfTags(uc.Tags), slices.Contains(uc.Sub.Allow, protocol.SharedInboxSpace)
+	}
+	fresh := newAgent(t)
+	node := newNode(t)
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{owned, fresh}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("mixed roster: %d %v", st, out)
+	}
+	if class, shared := classOf(out); class != creds.ClassUnowned || shared {
+		t.Fatalf("mixed roster: class %q, shared inbox %v", class, shared)
+	}
+	// Counted per key: the fresh key's second mint is refused.
+	if st, out := c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{owned, fresh}, time.Now().Unix()), ""); st != 429 {
+		t.Fatalf("the fresh key minted again: %d %v", st, out)
+	}
+	// The account's own agent alone: unclassed, and the shared inbox for
+	// an upstream SDK.
+	st, out = c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{owned}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("owned roster: %d %v", st, out)
+	}
+	if class, shared := classOf(out); class != "" || !shared {
+		t.Fatalf("owned roster: class %q, shared inbox %v", class, shared)
+	}
+	// A roster no account owns never gets the shared inbox.
+	st, out = c.post("/v1/node-credential", nodeRequest(newNode(t), []*keys.Agent{newAgent(t)}, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("unowned roster: %d %v", st, out)
+	}
+	if class, shared := classOf(out); class != creds.ClassUnowned || shared {
+		t.Fatalf("unowned roster: class %q, shared inbox %v", class, shared)
 	}
 }

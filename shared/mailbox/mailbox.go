@@ -298,10 +298,15 @@ func subjectOf(agent, box string) string {
 // admissionRecord is the part of a mesh_admission entry the worker reads.
 type admissionRecord struct {
 	Guarded bool `json:"guarded"`
+	// Box is where the admission service last carried the agent's mail.
+	Box string `json:"box"`
 }
 
-// box says where agent's mail is read from: its guarded inbox while the
-// admission service guards it, else its open inbox.
+// box says where agent's mail is read from: the box the admission service
+// last carried it to (so that, between an unguard and the purge of what
+// blocked senders left on the open inbox, that mail is never read), else,
+// for a record from before boxes were recorded, its guarded inbox while
+// guarded and its open inbox otherwise.
 func (w *Worker) box(ctx context.Context, agent string) (string, error) {
 	kv, err := w.admission.Get(ctx)
 	if err != nil || kv == nil {
@@ -311,7 +316,10 @@ func (w *Worker) box(ctx context.Context, agent string) (string, error) {
 	if err != nil {
 		return "", fmt.Errorf("kv %s: get %s: %w", AdmissionBucket, agent, err)
 	}
-	if found && rec.Guarded {
+	switch {
+	case found && (rec.Box == BoxOpen || rec.Box == BoxGuarded):
+		return rec.Box, nil
+	case found && rec.Guarded:
 		return BoxGuarded, nil
 	}
 	return BoxOpen, nil
@@ -362,11 +370,11 @@ type FetchResult struct {
 // sender could have set), then answers with a FetchResult. The caller
 // verifies each message like any inbound envelope.
 func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
-	if !r.PrivateReply() {
+	if !strings.HasPrefix(r.Reply, protocol.PrivateInboxPrefix("")) {
 		// Mail goes only where the requester alone can read it: never to
 		// the shared _INBOX., which every upstream-style credential may
 		// subscribe (docs/security.md).
-		return nil, errs.New(errs.InvalidRequest, "mesh.mailbox.fetch answers only on a private reply prefix (_MESH_INBOX.<credential key>, the inbox_prefix of the credential answer)")
+		return nil, errs.New(errs.InvalidRequest, "mesh.mailbox.fetch answers only on a client's private reply prefix (_MESH_INBOX.<credential key>, the inbox_prefix of the credential answer)")
 	}
 	var req FetchRequest
 	if err := r.Decode(&req); err != nil {

@@ -26,6 +26,8 @@ type harness struct {
 	t      *testing.T
 	m      *devenv.Mesh
 	nc     *nats.Conn
+	// client fetches as a node does: replies under a private prefix.
+	client *nats.Conn
 	js     jetstream.JetStream
 	stream jetstream.Stream
 	clock  *bustest.Clock
@@ -36,7 +38,7 @@ type harness struct {
 func start(t *testing.T, copies int, cfg mailbox.Config) *harness {
 	t.Helper()
 	m := bustest.Mesh(t)
-	h := &harness{t: t, m: m, nc: bustest.Client(t, m), clock: &bustest.Clock{}}
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m), client: clientConn(t, m), clock: &bustest.Clock{}}
 	h.js, _ = jetstream.New(h.nc)
 	if cfg.Now == nil {
 		cfg.Now = h.clock.Now
@@ -98,13 +100,25 @@ func (h *harness) stored(subject string) uint64 {
 func (h *harness) fetch(agent keys.Signer, after uint64, limit int) ([]mailbox.Mail, mailbox.FetchResult, error) {
 	ctx, cancel := context.WithTimeout(h.t.Context(), wait)
 	defer cancel()
-	return mailbox.Fetch(ctx, h.nc, agent, after, limit)
+	return mailbox.Fetch(ctx, h.client, agent, after, limit)
+}
+
+// clientConn is a connection whose replies arrive under a client's private
+// prefix, the only kind the mailbox answers a fetch on.
+func clientConn(t *testing.T, m *devenv.Mesh) *nats.Conn {
+	t.Helper()
+	nc, err := m.ConnectService("test-client", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix("Utest")))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }
 
 func (h *harness) ack(agent keys.Signer, box string, upTo uint64, seqs []uint64) error {
 	ctx, cancel := context.WithTimeout(h.t.Context(), wait)
 	defer cancel()
-	return mailbox.Ack(ctx, h.nc, agent, box, upTo, seqs)
+	return mailbox.Ack(ctx, h.client, agent, box, upTo, seqs)
 }
 
 func (h *harness) eventually(what string, cond func() bool) {
@@ -215,12 +229,12 @@ func TestFetchRefusesWhatDoesNotVerify(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	inbox := h.nc.NewInbox()
-	sub, err := h.nc.SubscribeSync(inbox + ".>")
+	inbox := h.client.NewInbox()
+	sub, err := h.client.SubscribeSync(inbox + ".>")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := h.nc.PublishRequest(protocol.SubjMailboxFetch, inbox+".r", data); err != nil {
+	if err := h.client.PublishRequest(protocol.SubjMailboxFetch, inbox+".r", data); err != nil {
 		t.Fatal(err)
 	}
 	msg, err := sub.NextMsg(wait)
@@ -443,7 +457,7 @@ func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
 	}
 	fctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	mail, _, err := mailbox.Fetch(fctx, nc, a, 0, 10)
+	mail, _, err := mailbox.Fetch(fctx, clientConn(t, m), a, 0, 10)
 	if err != nil || len(mail) != 1 || string(mail[0].Data) != string(data) {
 		t.Fatalf("the mail the old consumer held: %d messages, %v", len(mail), err)
 	}

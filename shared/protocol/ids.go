@@ -2,6 +2,7 @@ package protocol
 
 import (
 	"crypto/rand"
+	"encoding/base32"
 	"encoding/binary"
 	"encoding/hex"
 	"sync"
@@ -100,4 +101,15 @@ func FormatTime(t time.Time) string { return t.UTC().Format(TimeFormat) }
 // number of fractional digits (receivers must, upstream-notes §1.1).
 func ParseTime(s string) (time.Time, error) {
 	return time.Parse(time.RFC3339Nano, s)
+}
+
+// RandomToken is 128 random bits as one subject token (unpadded base32,
+// 26 characters): a reply subject under a prefix others may publish to
+// must not be guessable from ones seen before, as nuids are.
+func RandomToken() string {
+	var b [16]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		panic("protocol: crypto/rand: " + err.Error())
+	}
+	return base32.StdEncoding.WithPadding(base32.NoPadding).EncodeToString(b[:])
 }

@@ -108,6 +108,21 @@ const (
 	RelayReplySpace   = RelayReplyPrefix + ".>"
 )
 
+// IsClientReplySubject reports whether s lies where a client's replies
+// arrive: the shared _INBOX. or a private _MESH_INBOX.<key>. prefix. A
+// service answering a client's request publishes only there: a reply
+// subject anywhere else (a key-value subject, the JetStream API, an
+// inbox) names no client, and publishing on it with the services' rights
+// would let the sender write where it may not (docs/security.md).
+func IsClientReplySubject(s string) bool {
+	for _, p := range []string{"_INBOX.", privateInboxRoot + "."} {
+		if len(s) > len(p) && strings.HasPrefix(s, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // PrivateInboxPrefix is the reply prefix of the credential minted for key.
 func PrivateInboxPrefix(key string) string { return privateInboxRoot + "." + key }
 
