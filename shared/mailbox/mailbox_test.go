@@ -23,9 +23,9 @@ import (
 const wait = 5 * time.Second
 
 type harness struct {
-	t      *testing.T
-	m      *devenv.Mesh
-	nc     *nats.Conn
+	t  *testing.T
+	m  *devenv.Mesh
+	nc *nats.Conn
 	// client fetches as a node does: replies under a private prefix.
 	client *nats.Conn
 	js     jetstream.JetStream
