@@ -51,6 +51,7 @@ func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
 				return err
 			}
 			b.Client = httpx.ClientKey(r, d.TrustedProxyHops)
+			b.Network = httpx.NetworkKey(b.Client)
 			res, err := cs.NodeCredential(r.Context(), b)
 			if err != nil {
 				return err

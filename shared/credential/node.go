@@ -26,9 +26,11 @@ type NodeRequest struct {
 	// PrivateInbox asks for no shared _INBOX.> grant (BootstrapRequest).
 	// It is outside the signed string: it only ever narrows the credential.
 	PrivateInbox bool `json:"private_inbox,omitempty"`
-	// Client is the caller's rate-limit key (httpx.ClientKey), set by the
-	// handler, never read from the body.
-	Client string `json:"-"`
+	// Client is the caller's rate-limit key (httpx.ClientKey) and Network
+	// its network's (httpx.NetworkKey), set by the handler, never read from
+	// the body.
+	Client  string `json:"-"`
+	Network string `json:"-"`
 }
 
 // AgentSig is one roster entry: the agent's consent to this node.
@@ -135,7 +137,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 			// count the mint against the caller's address, the node and
 			// each agent (docs/security.md). Take reads, then writes: every
 			// other read of this transaction is done.
-			if err := ratelimit.Take(tx, CollRateLimits, now, s.unownedLimits(r.Client, r.NodeID, ids)...); err != nil {
+			if err := ratelimit.Take(tx, CollRateLimits, now, s.unownedLimits(r.Client, r.Network, r.NodeID, ids)...); err != nil {
 				return limitErr(err)
 			}
 		}
@@ -235,20 +237,24 @@ func classOf(unowned bool) string {
 // in twenty days, so honest nodes never meet them. Zero fields take
 // DefaultUnownedLimits.
 type UnownedLimits struct {
-	// PerAddress is mints per window from one client address (an IPv6 /64).
+	// PerAddress is mints per window from one client address (an IPv6 /64),
+	// PerNetwork from its network (an IPv4 /24, an IPv6 /48).
 	PerAddress ratelimit.Rate
+	PerNetwork ratelimit.Rate
 	// PerKey is mints per window naming one node key, or one agent key.
 	PerKey ratelimit.Rate
 }
 
-// DefaultUnownedLimits: 20 mints an hour per address, 5 per key.
+// DefaultUnownedLimits: 20 mints an hour per address, 60 per network, 5
+// per key. There is no overall limit: anyone could use it up for everyone.
 func DefaultUnownedLimits() UnownedLimits {
-	return UnownedLimits{PerAddress: ratelimit.Rate{Max: 20, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 5, Window: time.Hour}}
+	return UnownedLimits{PerAddress: ratelimit.Rate{Max: 20, Window: time.Hour}, PerNetwork: ratelimit.Rate{Max: 60, Window: time.Hour},
+		PerKey: ratelimit.Rate{Max: 5, Window: time.Hour}}
 }
 
 func (l UnownedLimits) withDefaults() UnownedLimits {
 	d := DefaultUnownedLimits()
-	return UnownedLimits{PerAddress: l.PerAddress.Or(d.PerAddress), PerKey: l.PerKey.Or(d.PerKey)}
+	return UnownedLimits{PerAddress: l.PerAddress.Or(d.PerAddress), PerNetwork: l.PerNetwork.Or(d.PerNetwork), PerKey: l.PerKey.Or(d.PerKey)}
 }
 
 // Knobs are the operator settings of l (meshd flags and the same
@@ -256,16 +262,20 @@ func (l UnownedLimits) withDefaults() UnownedLimits {
 func (l *UnownedLimits) Knobs() []ratelimit.Knob {
 	return []ratelimit.Knob{
 		ratelimit.RateKnob("limit-unowned-per-address", "node credentials for rosters no account owns, per client address per window", &l.PerAddress),
+		ratelimit.RateKnob("limit-unowned-per-network", "node credentials for rosters no account owns, per /24 (IPv6: /48) per window", &l.PerNetwork),
 		ratelimit.RateKnob("limit-unowned-per-key", "node credentials for rosters no account owns, per node or agent key per window", &l.PerKey),
 	}
 }
 
 // unownedLimits are the limits one unowned mint is counted against.
-func (s *Service) unownedLimits(client, node string, agents []string) []ratelimit.Limit {
+func (s *Service) unownedLimits(client, network, node string, agents []string) []ratelimit.Limit {
 	l := s.cfg.Unowned.withDefaults()
 	var out []ratelimit.Limit
 	if client != "" {
 		out = append(out, l.PerAddress.Limit("unowned-mint-per-address", client))
+	}
+	if network != "" {
+		out = append(out, l.PerNetwork.Limit("unowned-mint-per-network", network))
 	}
 	out = append(out, l.PerKey.Limit("unowned-mint-per-key", node))
 	for _, a := range agents {

@@ -393,6 +393,6 @@ func DefaultClassLimits() map[string]ClassLimits {
 		ClassGuest: {ConnLimits: ConnLimits{Payload: 64 << 10, Subs: 256},
 			Conns: 2, MsgsPerSec: 50, BytesPerSec: 256 << 10},
 		ClassUnowned: {ConnLimits: ConnLimits{Payload: protocol.TransportMaxPayload, Subs: 1024},
-			Conns: 4, MsgsPerSec: 200, BytesPerSec: 1 << 20},
+			Conns: 4, MsgsPerSec: 200, BytesPerSec: 256 << 10},
 	}
 }

@@ -50,7 +50,7 @@ func TestMailboxSurvivesHostileRegistrations(t *testing.T) {
 	}
 	const agents = 2048 // 8 attackers × 16 nodes × 16 agents
 	c := startCP(t, func(cfg *devenv.Config) {
-		cfg.Unowned = credential.UnownedLimits{PerAddress: ratelimit.Rate{Max: agents, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 10, Window: time.Hour}}
+		cfg.Unowned = credential.UnownedLimits{PerAddress: ratelimit.Rate{Max: agents, Window: time.Hour}, PerNetwork: ratelimit.Rate{Max: agents, Window: time.Hour}, PerKey: ratelimit.Rate{Max: 10, Window: time.Hour}}
 	})
 	svc, err := c.m.ConnectService("test-observer")
 	if err != nil {

@@ -244,7 +244,7 @@ func (f *Fence) track(server string, c eventClient) {
 	f.mu.Unlock()
 	if reason != "" {
 		f.log.Info("closing a limited connection", "reason", reason, "class", class, "key", c.User, "limit", lim.Conns)
-		f.kick(id)
+		_ = f.kick(id) // logged when it fails; the connection then stays until its rate or a later connect is judged
 	}
 }
 
@@ -268,11 +268,13 @@ func (f *Fence) onDisconnect(m *nats.Msg) {
 }
 
 // kick asks the broker that holds the connection to close it.
-func (f *Fence) kick(id connKey) {
+func (f *Fence) kick(id connKey) error {
 	body, _ := json.Marshal(map[string]uint64{"cid": id.cid})
 	if _, err := f.cfg.Sys.Request("$SYS.REQ.SERVER."+id.server+".KICK", body, 2*time.Second); err != nil {
 		f.log.Warn("kick", "server", id.server, "cid", id.cid, "err", err)
+		return err
 	}
+	return nil
 }
 
 func (f *Fence) loop(ctx context.Context) {
@@ -289,8 +291,12 @@ func (f *Fence) loop(ctx context.Context) {
 	}
 }
 
+// pollers bounds the counter reads of one poll in flight at once.
+const pollers = 16
+
 // poll reads every limited connection's counters and closes those over
-// their class's rates; their keys cool off.
+// their class's rates; their keys cool off. Connections the broker no
+// longer lists (a disconnect event that never came) are forgotten.
 func (f *Fence) poll(ctx context.Context) {
 	f.mu.Lock()
 	ids := make([]connKey, 0, len(f.conns))
@@ -304,35 +310,69 @@ func (f *Fence) poll(ctx context.Context) {
 		}
 	}
 	f.mu.Unlock()
+	work := make(chan connKey)
+	var wg sync.WaitGroup
+	for range min(pollers, len(ids)) {
+		wg.Go(func() {
+			for id := range work {
+				switch msgs, bytes, st := f.counters(id); st {
+				case found:
+					f.judge(id, msgs, bytes)
+				case gone:
+					f.forget(id)
+				}
+			}
+		})
+	}
 	for _, id := range ids {
 		if ctx.Err() != nil {
-			return
+			break
 		}
-		msgs, bytes, ok := f.counters(id)
-		if !ok {
-			continue
-		}
-		f.judge(id, msgs, bytes)
+		work <- id
 	}
+	close(work)
+	wg.Wait()
 }
 
+// What a counter read found.
+const (
+	unknown = iota // the broker did not answer: try again next window
+	found
+	gone // the broker answered without the connection
+)
+
 // counters reads one connection's published messages and bytes.
-func (f *Fence) counters(id connKey) (msgs, bytes int64, ok bool) {
+func (f *Fence) counters(id connKey) (msgs, bytes int64, st int) {
 	body, _ := json.Marshal(map[string]any{"cid": id.cid, "acc": f.cfg.Account})
 	m, err := f.cfg.Sys.Request("$SYS.REQ.SERVER."+id.server+".CONNZ", body, 2*time.Second)
 	if err != nil {
-		return 0, 0, false
+		return 0, 0, unknown
 	}
 	var a connzAnswer
 	if err := json.Unmarshal(m.Data, &a); err != nil || a.Error != nil || a.Data == nil {
-		return 0, 0, false
+		return 0, 0, unknown
 	}
 	for _, c := range a.Data.Conns {
 		if c.CID == id.cid {
-			return c.InMsgs, c.InBytes, true
+			return c.InMsgs, c.InBytes, found
 		}
 	}
-	return 0, 0, false
+	return 0, 0, gone
+}
+
+// forget stops watching a connection.
+func (f *Fence) forget(id connKey) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	c, ok := f.conns[id]
+	if !ok {
+		return
+	}
+	delete(f.conns, id)
+	delete(f.byKey[c.key], id)
+	if len(f.byKey[c.key]) == 0 {
+		delete(f.byKey, c.key)
+	}
 }
 
 // judge compares a connection's counters with the last ones read.
@@ -357,15 +397,21 @@ func (f *Fence) judge(id connKey, msgs, bytes int64) {
 	}
 	c.at, c.msgs, c.bytes = now, msgs, bytes
 	if over != "" {
-		c.kickedFor = true
 		f.cooling[c.key] = now.Add(f.cfg.Cooldown)
 		f.kicked["rate"]++
 	}
 	key, class := c.key, c.class
 	f.mu.Unlock()
-	if over != "" {
-		f.log.Info("closing a limited connection", "reason", "rate", "class", class, "key", key, "rate", over, "cooldown", f.cfg.Cooldown)
-		f.kick(id)
+	if over == "" {
+		return
+	}
+	f.log.Info("closing a limited connection", "reason", "rate", "class", class, "key", key, "rate", over, "cooldown", f.cfg.Cooldown)
+	if f.kick(id) == nil {
+		f.mu.Lock()
+		if c, ok := f.conns[id]; ok {
+			c.kickedFor = true // judged again only if the close did not happen
+		}
+		f.mu.Unlock()
 	}
 }
 

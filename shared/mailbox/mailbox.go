@@ -68,9 +68,11 @@ type Limits struct {
 	MaxAge time.Duration
 }
 
-// DefaultLimits: 1 GiB in all, 1,000 messages per agent of at most the
-// transport's 1 MiB, seven days.
-var DefaultLimits = Limits{MaxBytes: 1 << 30, MaxMsgsPerAgent: 1000, MaxMsgSize: protocol.TransportMaxPayload, MaxAge: 7 * 24 * time.Hour}
+// DefaultLimits: 1 GiB in all; 256 messages per agent of at most 256 KiB
+// each, so one agent's box holds at most 64 MiB, a sixteenth of the whole
+// (a larger message to an offline agent is delivered live only: large
+// content goes by reference); seven days.
+var DefaultLimits = Limits{MaxBytes: 1 << 30, MaxMsgsPerAgent: 256, MaxMsgSize: 256 << 10, MaxAge: 7 * 24 * time.Hour}
 
 func (l Limits) orDefault() Limits {
 	d := DefaultLimits
@@ -127,20 +129,38 @@ func StreamConfig(l Limits) jetstream.StreamConfig {
 }
 
 // EnsureStream creates or updates the mailbox stream. Every copy does it at
-// start; concurrent calls with the same config are harmless.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, l Limits) error {
+// start; concurrent calls with the same config are harmless. The broker
+// reserves a stream's byte bound on its disk (three quarters of what is
+// free, by default): where it cannot reserve l.MaxBytes, the bound is
+// halved until it can (down to minMailboxBytes) and the bound in force is
+// returned, so a small disk starts with a smaller mailbox rather than not
+// at all.
+func EnsureStream(ctx context.Context, js jetstream.JetStream, l Limits) (Limits, error) {
+	l = l.orDefault()
 	var err error
-	for range 3 {
+	for range 64 { // halvings from any int64 down to the floor, and retries
 		if _, err = js.CreateOrUpdateStream(ctx, StreamConfig(l)); err == nil {
-			return nil
+			return l, nil
 		}
-		if ctx.Err() != nil {
-			break
+		var apiErr *jetstream.APIError
+		switch {
+		case ctx.Err() != nil:
+			return l, fmt.Errorf("mailbox stream %s: %w", protocol.MailboxStream, err)
+		case errors.As(err, &apiErr) && apiErr.ErrorCode == jsStorageExceeded && l.MaxBytes/2 >= minMailboxBytes:
+			l.MaxBytes /= 2
+		default:
+			time.Sleep(50 * time.Millisecond) // a concurrent creator may have won
 		}
-		time.Sleep(50 * time.Millisecond) // a concurrent creator may have won
 	}
-	return fmt.Errorf("mailbox stream %s: %w", protocol.MailboxStream, err)
+	return l, fmt.Errorf("mailbox stream %s: %w", protocol.MailboxStream, err)
 }
+
+// jsStorageExceeded is JetStream's "insufficient storage resources"; the
+// smallest byte bound EnsureStream falls back to is minMailboxBytes.
+const (
+	jsStorageExceeded = 10047
+	minMailboxBytes   = 16 << 20
+)
 
 // Defaults of Config.
 const (
@@ -206,8 +226,13 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	if err := EnsureStream(ctx, svc.JS, cfg.Limits); err != nil {
+	inForce, err := EnsureStream(ctx, svc.JS, cfg.Limits)
+	if err != nil {
 		return fail(err)
+	}
+	if want := cfg.Limits.orDefault().MaxBytes; inForce.MaxBytes < want {
+		svc.Log.Warn("the mailbox stream is smaller than configured: the broker cannot reserve more on this disk",
+			"max_bytes", inForce.MaxBytes, "configured", want)
 	}
 	stream, err := svc.JS.Stream(ctx, protocol.MailboxStream)
 	if err != nil {

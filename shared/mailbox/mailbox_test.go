@@ -278,7 +278,7 @@ func TestFetchRefusesWhatDoesNotVerify(t *testing.T) {
 // past the bound nor evicts mail already stored.
 func TestStreamLimitsRefuseTheOverflow(t *testing.T) {
 	const mib = 1 << 20
-	h := start(t, 1, mailbox.Config{Limits: mailbox.Limits{MaxBytes: 100 * mib, MaxMsgsPerAgent: 3}})
+	h := start(t, 1, mailbox.Config{Limits: mailbox.Limits{MaxBytes: 100 * mib, MaxMsgsPerAgent: 3, MaxMsgSize: mib}})
 	sender := bustest.Agent(t)
 
 	// Per agent: the fourth message for one inbox is not stored, the first
@@ -461,4 +461,24 @@ func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
 	if err != nil || len(mail) != 1 || string(mail[0].Data) != string(data) {
 		t.Fatalf("the mail the old consumer held: %d messages, %v", len(mail), err)
 	}
+}
+
+// A byte bound the broker cannot reserve on this disk (it reserves a
+// stream's bound against three quarters of the free space) is halved until
+// it can: the mailbox starts smaller rather than not at all.
+func TestEnsureStreamFitsTheDisk(t *testing.T) {
+	m := bustest.Mesh(t)
+	js, _ := jetstream.New(bustest.Client(t, m))
+	got, err := mailbox.EnsureStream(t.Context(), js, mailbox.Limits{MaxBytes: 1 << 60})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.MaxBytes >= 1<<60 || got.MaxBytes < 16<<20 {
+		t.Fatalf("bound in force %d", got.MaxBytes)
+	}
+	st, err := js.Stream(t.Context(), protocol.MailboxStream)
+	if err != nil || st.CachedInfo().Config.MaxBytes != got.MaxBytes {
+		t.Fatalf("stream bound %v, %v; want %d", st, err, got.MaxBytes)
+	}
+	t.Logf("the broker reserved %d GiB", got.MaxBytes>>30)
 }
