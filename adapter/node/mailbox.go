@@ -105,6 +105,13 @@ func (a *Agent) drainLocked() int {
 		case <-ctx.Done():
 			return taken
 		}
+		// Purging below a sequence is right only when every message up to
+		// it was received: one lost in transit (a slow consumer) or a count
+		// that does not match would be purged unhandled. Then the drain
+		// acknowledges one by one.
+		if len(mail) != res.Count || !ascending(mail, after) {
+			stuck = true
+		}
 		var upTo uint64
 		var singles []uint64
 		for _, m := range mail {
@@ -141,6 +148,18 @@ func (a *Agent) drainLocked() int {
 		a.n.log.Info("mailbox drained", "agent", a.id, "messages", taken)
 	}
 	return taken
+}
+
+// ascending reports whether the fetched sequences rise strictly from
+// after, as the worker sends them.
+func ascending(mail []mailbox.Mail, after uint64) bool {
+	for _, m := range mail {
+		if m.Seq <= after {
+			return false
+		}
+		after = m.Seq
+	}
+	return true
 }
 
 // liveGrace is how long a drained batch waits before its messages go

@@ -195,6 +195,7 @@ type Worker struct {
 	cfg       Config
 	now       func() time.Time
 	log       *slog.Logger
+	fetches   fetchLimiter
 
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -303,6 +304,44 @@ func dropLegacyConsumers(ctx context.Context, stream jetstream.Stream) (int, err
 	return n, nil
 }
 
+// A drain fetches at most drainRounds (20) batches at once, every minute
+// and at each reconnect; fetchBurst per fetchWindow per agent leaves room
+// for that and stops a node that asks in a loop (each fetch may send 4 MiB).
+// The count is per copy of the worker, kept in memory.
+const (
+	fetchBurst  = 60
+	fetchWindow = 10 * time.Second
+	maxLimited  = 100_000 // agents counted at once; the map starts again past it
+)
+
+// fetchLimiter counts fetches per agent in fixed windows.
+type fetchLimiter struct {
+	mu sync.Mutex
+	n  map[string]fetchCount
+}
+
+type fetchCount struct {
+	start time.Time
+	n     int
+}
+
+// allow counts one fetch by agent at now and reports whether it is within
+// the limit.
+func (l *fetchLimiter) allow(agent string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil || len(l.n) > maxLimited {
+		l.n = map[string]fetchCount{}
+	}
+	c := l.n[agent]
+	if now.Sub(c.start) >= fetchWindow {
+		c = fetchCount{start: now}
+	}
+	c.n++
+	l.n[agent] = c
+	return c.n <= fetchBurst
+}
+
 // Which inbox subject an agent's mail is read from.
 const (
 	BoxOpen    = "open"
@@ -409,6 +448,10 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 		req.Limit = MaxFetch
 	}
 	agent := r.Env.From
+	if !w.fetches.allow(agent, w.now()) {
+		return nil, errs.Newf(errs.RateLimited, "more than %d mailbox fetches in %s for this agent; a drain needs far fewer", fetchBurst, fetchWindow).
+			WithRetryAfter(fetchWindow.Milliseconds())
+	}
 	box, err := w.box(ctx, agent)
 	if err != nil {
 		return nil, errs.Wrap(errs.Unavailable, "the mailbox cannot be read now; retry", err)

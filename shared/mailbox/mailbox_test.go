@@ -482,3 +482,25 @@ func TestEnsureStreamFitsTheDisk(t *testing.T) {
 	}
 	t.Logf("the broker reserved %d GiB", got.MaxBytes>>30)
 }
+
+// A node that fetches in a loop is refused past the per-agent burst, which
+// a drain never reaches.
+func TestFetchesAreLimitedPerAgent(t *testing.T) {
+	h := start(t, 1, mailbox.Config{})
+	a, b := bustest.Agent(t), bustest.Agent(t)
+	for i := range 60 {
+		if _, _, err := h.fetch(a, 0, 1); err != nil {
+			t.Fatalf("fetch %d: %v", i+1, err)
+		}
+	}
+	if _, _, err := h.fetch(a, 0, 1); errs.CodeOf(err) != errs.RateLimited {
+		t.Fatalf("the 61st fetch in the window: %v", err)
+	}
+	if _, _, err := h.fetch(b, 0, 1); err != nil {
+		t.Fatalf("another agent's fetch: %v", err)
+	}
+	h.clock.Advance(11 * time.Second)
+	if _, _, err := h.fetch(a, 0, 1); err != nil {
+		t.Fatalf("a fetch in the next window: %v", err)
+	}
+}
