@@ -20,8 +20,8 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
-	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/ratelimit"

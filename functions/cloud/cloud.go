@@ -11,8 +11,8 @@ import (
 	"log/slog"
 	"net/url"
 	"os"
-	"strconv"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 

@@ -51,7 +51,7 @@ type Server struct {
 	// outbox is where the mail goes when it is not sent (meshd with no
 	// mail server), for the sign-in code page; "" with a mail server.
 	outbox string
-	hops      int
+	hops   int
 }
 
 // Cookie names. The session cookie holds the account session token (ams_);
