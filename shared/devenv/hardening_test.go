@@ -117,15 +117,7 @@ func TestMailboxSurvivesHostileRegistrations(t *testing.T) {
 
 	// A new agent: its offline mail is stored and fetched.
 	node, fresh, sender := newNode(t), newAgent(t), newAgent(t)
-	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{fresh}, time.Now().Unix()), "")
-	if st != 200 {
-		t.Fatalf("fresh node: %d %v", st, out)
-	}
-	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := c.nodeConn(t, node, fresh)
 	if _, err := bus.Call(ctx, nc, fresh, protocol.SubjRegister, protocol.TypeRegister, "", vouchedManifest(t, fresh, node)); err != nil {
 		t.Fatalf("the fresh agent cannot register: %v", err)
 	}
@@ -165,15 +157,7 @@ func TestBootstrapNeedsProofForAKeyWithHistory(t *testing.T) {
 
 	// A victim registered on an unowned node credential.
 	node, victim := newNode(t), newAgent(t)
-	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{victim}, time.Now().Unix()), "")
-	if st != 200 {
-		t.Fatalf("node: %d %v", st, out)
-	}
-	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := c.nodeConn(t, node, victim)
 	if _, err := bus.Call(ctx, nc, victim, protocol.SubjRegister, protocol.TypeRegister, "", vouchedManifest(t, victim, node)); err != nil {
 		t.Fatal(err)
 	}
@@ -364,15 +348,7 @@ func TestAdmissionAnswersOnlyClientReplySubjects(t *testing.T) {
 	defer cancel()
 	// A guarded agent on its node.
 	node, g := newNode(t), newAgent(t)
-	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{g}, time.Now().Unix()), "")
-	if st != 200 {
-		t.Fatalf("node: %d %v", st, out)
-	}
-	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer nc.Close()
+	nc := c.nodeConn(t, node, g)
 	if _, err := bus.Call(ctx, nc, g, protocol.SubjAdmissionGuard, protocol.TypeRequest, "", map[string]any{}); err != nil {
 		t.Fatalf("guard: %v", err)
 	}
@@ -481,4 +457,20 @@ func TestMixedRosterIsUnowned(t *testing.T) {
 	if class, shared := classOf(out); class != creds.ClassUnowned || shared {
 		t.Fatalf("unowned roster: class %q, shared inbox %v", class, shared)
 	}
+}
+
+// nodeConn mints a node credential for agents on node through the door and
+// connects with it, on the credential's private reply prefix.
+func (c *cp) nodeConn(t *testing.T, node *keys.Node, agents ...*keys.Agent) *nats.Conn {
+	t.Helper()
+	st, out := c.post("/v1/node-credential", nodeRequest(node, agents, time.Now().Unix()), "")
+	if st != 200 {
+		t.Fatalf("node credential: %d %v", st, out)
+	}
+	nc, err := c.connectJWT(out["jwt"].(string), node, nil, nats.CustomInboxPrefix(out["inbox_prefix"].(string)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
 }

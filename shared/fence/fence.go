@@ -253,18 +253,7 @@ func (f *Fence) onDisconnect(m *nats.Msg) {
 	if err := json.Unmarshal(m.Data, &ev); err != nil {
 		return
 	}
-	id := connKey{ev.Server.ID, ev.Client.ID}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	c, ok := f.conns[id]
-	if !ok {
-		return
-	}
-	delete(f.conns, id)
-	delete(f.byKey[c.key], id)
-	if len(f.byKey[c.key]) == 0 {
-		delete(f.byKey, c.key)
-	}
+	f.forget(connKey{ev.Server.ID, ev.Client.ID})
 }
 
 // kick asks the broker that holds the connection to close it.
