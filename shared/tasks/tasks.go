@@ -1,7 +1,9 @@
 // Package tasks is the task manager (docs/bus.md "Tasks", upstream-notes
-// §3.4–3.5, §4.1): it records what performers publish on
-// mesh.task.<id>.update in the KV bucket mesh_tasks and answers
-// mesh.task.get.<id> for the two parties of a task.
+// §3.4–3.5, §4.1, §15): it records what the two parties of a task publish
+// on mesh.task.<id>.update in the KV bucket mesh_tasks and answers
+// mesh.task.get.<id> for them. The performer writes states; the requester
+// writes only its cancel (a protocol 0.3 requester publishes the canceled
+// update itself) and budget revisions.
 //
 // Updates are plain publishes taken in the worker's queue group, so each
 // reaches one copy; every write is a compare-and-set, so two copies handling
@@ -63,11 +65,16 @@ type Config struct {
 	// task not created yet, or a move the record's non-terminal state does
 	// not allow yet) is held and retried before it is refused: two updates
 	// published back to back may reach two copies and land in either
-	// order. 500 ms; negative refuses at once.
+	// order. A first update that is a cancel waits as long for an update
+	// of the performer before it is taken as the requester's own, and a
+	// predecessor overtaken by the update that ended the task is taken
+	// this long after it. 500 ms; negative refuses at once (a first cancel
+	// is then the requester's at once).
 	ReorderWindow time.Duration
 	// MaxHeld bounds the updates one copy holds for ReorderWindow at once
 	// (each waits on a goroutine of its own); past it, an update that is
-	// ahead of the record is refused at once. 1024.
+	// ahead of the record is refused at once (a first cancel is taken as
+	// the requester's at once). 1024.
 	MaxHeld int
 }
 
@@ -124,11 +131,13 @@ type Task struct {
 }
 
 // Entry is one recorded update: the state it left the task in, when it was
-// recorded, and the envelope that carried it.
+// recorded, and the envelope that carried it (its id, and the time its
+// sender signed in it).
 type Entry struct {
 	State      string `json:"state"`
 	At         string `json:"at"`
 	EnvelopeID string `json:"envelope_id"`
+	TS         string `json:"ts,omitempty"`
 }
 
 // Stats counts what one copy did with the updates it received. Every
@@ -137,14 +146,15 @@ type Stats struct {
 	Received uint64
 	// Recorded: created a task, moved it, or added a progress entry.
 	Recorded uint64
-	// Duplicates: an envelope already recorded (or seen by this copy).
+	// Duplicates: an envelope already recorded (or seen by this copy), or
+	// a cancel of a task already canceled (both parties may publish one).
 	Duplicates uint64
 	// Refused: not decodable, unsigned, not a respond, stale, on an
-	// invalid task id, malformed payload, no requester on the creating
-	// update, canceled without a valid reason, misaddressed.
+	// invalid task id, malformed payload, no other party in `to` on the
+	// creating update, canceled without a valid reason, misaddressed.
 	Refused uint64
-	// NotParty: a state update not from the responder, a revision not
-	// from the requester.
+	// NotParty: a state update from neither party, one from the
+	// requester that is not a cancel, a revision not from the requester.
 	NotParty uint64
 	// Illegal: a transition the state table does not allow (an
 	// invalid_transition event was emitted for each).
@@ -418,6 +428,12 @@ func (w *Worker) parse(msg *nats.Msg) (*update, error) {
 	u.message, _ = p["message"].(string)
 	if r, ok := raw["error"]; ok && string(r) != "null" {
 		u.errObj = r
+	} else if e := env.Extra["error"]; e != nil {
+		// Protocol 0.3 carries the error as an envelope member beside the
+		// payload (upstream-notes §15).
+		if b, err := protocol.Canonical(e); err == nil {
+			u.errObj = b
+		}
 	}
 	if u.status == protocol.StateCanceled {
 		in := map[string]any{"task_id": u.task}
@@ -432,20 +448,23 @@ func (w *Worker) parse(msg *nats.Msg) (*update, error) {
 		}
 		u.reason, u.note = ci.Reason, ci.Note
 	}
-	u.spent = spentOf(p)
+	u.spent = spentOf(p, env)
 	u.budget = env.Budget
 	return u, nil
 }
 
 // spentOf reads a reported spend: payload.cost, or details.spent of a
-// BUDGET_EXHAUSTED error.
-func spentOf(p map[string]any) *protocol.Money {
+// BUDGET_EXHAUSTED error (in the payload, or the envelope member).
+func spentOf(p map[string]any, env *protocol.Envelope) *protocol.Money {
 	if c, ok := p["cost"]; ok {
 		if m, err := protocol.MoneyFromValue(c); err == nil {
 			return &m
 		}
 	}
 	e, _ := p["error"].(map[string]any)
+	if e == nil {
+		e, _ = env.Extra["error"].(map[string]any)
+	}
 	if code, _ := e["code"].(string); code == string(errs.BudgetExhausted) {
 		d, _ := e["details"].(map[string]any)
 		if m, err := protocol.MoneyFromValue(d["spent"]); err == nil {
@@ -473,25 +492,30 @@ const (
 
 // apply records a state update with a compare-and-set. An update that is
 // ahead of the record is held and tried again (see hold) until its
-// predecessor has been recorded or ReorderWindow has passed.
+// predecessor has been recorded or ReorderWindow has passed; then, or at
+// once when it cannot be held, it has a last try (see create).
 func (w *Worker) apply(u *update) {
-	out, from, err := w.record(u)
-	if err == nil && out == ahead && w.cfg.ReorderWindow > 0 && w.ctx.Err() == nil && w.hold(u, from) {
-		return
+	out, from, err := w.record(u, false)
+	if err == nil && out == ahead && w.ctx.Err() == nil {
+		if w.cfg.ReorderWindow > 0 && w.hold(u, from) {
+			return
+		}
+		out, from, err = w.record(u, true)
 	}
 	w.settle(u, out, from, err)
 }
 
 // record makes one compare-and-set attempt at recording u; from is the state
-// the record was in ("" when the task did not exist). bus.CAS retries lost
-// races itself, with jitter, so several copies updating one task serialise.
-func (w *Worker) record(u *update) (out outcome, from string, err error) {
+// the record was in ("" when the task did not exist); last says u may wait
+// no longer. bus.CAS retries lost races itself, with jitter, so several
+// copies updating one task serialise.
+func (w *Worker) record(u *update, last bool) (out outcome, from string, err error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
 	defer cancel()
 	_, _, err = bus.CAS(ctx, w.kv, u.task, func(cur *Task, exists bool) (*Task, error) {
 		out, from = recorded, ""
 		if !exists {
-			return w.create(u, &out)
+			return w.create(u, last, &out)
 		}
 		from = cur.State
 		return w.advance(cur, u, &out)
@@ -516,7 +540,7 @@ func (w *Worker) settle(u *update, out outcome, from string, err error) {
 		w.n.refused.Add(1)
 	case notParty:
 		w.n.notParty.Add(1)
-		w.svc.Log.Info("task update from a non-responder ignored", "task", u.task, "from", u.env.From)
+		w.svc.Log.Info("task update from someone who may not write it ignored", "task", u.task, "from", u.env.From, "status", u.status)
 	case illegal, ahead:
 		w.n.illegal.Add(1)
 		var fromState any = from
@@ -534,14 +558,15 @@ func (w *Worker) settle(u *update, out outcome, from string, err error) {
 
 // hold tries an update that is ahead of the record again on a goroutine of
 // its own, after pauses of 25, 50, 100 … ms, until it is no longer ahead or
-// ReorderWindow has passed. Anyone may publish updates, so the holds are
-// bounded: with MaxHeld updates already held on this copy, hold returns
-// false and the update is refused at once, as if its window had passed.
+// ReorderWindow has passed, when it has its last try. Anyone may publish
+// updates, so the holds are bounded: with MaxHeld updates already held on
+// this copy, hold returns false and the update has its last try at once,
+// as if its window had passed.
 func (w *Worker) hold(u *update, from string) bool {
 	select {
 	case w.holds <- struct{}{}:
 	default:
-		w.svc.Log.Warn("too many task updates held for reordering; refused at once", "task", u.task, "held", cap(w.holds))
+		w.svc.Log.Warn("too many task updates held for reordering; this one is not held", "task", u.task, "held", cap(w.holds))
 		return false
 	}
 	if !w.enter() {
@@ -552,7 +577,6 @@ func (w *Worker) hold(u *update, from string) bool {
 	go func() {
 		defer w.wg.Done()
 		defer func() { <-w.holds }()
-		var out outcome
 		for attempt := 0; ; attempt++ {
 			wait := w.cfg.ReorderWindow - w.now().Sub(first)
 			if wait <= 0 {
@@ -563,54 +587,113 @@ func (w *Worker) hold(u *update, from string) bool {
 			case <-w.ctx.Done():
 				return // stopping: a held update is dropped
 			}
-			var err error
-			if out, from, err = w.record(u); err != nil || out != ahead {
+			out, from, err := w.record(u, false)
+			if err != nil || out != ahead {
 				w.settle(u, out, from, err)
 				return
 			}
 		}
-		w.settle(u, illegal, from, nil)
+		if w.ctx.Err() != nil {
+			return
+		}
+		out, from, err := w.record(u, true)
+		w.settle(u, out, from, err)
 	}()
 	return true
 }
 
-// create builds the record from the first update of a task: the requester
-// is the envelope's `to`, the responder its `from`, and the task starts as
-// submitted (a first "working" is recorded as submitted, then working).
-func (w *Worker) create(u *update, out *outcome) (*Task, error) {
-	if u.status != protocol.StateSubmitted && u.status != protocol.StateWorking {
-		*out = illegal
-		if knownState(u.status) {
-			*out = ahead // its creating update may still be on its way
+// create builds the record from the first update of a task.
+//
+// Any state but canceled comes from the performer: the requester is the
+// envelope's `to`, the responder its `from`. A first submitted starts the
+// history; any other first state is recorded after the states it implies
+// (impliedPath), each carrying its envelope id: a first working after
+// submitted, and a first terminal state after submitted, and working where
+// submitted cannot lead to it directly. A first terminal state is the
+// protocol 0.3 flow (upstream-notes §15): a performer that defers sends
+// working to the requester's inbox only, and a stream's only update is its
+// final completed. A paused first state (input_required, auth_required) is
+// ahead: its creating update may still be on its way.
+//
+// A first canceled may be either party's: the performer's cancel names the
+// requester in `to`, the requester's own (protocol 0.3) names the
+// performer, and nothing in the envelope says which it is. A performer
+// publishes its states on the update subject before any cancel of its own,
+// so a first canceled is ahead until its last try; if it still finds no
+// record then, no performer update came, and it is the requester's: the
+// requester is its `from`, the responder its `to`.
+func (w *Worker) create(u *update, last bool, out *outcome) (*Task, error) {
+	requester, responder := u.env.To, u.env.From
+	switch {
+	case u.status == protocol.StateCanceled:
+		if !last {
+			*out = ahead
+			return nil, bus.ErrNoChange
 		}
+		requester, responder = u.env.From, u.env.To
+	case u.status == protocol.StateSubmitted, u.status == protocol.StateWorking, protocol.Terminal(u.status):
+	case knownState(u.status):
+		*out = ahead // its creating update may still be on its way
+		return nil, bus.ErrNoChange
+	default:
+		*out = illegal
 		return nil, bus.ErrNoChange
 	}
 	if !keys.IsUserPublicKey(u.env.To) {
 		*out = refused
-		w.svc.Log.Info("first task update without the requester in to", "task", u.task, "from", u.env.From)
+		w.svc.Log.Info("first task update without the other party in to", "task", u.task, "from", u.env.From, "status", u.status)
 		return nil, bus.ErrNoChange
 	}
 	at := protocol.FormatTime(w.now())
 	t := &Task{
-		ID: u.task, Requester: u.env.To, Responder: u.env.From, Offering: u.offering,
-		State: u.status, CreatedAt: at, UpdatedAt: at, Budget: u.budget, Spent: u.spent,
-		History: []Entry{{State: protocol.StateSubmitted, At: at, EnvelopeID: u.env.ID}},
+		ID: u.task, Requester: requester, Responder: responder, Offering: u.offering,
+		State: u.status, CreatedAt: at, UpdatedAt: at, Budget: u.budget,
 	}
-	if u.status == protocol.StateWorking {
-		t.History = append(t.History, Entry{State: protocol.StateWorking, At: at, EnvelopeID: u.env.ID})
+	if u.env.From == responder {
+		t.Spent = u.spent
 	}
+	for _, s := range impliedPath(u.status) {
+		t.History = append(t.History, Entry{State: s, At: at, EnvelopeID: u.env.ID, TS: u.env.TS})
+	}
+	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID, TS: u.env.TS})
+	t.finish(u)
 	return t, nil
 }
 
-// advance applies a later state update to the record.
-func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
-	if u.env.From != t.Responder {
-		*out = notParty
-		return nil, bus.ErrNoChange
+// impliedPath is the states a task must have passed through before state
+// when state is the first thing recorded of it: submitted, then working
+// when submitted cannot lead to state directly.
+func impliedPath(state string) []string {
+	if state == protocol.StateSubmitted {
+		return nil
 	}
-	if u.env.To != "" && u.env.To != t.Requester {
-		*out = refused
-		w.svc.Log.Warn("task update addressed to someone other than the requester", "task", u.task, "to", u.env.To)
+	p := []string{protocol.StateSubmitted}
+	if state != protocol.StateWorking && !protocol.LegalTransition(protocol.StateSubmitted, state) {
+		p = append(p, protocol.StateWorking)
+	}
+	return p
+}
+
+// advance applies a later state update to the record. The responder
+// writes any state; the requester only its own cancel; nobody else
+// anything.
+func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
+	byResponder := u.env.From == t.Responder
+	switch {
+	case byResponder:
+		if u.env.To != "" && u.env.To != t.Requester {
+			*out = refused
+			w.svc.Log.Warn("task update addressed to someone other than the requester", "task", u.task, "to", u.env.To)
+			return nil, bus.ErrNoChange
+		}
+	case u.env.From == t.Requester && u.status == protocol.StateCanceled:
+		if u.env.To != "" && u.env.To != t.Responder {
+			*out = refused
+			w.svc.Log.Warn("requester's cancel addressed to someone other than the responder", "task", u.task, "to", u.env.To)
+			return nil, bus.ErrNoChange
+		}
+	default:
+		*out = notParty
 		return nil, bus.ErrNoChange
 	}
 	for _, e := range t.History {
@@ -619,15 +702,22 @@ func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
 			return nil, bus.ErrNoChange
 		}
 	}
-	if u.status == protocol.StateSubmitted && implicitSubmitted(t) {
-		// The task was created by a first "working" that overtook this
-		// "submitted" on another copy: it takes the place of the submitted
-		// entry recorded for it, as if the two had arrived in order.
-		t.History[0].EnvelopeID = u.env.ID
-		t.UpdatedAt = protocol.FormatTime(w.now())
-		return t, nil
+	if byResponder {
+		if i := w.impliedEntry(t, u); i >= 0 {
+			// An update overtaken by the one that created the task takes
+			// the place of the entry implied for it, as if the two had
+			// arrived in order.
+			t.History[i].EnvelopeID, t.History[i].TS = u.env.ID, u.env.TS
+			t.UpdatedAt = protocol.FormatTime(w.now())
+			return t, nil
+		}
 	}
 	switch {
+	case u.status == t.State && t.State == protocol.StateCanceled:
+		// Both parties may publish the cancel (a 0.3 requester does, and
+		// the performer it asked may too): the second finds it recorded.
+		*out = duplicate
+		return nil, bus.ErrNoChange
 	case u.status == t.State && !protocol.Terminal(t.State):
 		// progress within the state: history only
 	case protocol.LegalTransition(t.State, u.status):
@@ -641,32 +731,66 @@ func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
 	}
 	at := protocol.FormatTime(w.now())
 	t.UpdatedAt = at
-	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID})
+	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID, TS: u.env.TS})
 	if n := len(t.History) - w.cfg.HistoryLimit; n > 0 {
 		t.History = append([]Entry(nil), t.History[n:]...)
 	}
-	if t.Offering == "" {
-		t.Offering = u.offering
-	}
-	if u.spent != nil {
-		t.Spent = u.spent
-	}
-	if protocol.Terminal(t.State) {
-		t.Output, t.Message, t.Error = u.output, u.message, u.errObj
-		if t.State == protocol.StateCanceled {
-			t.Reason, t.Note = u.reason, u.note
+	if byResponder {
+		if t.Offering == "" {
+			t.Offering = u.offering
+		}
+		if u.spent != nil {
+			t.Spent = u.spent
 		}
 	}
+	t.finish(u)
 	return t, nil
 }
 
-// implicitSubmitted reports whether the record's submitted entry was
-// implied by a first "working" (it carries that envelope) rather than
-// published.
-func implicitSubmitted(t *Task) bool {
+// finish keeps what the update that ended the task said: output, message
+// and error, and the reason and note of a cancel. A record that is not
+// terminal is left alone.
+func (t *Task) finish(u *update) {
+	if !protocol.Terminal(t.State) {
+		return
+	}
+	t.Output, t.Message, t.Error = u.output, u.message, u.errObj
+	if t.State == protocol.StateCanceled {
+		t.Reason, t.Note = u.reason, u.note
+	}
+}
+
+// impliedEntry is the index of the history entry in u's state that was
+// implied by the update that created the task (a later entry carries the
+// same envelope), or -1. Once the task has ended, an implied entry is taken
+// only by an update signed no later than the one that ended it and arriving
+// within ReorderWindow of the end: otherwise it is a move out of a
+// terminal state.
+func (w *Worker) impliedEntry(t *Task, u *update) int {
 	h := t.History
-	return len(h) >= 2 && h[0].State == protocol.StateSubmitted && h[1].State == protocol.StateWorking &&
-		h[0].EnvelopeID == h[1].EnvelopeID
+	if len(h) == 0 {
+		return -1
+	}
+	if end := h[len(h)-1]; protocol.Terminal(t.State) {
+		at, errAt := protocol.ParseTime(end.At)
+		ended, errEnd := protocol.ParseTime(end.TS)
+		sent, errSent := protocol.ParseTime(u.env.TS)
+		if w.cfg.ReorderWindow <= 0 || errAt != nil || errEnd != nil || errSent != nil ||
+			sent.After(ended) || w.now().Sub(at) > w.cfg.ReorderWindow {
+			return -1
+		}
+	}
+	for i := range h {
+		if h[i].State != u.status {
+			continue
+		}
+		for _, later := range h[i+1:] {
+			if later.EnvelopeID == h[i].EnvelopeID {
+				return i
+			}
+		}
+	}
+	return -1
 }
 
 // revise applies a budget revision from the requester (upstream-notes
