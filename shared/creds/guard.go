@@ -67,6 +67,11 @@ const (
 	// reached mesh.registry.register, or another key's bound subject, could
 	// register outside the sandbox.
 	RuleSandboxRegister Rule = "sandbox-register"
+	// RuleHeartbeatSubscribe: node heartbeats (mesh.heartbeat.<node>, read-
+	// only liveness, what an upstream SDK's trackPresence follows) are
+	// subscribed only by kinds that host agents: node, bootstrap, app and
+	// guest. A job credential subscribes none: it sees its one task only.
+	RuleHeartbeatSubscribe Rule = "heartbeat-subscribe"
 	// RuleJobScope: a job credential names one literal task wherever it
 	// touches mesh.task.
 	RuleJobScope Rule = "job-scope"
@@ -96,6 +101,7 @@ type profile struct {
 	mailbox              bool // may fetch and acknowledge the hosted agents' mail
 	feeds                bool // may publish the hosted agents' feeds
 	sharedInbox          bool // may hold the shared _INBOX.> grant
+	heartbeats           bool // may subscribe node heartbeats
 	sandbox              bool
 	job                  bool
 }
@@ -113,11 +119,11 @@ type profile struct {
 func profileOf(k Kind) (profile, bool) {
 	switch k {
 	case KindNode:
-		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
+		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, sharedInbox: true, heartbeats: true}, true
 	case KindBootstrap, KindApp:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, sharedInbox: true, heartbeats: true}, true
 	case KindGuest:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, sandbox: true}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, heartbeats: true, sandbox: true}, true
 	case KindJob:
 		return profile{minHosted: 1, maxHosted: 1, job: true}, true
 	}
@@ -139,6 +145,7 @@ var (
 	// registerSpaces are the untokenized register subject and everything
 	// under it (the bound form is one token more).
 	registerSpaces = []string{protocol.SubjRegister, protocol.SubjRegister + ".>"}
+	heartbeatSpace = protocol.HeartbeatSubject("*")
 )
 
 // Guard checks a permission set against the rules of spec §4.6 rule 4 for a
@@ -243,6 +250,9 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 				return refuse(RuleReplySubscribe, s, "is the shared reply space, which a %s credential never gets", kind)
 			}
 			return refuse(RuleReplySubscribe, s, "reaches replies outside the credential's own prefix %s.>", protocol.PrivateInboxPrefix(key))
+		}
+		if !prof.heartbeats && patternsOverlap(heartbeatSpace, s) {
+			return refuse(RuleHeartbeatSubscribe, s, "subscribes to node heartbeats; a %s credential follows none", kind)
 		}
 		if prof.job {
 			if err := jobScope(s); err != "" {

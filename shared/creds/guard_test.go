@@ -114,7 +114,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	wantSub := []string{
 		"mesh.agent." + a + ".inbox", "mesh.agent." + a + ".inbox.guarded", "mesh.agent." + a + ".outbox",
 		"mesh.agent." + b + ".inbox", "mesh.agent." + b + ".inbox.guarded", "mesh.agent." + b + ".outbox",
-		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "_MESH_INBOX." + nodeKey + ".>",
+		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "mesh.heartbeat.*", "_MESH_INBOX." + nodeKey + ".>",
 	}
 	wantPubDeny := []string{"$KV.>", "mesh.peer.>", "mesh.aclroom.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>"}
 	wantSubDeny := append(slices.Clone(wantPubDeny), "_MESH_RELAY.>", "> >")
@@ -161,7 +161,7 @@ func TestGuestAndJobPermissions(t *testing.T) {
 		"mesh.presence.get", "mesh.heartbeat.*", "mesh.feed.get", "_INBOX.>", "_MESH_INBOX.>", "_MESH_RELAY.>",
 		"mesh.agent." + g + ".outbox", "mesh.trace." + g, "mesh.feed." + g + ".*"}
 	wantSub := []string{"mesh.agent." + g + ".inbox", "mesh.agent." + g + ".outbox",
-		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "_MESH_INBOX." + g + ".>"}
+		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "mesh.heartbeat.*", "_MESH_INBOX." + g + ".>"}
 	if !slices.Equal(p.PubAllow, wantPub) || !slices.Equal(p.SubAllow, wantSub) ||
 		!slices.Equal(p.PubDeny, MeshDenies()) || !slices.Equal(p.SubDeny, subDenies()) {
 		t.Errorf("guest set:\n%q\n%q\n%q\n%q", p.PubAllow, p.SubAllow, p.PubDeny, p.SubDeny)
@@ -201,6 +201,8 @@ func TestEveryBuilderPassesTheGuard(t *testing.T) {
 		{"app", KindApp, ag[0], ag[:1], AppPermissions(ag[0], true)},
 		{"guest", KindGuest, ag[0], ag[:1], GuestPermissions(ag[0])},
 		{"job", KindJob, cred, ag[:1], JobPermissions(cred, ag[0], "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")},
+		{"guest following one node's heartbeats", KindGuest, ag[0], ag[:1], addSub(GuestPermissions(ag[0]), protocol.HeartbeatSubject(ag[1]))},
+		{"app following one node's heartbeats", KindApp, ag[0], ag[:1], addSub(AppPermissions(ag[0], false), protocol.HeartbeatSubject(ag[1]))},
 		// A narrower set passes too: the guard bounds, it does not demand.
 		{"node hosting more than it serves", KindNode, cred, ag[:2], NodePermissions(ag[:1], PrivateOnly(cred))},
 		{"deny wider than required", KindNode, cred, ag[:1], with(NodePermissions(ag[:1], PrivateOnly(cred)), func(p *Permissions) {
@@ -363,6 +365,12 @@ func TestGuardRefuses(t *testing.T) {
 			p.PubAllow = append(drop(p.PubAllow, protocol.SubjRegister+"."+a), protocol.SubjRegister+"."+b)
 		}), RuleSandboxRegister, protocol.SubjRegister + "." + b},
 
+		// Heartbeats: a job follows none (the other kinds may: their
+		// builders, which grant mesh.heartbeat.*, pass the guard).
+		{"job subscribing heartbeats", KindJob, []string{a}, addSub(job, "mesh.heartbeat.*"), RuleHeartbeatSubscribe, "mesh.heartbeat.*"},
+		{"job subscribing one node's heartbeats", KindJob, []string{a}, addSub(job, protocol.HeartbeatSubject(other)), RuleHeartbeatSubscribe, protocol.HeartbeatSubject(other)},
+		{"job subscribing heartbeats through a wildcard", KindJob, []string{a}, addSub(job, "mesh.*.*"), RuleHeartbeatSubscribe, "mesh.*.*"},
+
 		// Job scope.
 		{"job updating every task", KindJob, []string{a}, addPub(job, "mesh.task.*.update"), RuleJobScope, "mesh.task.*.update"},
 		{"job reading every task", KindJob, []string{a}, addPub(job, "mesh.task.get.*"), RuleJobScope, "mesh.task.get.*"},
@@ -416,7 +424,7 @@ func TestGuardRefuses(t *testing.T) {
 	}
 	for _, r := range []Rule{RuleRoster, RuleAllowLists, RuleDenies, RuleInboxSubscribe, RuleStreamSubjects,
 		RuleMailbox, RuleReplySubscribe, RuleReplyPublish, RuleInternal,
-		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleJobScope} {
+		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleHeartbeatSubscribe, RuleJobScope} {
 		if !seen[r] {
 			t.Errorf("no refusal case for rule %q", r)
 		}

@@ -179,8 +179,10 @@ func replyPublish() []string {
 // mesh.feed.<agent>.*.
 //
 // Subscribe: per hosted agent its inbox, guarded inbox and outbox; then
-// mesh.event.>, mesh.task.>, mesh.feed.*.*, its private reply prefix
-// _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
+// mesh.event.>, mesh.task.>, mesh.feed.*.*, mesh.heartbeat.* (read-only
+// liveness: an upstream SDK's trackPresence subscribes
+// mesh.heartbeat.<node> after a mesh.presence.get snapshot), its private
+// reply prefix _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
 //
 // Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.> (spec), and
 // $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>; subscribe also _MESH_RELAY.>.
@@ -240,7 +242,7 @@ func AppPermissions(appKey string, shared bool) Permissions {
 // mesh.heartbeat.*, mesh.feed.get, the reply spaces, and for the guest key
 // its outbox, trace subject and feeds mesh.feed.<key>.*.
 // Subscribe: its inbox and outbox, mesh.event.>, mesh.task.>, mesh.feed.*.*,
-// _MESH_INBOX.<key>.>. Denied both ways as for a node.
+// mesh.heartbeat.*, _MESH_INBOX.<key>.>. Denied both ways as for a node.
 func GuestPermissions(publicKey string) Permissions {
 	return nodeLike([]string{publicKey}, PrivateOnly(publicKey), false)
 }
@@ -328,6 +330,7 @@ func nodeLike(agents []string, r Replies, full bool) Permissions {
 		protocol.EventSubject(">"),
 		subjTaskAll,
 		protocol.FeedSubject("*", "*"),
+		protocol.HeartbeatSubject("*"),
 	)
 	sub = append(sub, r.subAllow()...)
 	return Permissions{PubAllow: pub, PubDeny: MeshDenies(), SubAllow: sub, SubDeny: subDenies()}
