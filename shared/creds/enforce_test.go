@@ -145,21 +145,25 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		// Within its grant mesh.feed.*.*, narrowed to its own feeds so the
 		// other subtests' traffic stays out.
 		feeds := nc.subscribe(t, protocol.FeedSubject(g, "*"))
-		// Its registrations reach the registry on its own bound subject.
+		// Its registrations reach the registry on its own bound subject and
+		// on the plain one (upstream SDKs register there, guests included).
 		bound, err := svc.SubscribeSync(protocol.SubjRegister + "." + g)
+		must(t, err)
+		plain, err := svc.SubscribeSync(protocol.SubjRegister)
 		must(t, err)
 		must(t, svc.Flush())
 		must(t, svc.Publish(protocol.InboxSubject(g), []byte("hi guest")))
 		must(t, nc.Publish(protocol.FeedSubject(g, "mood"), []byte("curious")))
 		must(t, nc.Publish(protocol.SubjRegister+"."+g, []byte("register")))
+		must(t, nc.Publish(protocol.SubjRegister, []byte("register plainly")))
 		receive(t, inbox, "hi guest")
 		receive(t, feeds, "curious")
 		receive(t, bound, "register")
+		receive(t, plain, "register plainly")
 		followsHeartbeats(t, nc, svc)
 		nc.quiet(t)
 		nc.refuse(t, append(append(slices.Clone(common), private...),
-			// Nowhere else: not the untokenized subject, not another key's.
-			forbidden{"publish", protocol.SubjRegister},
+			// No other key's bound subject.
 			forbidden{"publish", protocol.SubjRegister + "." + stranger},
 			forbidden{"subscribe", protocol.GuardedInboxSubject(g)},
 			forbidden{"publish", protocol.SubjMailboxFetch},

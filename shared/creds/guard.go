@@ -60,12 +60,14 @@ const (
 	// RuleSandbox: a guest reaches no admission, rooms, artifacts or board
 	// subject.
 	RuleSandbox Rule = "sandbox"
-	// RuleSandboxRegister: a guest publishes on no register subject but its
-	// own node-bound one, mesh.registry.register.<guest key>. The registry
-	// marks every registration on a bound subject sandbox and trusts the
-	// untokenized one to come from a non-guest credential, so a guest that
-	// reached mesh.registry.register, or another key's bound subject, could
-	// register outside the sandbox.
+	// RuleSandboxRegister: a guest publishes on no register subject but the
+	// plain mesh.registry.register and its own node-bound one,
+	// mesh.registry.register.<guest key>. On the plain subject the registry
+	// files a guest as sandbox because the control plane recorded its key
+	// (registry.GuestsBucket); on a bound subject because the subject is
+	// bound (the registry also requires its token to be the attesting
+	// node). Another key's bound subject is that node's, which the broker
+	// pins to it (upstream §2.1 clause b); a guest is only its own node.
 	RuleSandboxRegister Rule = "sandbox-register"
 	// RuleHeartbeatSubscribe: node heartbeats (mesh.heartbeat.<node>, read-
 	// only liveness, what an upstream SDK's trackPresence follows) are
@@ -211,7 +213,8 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 	}
 
 	// The hosted agents' own subjects, by what this kind may do with them.
-	var ownInboxes, ownFeeds, ownOutboxes, ownTraces, ownRegister []string
+	ownRegister := []string{protocol.SubjRegister}
+	var ownInboxes, ownFeeds, ownOutboxes, ownTraces []string
 	for _, h := range hosted {
 		if prof.inboxes {
 			ownInboxes = append(ownInboxes, protocol.InboxSubject(h))
@@ -300,7 +303,7 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 			return refuse(RuleSandbox, s, "is outside the sandbox (no admission, rooms, artifacts or board)")
 		}
 		if prof.sandbox && anyOverlaps(registerSpaces, s) && !slices.Contains(ownRegister, s) {
-			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
+			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the plain one and the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
 		}
 		if prof.job {
 			if err := jobScope(s); err != "" {
