@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
@@ -34,6 +35,7 @@ import (
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/registrar"
+	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
 )
 
@@ -216,11 +218,20 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	}
 	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
 		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log, History: history, Unowned: c.Unowned, Classes: c.Classes.Map()})
+	// With a bus connection, guests are recorded on the registry's guest
+	// roster (so they may register on the plain subject) and cleared when
+	// their leases end; without one they get the pinned set.
 	var evictor guest.Evictor
+	var roster guest.Roster
 	if caller != nil {
 		evictor = &guest.BusEvictor{Bus: caller}
+		js, err := jetstream.New(caller.NC)
+		if err != nil {
+			return nil, fmt.Errorf("nats jetstream: %w", err)
+		}
+		roster = &registry.GuestRoster{JS: js}
 	}
-	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Mesh: meshInfo, Log: log,
+	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Roster: roster, Mesh: meshInfo, Log: log,
 		Limits: c.GuestLimits, Class: &c.Classes.Guest})
 	var views *accountview.Service
 	if caller != nil {

@@ -107,6 +107,8 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		must(t, err)
 		must(t, svc.PublishRequest(protocol.InboxSubject(agent), protocol.RelayReplyPrefix+".bootstrap-test", []byte("request")))
 		receive(t, relay, "accepted")
+		// It follows node heartbeats (an upstream SDK's trackPresence).
+		followsHeartbeats(t, nc, svc)
 		nc.quiet(t)
 		nc.refuse(t, append(slices.Clone(common), private...))
 	})
@@ -125,6 +127,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		must(t, svc.Publish(protocol.InboxSubject(key.Public()), []byte("for the app")))
 		receive(t, events, "hello")
 		receive(t, own, "for the app")
+		followsHeartbeats(t, nc, svc)
 		nc.quiet(t)
 		nc.refuse(t, append(slices.Clone(common), private...))
 	})
@@ -142,20 +145,25 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		// Within its grant mesh.feed.*.*, narrowed to its own feeds so the
 		// other subtests' traffic stays out.
 		feeds := nc.subscribe(t, protocol.FeedSubject(g, "*"))
-		// Its registrations reach the registry on its own bound subject.
+		// Its registrations reach the registry on its own bound subject and
+		// on the plain one (upstream SDKs register there, guests included).
 		bound, err := svc.SubscribeSync(protocol.SubjRegister + "." + g)
+		must(t, err)
+		plain, err := svc.SubscribeSync(protocol.SubjRegister)
 		must(t, err)
 		must(t, svc.Flush())
 		must(t, svc.Publish(protocol.InboxSubject(g), []byte("hi guest")))
 		must(t, nc.Publish(protocol.FeedSubject(g, "mood"), []byte("curious")))
 		must(t, nc.Publish(protocol.SubjRegister+"."+g, []byte("register")))
+		must(t, nc.Publish(protocol.SubjRegister, []byte("register plainly")))
 		receive(t, inbox, "hi guest")
 		receive(t, feeds, "curious")
 		receive(t, bound, "register")
+		receive(t, plain, "register plainly")
+		followsHeartbeats(t, nc, svc)
 		nc.quiet(t)
 		nc.refuse(t, append(append(slices.Clone(common), private...),
-			// Nowhere else: not the untokenized subject, not another key's.
-			forbidden{"publish", protocol.SubjRegister},
+			// No other key's bound subject.
 			forbidden{"publish", protocol.SubjRegister + "." + stranger},
 			forbidden{"subscribe", protocol.GuardedInboxSubject(g)},
 			forbidden{"publish", protocol.SubjMailboxFetch},
@@ -186,6 +194,9 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 			forbidden{"subscribe", protocol.TaskUpdateSubject("another-task")},
 			forbidden{"publish", protocol.FeedSubject(agent, "status")},
 			forbidden{"publish", protocol.SubjMailboxFetch},
+			// A job follows no heartbeat: it sees its one task.
+			forbidden{"subscribe", "mesh.heartbeat.*"},
+			forbidden{"subscribe", protocol.HeartbeatSubject(stranger)},
 		))
 	})
 
@@ -321,6 +332,7 @@ func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, forbid []forb
 	receive(t, inbox, "live")
 	receive(t, guarded, "relayed")
 	receive(t, feeds, "up")
+	followsHeartbeats(t, nc, svc)
 	reply, err := nc.Request("mesh.event.echo."+first, []byte("ping"), violationWait)
 	if err != nil || string(reply.Data) != "ping" || !strings.HasPrefix(reply.Subject, protocol.PrivateInboxPrefix(nodeKey.Public())+".") {
 		t.Fatalf("request under the private prefix: %v %v", reply, err)
@@ -645,6 +657,30 @@ func receive(t *testing.T, sub *nats.Subscription, want string) {
 	}
 	if string(msg.Data) != want {
 		t.Fatalf("received %q on %s, want %q", msg.Data, sub.Subject, want)
+	}
+}
+
+// followsHeartbeats subscribes mesh.heartbeat.* on nc, as an upstream
+// SDK's trackPresence does, and receives a heartbeat of a fresh node
+// published by svc. The subtests share one broker, so other subtests'
+// heartbeats may arrive first; they are skipped.
+func followsHeartbeats(t *testing.T, nc *watched, svc *nats.Conn) {
+	t.Helper()
+	sub := nc.subscribe(t, "mesh.heartbeat.*")
+	defer func() { _ = sub.Unsubscribe() }()
+	subject := protocol.HeartbeatSubject(agentKey(t))
+	must(t, svc.Publish(subject, []byte("beat")))
+	for {
+		msg, err := sub.NextMsg(violationWait)
+		if err != nil {
+			t.Fatalf("no heartbeat received on %s: %v", subject, err)
+		}
+		if msg.Subject == subject {
+			if string(msg.Data) != "beat" {
+				t.Fatalf("heartbeat %q, want %q", msg.Data, "beat")
+			}
+			return
+		}
 	}
 }
 

@@ -60,13 +60,20 @@ const (
 	// RuleSandbox: a guest reaches no admission, rooms, artifacts or board
 	// subject.
 	RuleSandbox Rule = "sandbox"
-	// RuleSandboxRegister: a guest publishes on no register subject but its
-	// own node-bound one, mesh.registry.register.<guest key>. The registry
-	// marks every registration on a bound subject sandbox and trusts the
-	// untokenized one to come from a non-guest credential, so a guest that
-	// reached mesh.registry.register, or another key's bound subject, could
-	// register outside the sandbox.
+	// RuleSandboxRegister: a guest publishes on no register subject but the
+	// plain mesh.registry.register and its own node-bound one,
+	// mesh.registry.register.<guest key>. On the plain subject the registry
+	// files a guest as sandbox because the control plane recorded its key
+	// (registry.GuestsBucket); on a bound subject because the subject is
+	// bound (the registry also requires its token to be the attesting
+	// node). Another key's bound subject is that node's, which the broker
+	// pins to it (upstream §2.1 clause b); a guest is only its own node.
 	RuleSandboxRegister Rule = "sandbox-register"
+	// RuleHeartbeatSubscribe: node heartbeats (mesh.heartbeat.<node>, read-
+	// only liveness, what an upstream SDK's trackPresence follows) are
+	// subscribed only by kinds that host agents: node, bootstrap, app and
+	// guest. A job credential subscribes none: it sees its one task only.
+	RuleHeartbeatSubscribe Rule = "heartbeat-subscribe"
 	// RuleJobScope: a job credential names one literal task wherever it
 	// touches mesh.task.
 	RuleJobScope Rule = "job-scope"
@@ -96,6 +103,7 @@ type profile struct {
 	mailbox              bool // may fetch and acknowledge the hosted agents' mail
 	feeds                bool // may publish the hosted agents' feeds
 	sharedInbox          bool // may hold the shared _INBOX.> grant
+	heartbeats           bool // may subscribe node heartbeats
 	sandbox              bool
 	job                  bool
 }
@@ -113,11 +121,11 @@ type profile struct {
 func profileOf(k Kind) (profile, bool) {
 	switch k {
 	case KindNode:
-		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
+		return profile{minHosted: 1, maxHosted: MaxNodeAgents, inboxes: true, mailbox: true, feeds: true, sharedInbox: true, heartbeats: true}, true
 	case KindBootstrap, KindApp:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, sharedInbox: true}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, mailbox: true, feeds: true, sharedInbox: true, heartbeats: true}, true
 	case KindGuest:
-		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, sandbox: true}, true
+		return profile{minHosted: 1, maxHosted: 1, inboxes: true, feeds: true, heartbeats: true, sandbox: true}, true
 	case KindJob:
 		return profile{minHosted: 1, maxHosted: 1, job: true}, true
 	}
@@ -139,6 +147,7 @@ var (
 	// registerSpaces are the untokenized register subject and everything
 	// under it (the bound form is one token more).
 	registerSpaces = []string{protocol.SubjRegister, protocol.SubjRegister + ".>"}
+	heartbeatSpace = protocol.HeartbeatSubject("*")
 )
 
 // Guard checks a permission set against the rules of spec §4.6 rule 4 for a
@@ -204,7 +213,8 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 	}
 
 	// The hosted agents' own subjects, by what this kind may do with them.
-	var ownInboxes, ownFeeds, ownOutboxes, ownTraces, ownRegister []string
+	ownRegister := []string{protocol.SubjRegister}
+	var ownInboxes, ownFeeds, ownOutboxes, ownTraces []string
 	for _, h := range hosted {
 		if prof.inboxes {
 			ownInboxes = append(ownInboxes, protocol.InboxSubject(h))
@@ -243,6 +253,9 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 				return refuse(RuleReplySubscribe, s, "is the shared reply space, which a %s credential never gets", kind)
 			}
 			return refuse(RuleReplySubscribe, s, "reaches replies outside the credential's own prefix %s.>", protocol.PrivateInboxPrefix(key))
+		}
+		if !prof.heartbeats && patternsOverlap(heartbeatSpace, s) {
+			return refuse(RuleHeartbeatSubscribe, s, "subscribes to node heartbeats; a %s credential follows none", kind)
 		}
 		if prof.job {
 			if err := jobScope(s); err != "" {
@@ -290,7 +303,7 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 			return refuse(RuleSandbox, s, "is outside the sandbox (no admission, rooms, artifacts or board)")
 		}
 		if prof.sandbox && anyOverlaps(registerSpaces, s) && !slices.Contains(ownRegister, s) {
-			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
+			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the plain one and the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
 		}
 		if prof.job {
 			if err := jobScope(s); err != "" {

@@ -114,7 +114,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	wantSub := []string{
 		"mesh.agent." + a + ".inbox", "mesh.agent." + a + ".inbox.guarded", "mesh.agent." + a + ".outbox",
 		"mesh.agent." + b + ".inbox", "mesh.agent." + b + ".inbox.guarded", "mesh.agent." + b + ".outbox",
-		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "_MESH_INBOX." + nodeKey + ".>",
+		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "mesh.heartbeat.*", "_MESH_INBOX." + nodeKey + ".>",
 	}
 	wantPubDeny := []string{"$KV.>", "mesh.peer.>", "mesh.aclroom.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>"}
 	wantSubDeny := append(slices.Clone(wantPubDeny), "_MESH_RELAY.>", "> >")
@@ -152,19 +152,25 @@ func TestGuestAndJobPermissions(t *testing.T) {
 	ks := agentKeys(t, 2)
 	g, jobKey := ks[0], ks[1]
 	p := GuestPermissions(g)
-	// No mesh.registry.>: the one register subject is the guest's own bound
-	// one, so the broker pins where its registrations arrive. No shared
-	// _INBOX.> and no mailbox.
-	wantPub := []string{"mesh.registry.register." + g, "mesh.registry.deregister", "mesh.registry.discover",
+	// No mesh.registry.>: two register subjects, the plain one (upstream
+	// SDKs) and the guest's own bound one, and no other key's. No shared
+	// _INBOX.> and no mailbox. Heartbeats to follow, as a node.
+	wantPub := []string{"mesh.registry.register", "mesh.registry.register." + g, "mesh.registry.deregister", "mesh.registry.discover",
 		"mesh.registry.get.*", "mesh.registry.nodes.list",
 		"mesh.agent.*.inbox", "mesh.task.>", "mesh.event.>",
 		"mesh.presence.get", "mesh.heartbeat.*", "mesh.feed.get", "_INBOX.>", "_MESH_INBOX.>", "_MESH_RELAY.>",
 		"mesh.agent." + g + ".outbox", "mesh.trace." + g, "mesh.feed." + g + ".*"}
 	wantSub := []string{"mesh.agent." + g + ".inbox", "mesh.agent." + g + ".outbox",
-		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "_MESH_INBOX." + g + ".>"}
+		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "mesh.heartbeat.*", "_MESH_INBOX." + g + ".>"}
 	if !slices.Equal(p.PubAllow, wantPub) || !slices.Equal(p.SubAllow, wantSub) ||
 		!slices.Equal(p.PubDeny, MeshDenies()) || !slices.Equal(p.SubDeny, subDenies()) {
 		t.Errorf("guest set:\n%q\n%q\n%q\n%q", p.PubAllow, p.SubAllow, p.PubDeny, p.SubDeny)
+	}
+	// Pinned: the same without the plain register subject.
+	pinned := PinnedGuestPermissions(g)
+	if want := wantPub[1:]; !slices.Equal(pinned.PubAllow, want) || !slices.Equal(pinned.SubAllow, wantSub) ||
+		!slices.Equal(pinned.PubDeny, MeshDenies()) || !slices.Equal(pinned.SubDeny, subDenies()) {
+		t.Errorf("pinned guest set:\n%q\n%q", pinned.PubAllow, pinned.SubAllow)
 	}
 
 	j := JobPermissions(jobKey, g, "t1")
@@ -200,7 +206,10 @@ func TestEveryBuilderPassesTheGuard(t *testing.T) {
 		{"bootstrap, shared inbox", KindBootstrap, cred, ag[:1], BootstrapPermissions(ag[0], Replies{Key: cred, Shared: true})},
 		{"app", KindApp, ag[0], ag[:1], AppPermissions(ag[0], true)},
 		{"guest", KindGuest, ag[0], ag[:1], GuestPermissions(ag[0])},
+		{"pinned guest", KindGuest, ag[0], ag[:1], PinnedGuestPermissions(ag[0])},
 		{"job", KindJob, cred, ag[:1], JobPermissions(cred, ag[0], "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")},
+		{"guest following one node's heartbeats", KindGuest, ag[0], ag[:1], addSub(GuestPermissions(ag[0]), protocol.HeartbeatSubject(ag[1]))},
+		{"app following one node's heartbeats", KindApp, ag[0], ag[:1], addSub(AppPermissions(ag[0], false), protocol.HeartbeatSubject(ag[1]))},
 		// A narrower set passes too: the guard bounds, it does not demand.
 		{"node hosting more than it serves", KindNode, cred, ag[:2], NodePermissions(ag[:1], PrivateOnly(cred))},
 		{"deny wider than required", KindNode, cred, ag[:1], with(NodePermissions(ag[:1], PrivateOnly(cred)), func(p *Permissions) {
@@ -352,16 +361,23 @@ func TestGuardRefuses(t *testing.T) {
 		{"guest putting an artifact", KindGuest, []string{a}, addPub(guest, "mesh.artifacts.put"), RuleSandbox, "mesh.artifacts.put"},
 		{"guest on the board", KindGuest, []string{a}, addPub(guest, "mesh.board.>"), RuleSandbox, "mesh.board.>"},
 
-		// Sandbox register: a guest registers on its own bound subject only.
+		// Sandbox register: a guest registers on the plain subject and its
+		// own bound one only (both in GuestPermissions, which passes).
 		{"guest on the whole registry", KindGuest, []string{a}, addPub(guest, "mesh.registry.>"), RuleSandboxRegister, "mesh.registry.>"},
 		{"guest on every registry verb", KindGuest, []string{a}, addPub(guest, "mesh.registry.*"), RuleSandboxRegister, "mesh.registry.*"},
-		{"guest on the untokenized register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister), RuleSandboxRegister, protocol.SubjRegister},
 		{"guest on every bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+".*"), RuleSandboxRegister, protocol.SubjRegister + ".*"},
+		{"guest on every register subject", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+".>"), RuleSandboxRegister, protocol.SubjRegister + ".>"},
 		{"guest on another key's bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+"."+other), RuleSandboxRegister, protocol.SubjRegister + "." + other},
 		{"guest under its own bound register", KindGuest, []string{a}, addPub(guest, protocol.SubjRegister+"."+a+".>"), RuleSandboxRegister, protocol.SubjRegister + "." + a + ".>"},
 		{"guest bound to another key", KindGuest, []string{a}, with(guest, func(p *Permissions) {
 			p.PubAllow = append(drop(p.PubAllow, protocol.SubjRegister+"."+a), protocol.SubjRegister+"."+b)
 		}), RuleSandboxRegister, protocol.SubjRegister + "." + b},
+
+		// Heartbeats: a job follows none (the other kinds may: their
+		// builders, which grant mesh.heartbeat.*, pass the guard).
+		{"job subscribing heartbeats", KindJob, []string{a}, addSub(job, "mesh.heartbeat.*"), RuleHeartbeatSubscribe, "mesh.heartbeat.*"},
+		{"job subscribing one node's heartbeats", KindJob, []string{a}, addSub(job, protocol.HeartbeatSubject(other)), RuleHeartbeatSubscribe, protocol.HeartbeatSubject(other)},
+		{"job subscribing heartbeats through a wildcard", KindJob, []string{a}, addSub(job, "mesh.*.*"), RuleHeartbeatSubscribe, "mesh.*.*"},
 
 		// Job scope.
 		{"job updating every task", KindJob, []string{a}, addPub(job, "mesh.task.*.update"), RuleJobScope, "mesh.task.*.update"},
@@ -416,7 +432,7 @@ func TestGuardRefuses(t *testing.T) {
 	}
 	for _, r := range []Rule{RuleRoster, RuleAllowLists, RuleDenies, RuleInboxSubscribe, RuleStreamSubjects,
 		RuleMailbox, RuleReplySubscribe, RuleReplyPublish, RuleInternal,
-		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleJobScope} {
+		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleHeartbeatSubscribe, RuleJobScope} {
 		if !seen[r] {
 			t.Errorf("no refusal case for rule %q", r)
 		}

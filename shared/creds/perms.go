@@ -2,6 +2,7 @@ package creds
 
 import (
 	"fmt"
+	"slices"
 
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -179,8 +180,10 @@ func replyPublish() []string {
 // mesh.feed.<agent>.*.
 //
 // Subscribe: per hosted agent its inbox, guarded inbox and outbox; then
-// mesh.event.>, mesh.task.>, mesh.feed.*.*, its private reply prefix
-// _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
+// mesh.event.>, mesh.task.>, mesh.feed.*.*, mesh.heartbeat.* (read-only
+// liveness: an upstream SDK's trackPresence subscribes
+// mesh.heartbeat.<node> after a mesh.presence.get snapshot), its private
+// reply prefix _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
 //
 // Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.> (spec), and
 // $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>; subscribe also _MESH_RELAY.>.
@@ -188,7 +191,7 @@ func replyPublish() []string {
 // The builder does not check the roster; the guard (run by MintUser) refuses
 // an empty, oversized, duplicated or malformed one.
 func NodePermissions(agents []string, r Replies) Permissions {
-	return nodeLike(agents, r, true)
+	return nodeLike(agents, r, []string{subjRegistryAll}, true)
 }
 
 // BootstrapPermissions is the connection credential issued by an am_ key
@@ -205,14 +208,14 @@ func NodePermissions(agents []string, r Replies) Permissions {
 // that agent's inbox and mailbox. The credential key is a separate key
 // (spec §2.3); MintUser refuses a bootstrap credential issued to the agent key.
 func BootstrapPermissions(agent string, r Replies) Permissions {
-	return nodeLike([]string{agent}, r, true)
+	return nodeLike([]string{agent}, r, []string{subjRegistryAll}, true)
 }
 
 // AppPermissions is an app's durable credential: the app key is both the
 // credential key and an agent the app hosts, so it is the node set for a
 // roster of that one key.
 func AppPermissions(appKey string, shared bool) Permissions {
-	return nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, true)
+	return nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, []string{subjRegistryAll}, true)
 }
 
 // GuestPermissions is the sandbox fence of a leased guest credential whose
@@ -225,24 +228,39 @@ func AppPermissions(appKey string, shared bool) Permissions {
 //   - no rooms, artifacts or work board;
 //   - no shared _INBOX.> grant: its replies arrive only at its private
 //     prefix;
-//   - of the registry, only the subjects it needs, and one register
-//     subject: mesh.registry.register.<key>, the node-bound form pinned to
-//     its own key (a guest is its own node). It reaches neither the
-//     untokenized mesh.registry.register nor another key's bound subject,
-//     so every registration sent with a guest credential arrives on a bound
-//     subject, and the registry marks every bound-subject registration
-//     sandbox: the broker's pin, not a member the sender chose, is what
-//     makes a guest's registration sandbox (RuleSandboxRegister keeps it so).
+//   - of the registry, only the subjects it needs, and two register
+//     subjects: the plain mesh.registry.register (where upstream SDKs
+//     register, guests included, since they dropped the guest door) and
+//     mesh.registry.register.<key>, the node-bound form pinned to its own
+//     key (where this mesh's runtime registers a guest). It reaches no
+//     other key's bound subject (RuleSandboxRegister). What makes its
+//     registrations sandbox is what the control plane issued, not the
+//     subject alone: the guest service records every leased key in the
+//     registry's guest roster (registry.GuestsBucket) before it answers,
+//     and the registry files as sandbox every registration whose agent or
+//     vouching node is a recorded guest key. Only a control plane that can
+//     record its guests may issue this set; one that cannot issues
+//     PinnedGuestPermissions.
 //
-// Publish: mesh.registry.register.<key>, mesh.registry.deregister,
-// mesh.registry.discover, mesh.registry.get.*, mesh.registry.nodes.list,
-// mesh.agent.*.inbox, mesh.task.>, mesh.event.>, mesh.presence.get,
-// mesh.heartbeat.*, mesh.feed.get, the reply spaces, and for the guest key
-// its outbox, trace subject and feeds mesh.feed.<key>.*.
+// Publish: mesh.registry.register, mesh.registry.register.<key>,
+// mesh.registry.deregister, mesh.registry.discover, mesh.registry.get.*,
+// mesh.registry.nodes.list, mesh.agent.*.inbox, mesh.task.>, mesh.event.>,
+// mesh.presence.get, mesh.heartbeat.*, mesh.feed.get, the reply spaces, and
+// for the guest key its outbox, trace subject and feeds mesh.feed.<key>.*.
 // Subscribe: its inbox and outbox, mesh.event.>, mesh.task.>, mesh.feed.*.*,
-// _MESH_INBOX.<key>.>. Denied both ways as for a node.
+// mesh.heartbeat.*, _MESH_INBOX.<key>.>. Denied both ways as for a node.
 func GuestPermissions(publicKey string) Permissions {
-	return nodeLike([]string{publicKey}, PrivateOnly(publicKey), false)
+	return nodeLike([]string{publicKey}, PrivateOnly(publicKey), guestRegistrySubjects(publicKey, true), false)
+}
+
+// PinnedGuestPermissions is GuestPermissions without the plain register
+// subject: the one register subject is mesh.registry.register.<key>, and
+// the registry files everything arriving on a bound subject as sandbox, so
+// the broker's pin alone keeps the guest in the sandbox. It is for a
+// control plane with no bus connection, which cannot record its guests
+// where the registry reads them.
+func PinnedGuestPermissions(publicKey string) Permissions {
+	return nodeLike([]string{publicKey}, PrivateOnly(publicKey), guestRegistrySubjects(publicKey, false), false)
 }
 
 // JobPermissions is the narrow credential of one job: the performing agent
@@ -286,15 +304,10 @@ func ServicePermissions() Permissions {
 	}
 }
 
-// nodeLike builds the node set for agents; full is false for the guest's
-// sandbox cut.
-func nodeLike(agents []string, r Replies, full bool) Permissions {
-	var pub []string
-	if full {
-		pub = append(pub, subjRegistryAll)
-	} else {
-		pub = append(pub, guestRegistrySubjects(agents)...)
-	}
+// nodeLike builds the node set for agents, publishing on the registry
+// subjects registry; full is false for the guest's sandbox cut.
+func nodeLike(agents []string, r Replies, registry []string, full bool) Permissions {
+	pub := slices.Clone(registry)
 	pub = append(pub,
 		protocol.InboxSubject("*"),
 		subjTaskAll,
@@ -328,6 +341,7 @@ func nodeLike(agents []string, r Replies, full bool) Permissions {
 		protocol.EventSubject(">"),
 		subjTaskAll,
 		protocol.FeedSubject("*", "*"),
+		protocol.HeartbeatSubject("*"),
 	)
 	sub = append(sub, r.subAllow()...)
 	return Permissions{PubAllow: pub, PubDeny: MeshDenies(), SubAllow: sub, SubDeny: subDenies()}
@@ -337,16 +351,17 @@ func nodeLike(agents []string, r Replies, full bool) Permissions {
 // mesh.registry.register.<key> (upstream clause b).
 func registerBound(key string) string { return protocol.SubjRegister + "." + key }
 
-// guestRegistrySubjects are the registry subjects a guest publishes on, in
-// place of mesh.registry.>: the bound register subject of its own key (and
-// of no other, RuleSandboxRegister), deregister, discover, get and the node
-// list.
-func guestRegistrySubjects(agents []string) []string {
+// guestRegistrySubjects are the registry subjects a guest with key
+// publishes on, in place of mesh.registry.>: the plain register subject
+// when plain is set, the bound register subject of its own key (and of no
+// other, RuleSandboxRegister), deregister, discover, get and the node list.
+func guestRegistrySubjects(key string, plain bool) []string {
 	var out []string
-	for _, a := range agents {
-		out = append(out, registerBound(a))
+	if plain {
+		out = append(out, protocol.SubjRegister)
 	}
 	return append(out,
+		registerBound(key),
 		protocol.SubjDeregister,
 		protocol.SubjDiscover,
 		protocol.RegistryGetSubject("*"),

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/functions/accounts"
 	"agentmesh.dev/mesh/functions/api"
@@ -28,6 +29,7 @@ import (
 	"agentmesh.dev/mesh/shared/passkey"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
+	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
 )
@@ -82,7 +84,8 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
 		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now, Limits: cfg.AccountLimits})
 	// The control plane's own way onto the bus, for the account views, for
-	// clearing ended guests and for asking whether an agent key is new.
+	// recording guests and clearing ended ones, and for asking whether an
+	// agent key is new.
 	cpNC, err := m.ConnectService("control-plane")
 	if err != nil {
 		return fmt.Errorf("devenv: control plane bus connection: %w", err)
@@ -96,8 +99,12 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	if l, ok := cfg.Classes[creds.ClassGuest]; ok {
 		guestClass = &l
 	}
+	cpJS, err := jetstream.New(cpNC)
+	if err != nil {
+		return fmt.Errorf("devenv: control plane jetstream: %w", err)
+	}
 	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
-		Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Limits: cfg.GuestLimits, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
+		Roster: &registry.GuestRoster{JS: cpJS}, Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Limits: cfg.GuestLimits, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
 	idle := cfg.GuestIdleTTL
 	if idle <= 0 {
 		idle = guest.DefaultIdleTTL

@@ -18,15 +18,15 @@ import (
 )
 
 // TestGuestRegistrationStaysInTheSandbox (review finding H1): a real guest
-// credential from POST /v1/guest cannot register outside the sandbox. The
-// broker pins its register subject to mesh.registry.register.<guest key>:
-// the untokenized subject and another key's bound subject draw a
-// permissions violation. On its own subject the report's attack (a
-// made-up node key vouching for the guest) is refused, and what the
-// registry accepts there (the guest attesting itself, or another key it
-// holds) is stored sandbox and unlisted whatever the manifest asks, gets no
-// mailbox, is in neither discover nor the catalog, and goes when the lease
-// ends. A node's agent on the untokenized subject is still public.
+// credential from POST /v1/guest cannot register outside the sandbox on its
+// own bound subject. The broker refuses another key's bound subject with a
+// permissions violation (the plain subject is TestGuestOnThePlainSubject's).
+// On its own subject the report's attack (a made-up node key vouching for
+// the guest) is refused, and what the registry accepts there (the guest
+// attesting itself, or another key it holds) is stored sandbox and unlisted
+// whatever the manifest asks, gets no mailbox, is in neither discover nor
+// the catalog, and goes when the lease ends. A node's agent on the
+// untokenized subject is still public.
 func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 	c := startCP(t)
 	obs, err := c.m.ConnectService("test-observer")
@@ -113,8 +113,8 @@ func TestGuestRegistrationStaysInTheSandbox(t *testing.T) {
 		return b
 	}
 
-	// 1. The broker refuses every register subject but the guest's own.
-	for _, subject := range []string{protocol.SubjRegister, bound(made.Public()), bound(newAgent(t).Public())} {
+	// 1. The broker refuses every other key's bound subject.
+	for _, subject := range []string{bound(made.Public()), bound(newAgent(t).Public())} {
 		_ = nc.Publish(subject, signed(g, attack))
 		expectViolation(t, errCh, subject)
 	}

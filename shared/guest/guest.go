@@ -49,6 +49,12 @@ type Config struct {
 	// control plane has no bus connection (the registry's sandbox sweep
 	// then removes the registration an hour later, spec §3.3).
 	Evictor Evictor
+	// Roster records every leased key where the registry reads it, so a
+	// guest is sandbox on whichever register subject it uses
+	// (registry.GuestRoster). Nil when the control plane has no bus
+	// connection: its guests then get creds.PinnedGuestPermissions, their
+	// own bound register subject only, which alone makes them sandbox.
+	Roster  Roster
 	Mesh    credential.MeshInfo
 	IdleTTL time.Duration
 	// Limits bound what one address, one network and everyone take from
@@ -101,9 +107,10 @@ type Lease struct {
 	LeaseUntil int64  `json:"lease_until"`
 	Active     bool   `json:"active"`
 	EndedAt    int64  `json:"ended_at,omitempty"`
-	EndReason  string `json:"end_reason,omitempty"` // released, idle
+	EndReason  string `json:"end_reason,omitempty"` // released, idle, unrecorded
 	// PendingClear marks an ended lease whose bus leftovers (registration,
-	// activity rows) are not yet confirmed cleared; every sweep retries.
+	// activity rows, the roster's record) are not yet confirmed cleared, or
+	// whose credential is not yet confirmed revoked; every sweep retries.
 	PendingClear bool `json:"pending_clear,omitempty"`
 }
 
@@ -112,6 +119,18 @@ type Lease struct {
 // call again for keys already cleared.
 type Evictor interface {
 	EvictGuests(ctx context.Context, keys []string) error
+}
+
+// Roster is the list of live guest keys the registry reads to file a
+// registration as sandbox.
+type Roster interface {
+	// Record stores key as a guest whose credential expires at expires
+	// (the record lasts at least that long unless forgotten). It returns
+	// only once every registry copy can read it; recording a key again is
+	// not an error.
+	Record(ctx context.Context, key string, expires time.Time) error
+	// Forget removes keys; a key that is not there is not an error.
+	Forget(ctx context.Context, keys []string) error
 }
 
 // Grant is the answer of POST /v1/guest.
@@ -170,6 +189,10 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 	}
 	ip = httpx.LimitKey(ip)
 	now := s.now()
+	perms := creds.PinnedGuestPermissions(k.Public())
+	if s.cfg.Roster != nil {
+		perms = creds.GuestPermissions(k.Public())
+	}
 	lease := Lease{Key: k.Public(), IP: ip, IssuedAt: ms(now), LeaseUntil: ms(now.Add(s.cfg.IdleTTL)), Active: true}
 	credExpires := now.Add(s.cfg.CredentialTTL)
 	var lapsed []string
@@ -193,7 +216,7 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 		}
 		var err error
 		tok, err = s.cfg.Trust.MintUser(creds.UserSpec{PublicKey: k.Public(), Name: "guest", Kind: creds.KindGuest,
-			Hosted: []string{k.Public()}, Permissions: creds.GuestPermissions(k.Public()), Expires: credExpires,
+			Hosted: []string{k.Public()}, Permissions: perms, Expires: credExpires,
 			Class: creds.ClassGuest, Limits: s.class().ConnLimits})
 		if err != nil {
 			return errs.Wrap(errs.InternalError, "the guest credential could not be signed", err)
@@ -210,33 +233,78 @@ func (s *Service) Issue(ctx context.Context, ip string) (Grant, error) {
 		return Grant{}, err
 	}
 	s.revoke(ctx, lapsed, now)
+	// The registry must know the key for a guest before the guest holds
+	// its credential: recorded now, or the credential is never handed out.
+	if s.cfg.Roster != nil {
+		if err := s.cfg.Roster.Record(ctx, lease.Key, credExpires); err != nil {
+			s.abandon(ctx, lease.Key, now)
+			return Grant{}, errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
+		}
+	}
 	return Grant{JWT: tok, Seed: string(k.Seed()), PublicKey: k.Public(), ExpiresAt: protocol.FormatTime(time.UnixMilli(lease.LeaseUntil)),
 		Limits: s.limits(), Sandbox: true, Discoverable: false, TrustTier: "sandbox", InboxPrefix: protocol.PrivateInboxPrefix(k.Public()),
 		Mesh: map[string]any{"name": s.cfg.Mesh.Name, "protocol": s.cfg.Mesh.Protocol,
 			"nats_endpoints": append(append([]string{}, s.cfg.Mesh.TCP...), s.cfg.Mesh.WS...)}}, nil
 }
 
+// abandon ends a lease whose credential was never handed out, because its
+// key could not be recorded. Nobody holds that credential, so there is
+// nothing to revoke or clear; a record that was written after all expires
+// with the credential. Left active, the lease would hold its place in the
+// pool until it lapsed.
+func (s *Service) abandon(ctx context.Context, key string, now time.Time) {
+	// The client may be gone (a cancelled request is one way to fail
+	// Record); the lease must end all the same.
+	err := s.st.RunTx(context.WithoutCancel(ctx), func(tx store.Tx) error {
+		return tx.Update(CollLeases, key, map[string]any{"active": false, "ended_at": ms(now), "end_reason": "unrecorded"})
+	})
+	if err != nil {
+		s.log.Warn("a guest lease never handed out still counts until it lapses", "err", err)
+	}
+}
+
 // end marks leases over inside tx (reads must already be done).
 func (s *Service) end(tx store.Tx, keys []string, now time.Time, reason string) error {
 	for _, k := range keys {
 		if err := tx.Update(CollLeases, k, map[string]any{"active": false, "ended_at": ms(now), "end_reason": reason,
-			"pending_clear": s.cfg.Evictor != nil}); err != nil {
+			"pending_clear": s.clears()}); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
+// clears reports whether an ended lease leaves anything on the bus to
+// clear: registrations and activity (Evictor), the roster's record
+// (Roster).
+func (s *Service) clears() bool { return s.cfg.Evictor != nil || s.cfg.Roster != nil }
+
 // clear asks the bus to forget the ended leases' guests, then records them
-// cleared. A failure is logged and left pending for the next sweep: the
-// lease is over either way, and its credential is already revoked.
-func (s *Service) clear(ctx context.Context, keys []string) {
-	if len(keys) == 0 || s.cfg.Evictor == nil {
+// cleared. revoked says the broker now refuses their credentials: only
+// then are the keys taken off the roster, since a credential the broker
+// still accepts must stay in the sandbox (without a Revoker the records
+// expire with the credentials). A failure, or a revocation still to be
+// done, is logged and left pending for the next sweep, which revokes again
+// and clears again; the lease is over either way.
+func (s *Service) clear(ctx context.Context, keys []string, revoked bool) {
+	if len(keys) == 0 || !s.clears() {
 		return
 	}
-	if err := s.cfg.Evictor.EvictGuests(ctx, keys); err != nil {
-		s.log.Warn("ended guests not yet cleared from the bus; the next sweep retries", "count", len(keys), "err", err)
-		return
+	if s.cfg.Evictor != nil {
+		if err := s.cfg.Evictor.EvictGuests(ctx, keys); err != nil {
+			s.log.Warn("ended guests not yet cleared from the bus; the next sweep retries", "count", len(keys), "err", err)
+			return
+		}
+	}
+	if s.cfg.Roster != nil && s.cfg.Revoker != nil {
+		if !revoked {
+			s.log.Warn("ended guests stay on the guest roster until their credentials are revoked; the next sweep retries", "count", len(keys))
+			return
+		}
+		if err := s.cfg.Roster.Forget(ctx, keys); err != nil {
+			s.log.Warn("ended guests not yet taken off the guest roster; the next sweep retries", "count", len(keys), "err", err)
+			return
+		}
 	}
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
 		for _, k := range keys {
@@ -251,16 +319,21 @@ func (s *Service) clear(ctx context.Context, keys []string) {
 	}
 }
 
-func (s *Service) revoke(ctx context.Context, keys []string, now time.Time) {
+// revoke revokes keys' credentials at the broker and reports whether it
+// did (false without a Revoker).
+func (s *Service) revoke(ctx context.Context, keys []string, now time.Time) bool {
 	if len(keys) == 0 || s.cfg.Revoker == nil {
-		return
+		return false
 	}
 	// A failed push is logged: the lease is already over in the store, and
-	// the next sweep or restart does not bring it back; the JWT's own expiry
-	// bounds the damage.
+	// the next sweep or restart does not bring it back. A lease with
+	// something to clear stays pending, and the sweep revokes it again;
+	// otherwise the JWT's own expiry bounds the damage.
 	if err := s.cfg.Revoker.Revoke(ctx, keys, now.Truncate(time.Second)); err != nil {
 		s.log.Warn("guest credentials not revoked at the broker", "count", len(keys), "err", err)
+		return false
 	}
+	return true
 }
 
 // Signed is the body of heartbeat and release: the guest proves it holds
@@ -338,15 +411,17 @@ func (s *Service) Release(ctx context.Context, b Signed) error {
 	if err != nil {
 		return errs.Wrap(errs.Unavailable, "the guest pool is unavailable; retry shortly", err)
 	}
-	s.revoke(ctx, []string{b.PublicKey}, now)
-	s.clear(ctx, []string{b.PublicKey})
+	revoked := s.revoke(ctx, []string{b.PublicKey}, now)
+	s.clear(ctx, []string{b.PublicKey}, revoked)
 	return nil
 }
 
 // Sweep ends every lease idle past its deadline, revokes its key and clears
-// its guest from the bus, retries the clearing of leases that ended
-// earlier without it, and deletes the rate-limit counters that no longer
-// matter. meshd runs it every minute; Issue also sweeps what it reads.
+// its guest from the bus, retries the revocation and clearing of leases
+// that ended earlier without them (revoking a guest key again is harmless:
+// it is never issued again), and deletes the rate-limit counters that no
+// longer matter. meshd runs it every minute; Issue also sweeps what it
+// reads.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	now := s.now()
 	var lapsed, pending []string
@@ -356,7 +431,7 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 		if err := tx.Query(CollLeases, store.Where("active", true), &active); err != nil {
 			return err
 		}
-		if s.cfg.Evictor != nil {
+		if s.clears() {
 			if err := tx.Query(CollLeases, store.Where("pending_clear", true), &ended); err != nil {
 				return err
 			}
@@ -376,8 +451,9 @@ func (s *Service) Sweep(ctx context.Context) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	s.revoke(ctx, lapsed, now)
-	s.clear(ctx, append(pending, lapsed...))
+	ended := append(pending, lapsed...)
+	revoked := s.revoke(ctx, ended, now)
+	s.clear(ctx, ended, revoked)
 	if _, err := ratelimit.Sweep(ctx, s.st, CollRateLimits, now); err != nil {
 		s.log.Warn("expired guest rate-limit counters not deleted; the next sweep retries", "err", err)
 	}

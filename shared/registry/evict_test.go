@@ -19,7 +19,8 @@ import (
 func TestGuestEvictNeedsServicesKey(t *testing.T) {
 	f := setup(t, registry.Config{})
 	guest := bustest.Agent(t)
-	f.mustRegister(guest, manifest(t, guest, guest, 72*time.Hour, nil)) // self-hosted: sandbox
+	f.lease(guest)
+	f.mustRegister(guest, manifest(t, guest, guest, 72*time.Hour, nil)) // a leased guest: sandbox
 	evict := func(signer keys.Signer) (map[string]any, error) {
 		t.Helper()
 		return f.call(signer, protocol.SubjGuestEvict, protocol.TypeRequest, map[string]any{"keys": []string{guest.Public()}})

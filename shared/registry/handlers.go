@@ -23,23 +23,46 @@ func wantType(r *bus.Request, t protocol.Type) error {
 }
 
 // register serves mesh.registry.register and its node-bound form
-// mesh.registry.register.<node>. The bound form is the only register
-// subject a guest credential reaches (pinned to its own key), so what
-// arrives on it is stored sandbox; its token must also be the attesting
-// node.
+// mesh.registry.register.<node>, whose token must be the attesting node.
+//
+// Sandbox is decided by what the control plane issued and the broker
+// enforces, never by what the sender claims alone. A registration is
+// sandbox when
+//
+//   - its agent key or its vouching node key is a live guest key: the guest
+//     service records every leased key in GuestsBucket before it hands the
+//     credential out, and removes it only once the lease has ended and the
+//     credential is revoked. So a guest is sandbox on whichever register
+//     subject it uses, and so is every agent a guest key vouches for;
+//   - it arrived on a bound subject: a control plane that cannot record
+//     its guests issues them only their own bound subject
+//     (creds.PinnedGuestPermissions), and a node that registers there is
+//     sandboxed with them;
+//   - it declares trust_tier "sandbox".
+//
+// Nothing else: an agent that is its own node (node.id == id), the shape of
+// an upstream SDK's standalone agent on an am_ credential, is listed like
+// any other (spec §5). The sender chooses node.id and trust_tier, so these
+// only ever add sandbox. A failed read of the roster refuses the
+// registration (UNAVAILABLE) rather than list what may be a guest.
 func (w *Worker) register(ctx context.Context, r *bus.Request) (any, error) {
 	if err := wantType(r, protocol.TypeRegister); err != nil {
 		return nil, err
 	}
 	now := w.now()
 	tok, bound := strings.CutPrefix(r.Subject, protocol.SubjRegister+".")
-	m, err := parseManifest(r.Payload, r.Env.From, now, bound)
+	m, err := parseManifest(r.Payload, r.Env.From, now)
 	if err != nil {
 		return nil, err
 	}
 	if bound && tok != m.node {
 		return nil, errs.Newf(errs.Unauthorized, "registration arrived on %s but is attested by node %s", r.Subject, m.node)
 	}
+	guest, err := isGuest(ctx, w.guests, m.id, m.node)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the registry could not check the guest leases; try again")
+	}
+	m.file(bound || guest || m.declaresSandbox())
 	var created, moved bool
 	var prevNode string
 	_, changed, err := bus.CAS(ctx, w.kv, m.id, func(cur *record, exists bool) (*record, error) {

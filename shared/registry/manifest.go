@@ -95,10 +95,9 @@ func invalid(format string, args ...any) error {
 // parseManifest checks a register payload sent by from at now and builds
 // the record to store: shape (INVALID_MANIFEST), id == from
 // (IDENTITY_MISMATCH), then the vouch (its signature: IDENTITY_MISMATCH;
-// its validity window, expired included: UNAUTHORIZED). bound says the
-// registration arrived on the node-bound subject
-// mesh.registry.register.<node>, which makes it sandbox (see below).
-func parseManifest(payload any, from string, now time.Time, bound bool) (*manifest, error) {
+// its validity window, expired included: UNAUTHORIZED). Whether it is
+// sandbox is decided after, by the caller (file).
+func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 	m, ok := payload.(map[string]any)
 	if !ok {
 		return nil, invalid("the register payload must be the manifest object")
@@ -185,36 +184,35 @@ func parseManifest(payload any, from string, now time.Time, bound bool) (*manife
 	expires, _ := protocol.ParseTime(v.ExpiresAt) // Verify parsed it
 
 	rec := record(maps.Clone(m))
-	// Sandbox is decided by what the broker enforces, never by what the
-	// sender claims alone. A guest credential may publish on one register
-	// subject only, the bound one of its own key (creds.GuestPermissions,
-	// guard rule sandbox-register): everything a guest registers arrives
-	// on a bound subject, so every bound-subject registration is sandbox.
-	// The untokenized subject is out of a guest's reach, so what arrives
-	// there comes from a node, bootstrap or app credential. Agent and node
-	// keys cannot be told apart (both are nkeys user keys), so neither
-	// node.id nor the bound token can say "guest" by itself; the subject
-	// does. A node may still sandbox its own agents: an agent that is its
-	// own node (the shape of a guest), or trust_tier "sandbox" in the
-	// manifest or its node profile.
-	sandbox := bound || nodeID == id || rec.profile("trust_tier") == TierSandbox
-	vis := rec.str("visibility")
+	rec["endpoint"] = protocol.InboxSubject(id)
+	rec["vouch_expires_at"] = protocol.FormatTime(expires)
+	rec["updated_at"] = protocol.FormatTime(now)
+	delete(rec, "availability") // a live stamp, never stored
+	delete(rec, "registered_at")
+	return &manifest{rec: rec, id: id, node: nodeID, vouch: v}, nil
+}
+
+// declaresSandbox: the manifest or its node profile says trust_tier
+// "sandbox". A sender may always put itself in the sandbox, never take
+// itself out.
+func (m *manifest) declaresSandbox() bool { return m.rec.profile("trust_tier") == TierSandbox }
+
+// file records the registry's decision on m: a sandbox registration is
+// trust_tier "sandbox", and public (or unset) visibility is clamped to
+// unlisted; any other defaults to public.
+func (m *manifest) file(sandbox bool) {
+	vis := m.rec.str("visibility")
 	if sandbox {
-		rec["trust_tier"] = TierSandbox
+		m.rec["trust_tier"] = TierSandbox
 		if vis == "" || vis == VisibilityPublic {
 			vis = VisibilityUnlisted
 		}
 	} else if vis == "" {
 		vis = VisibilityPublic
 	}
-	rec["visibility"] = vis
-	rec["sandbox"] = sandbox
-	rec["endpoint"] = protocol.InboxSubject(id)
-	rec["vouch_expires_at"] = protocol.FormatTime(expires)
-	rec["updated_at"] = protocol.FormatTime(now)
-	delete(rec, "availability") // a live stamp, never stored
-	delete(rec, "registered_at")
-	return &manifest{rec: rec, id: id, node: nodeID, vouch: v, sandbox: sandbox}, nil
+	m.rec["visibility"] = vis
+	m.rec["sandbox"] = sandbox
+	m.sandbox = sandbox
 }
 
 func optString(m map[string]any, k string) error {

@@ -108,10 +108,9 @@ const MaxEvict = 1000
 // calls when guest leases end (spec §3.3: "registration deregistered"):
 // {keys:[guest keys]} → {evicted:[the agent ids removed]}. It removes the
 // sandbox registration of each guest key and every sandbox registration a
-// guest key attested as its node: a guest registers on its own bound
-// subject, where the token must be the attesting node, so another key it
-// holds can be registered there only with the guest as its node (always
-// sandbox, and over with the lease). Only sandbox registrations are
+// guest key attested as its node: an agent a guest vouches for is sandbox
+// (its node is a guest key, or it arrived on the guest's bound subject) and
+// over with the lease. Only sandbox registrations are
 // removed, each by a compare-and-set delete that checks the stored record
 // again, so copies evicting at once remove (and emit
 // registry.agent_reaped with reason guest_lease_ended for) each once. A

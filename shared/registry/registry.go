@@ -28,7 +28,9 @@ import (
 const Name = "registry"
 
 // Buckets. The registry owns Bucket; it only reads the presence bucket,
-// and only when it exists (the presence worker creates it).
+// and only when it exists (the presence worker creates it), and the guest
+// roster GuestsBucket, which the control plane writes and every copy binds
+// at start (guests.go).
 const (
 	Bucket         = "mesh_registry"
 	PresenceBucket = "mesh_presence"
@@ -70,9 +72,11 @@ type Worker struct {
 	svc *bus.Service
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
-	cfg Config
-	now func() time.Time
-	log *slog.Logger
+	// guests is GuestsBucket, read on every registration.
+	guests jetstream.KeyValue
+	cfg    Config
+	now    func() time.Time
+	log    *slog.Logger
 
 	presence *optionalBucket
 
@@ -109,7 +113,13 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
-	w := &Worker{svc: svc, js: svc.JS, kv: kv, cfg: cfg, now: cfg.Now, log: svc.Log,
+	// Bound (created if need be) before the endpoints exist, so no
+	// registration is ever judged without it.
+	guests, err := bus.Bucket(ctx, svc.JS, guestsConfig())
+	if err != nil {
+		return fail(err)
+	}
+	w := &Worker{svc: svc, js: svc.JS, kv: kv, guests: guests, cfg: cfg, now: cfg.Now, log: svc.Log,
 		presence: newOptionalBucket(svc.JS, PresenceBucket)}
 	for _, ep := range []struct {
 		name, subject string
@@ -118,8 +128,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		{"register", protocol.SubjRegister, w.register},
 		// The node-bound form (upstream §2.1 clause b): the token must be
 		// the attesting node, which the broker can pin per connection. It
-		// pins guests there (their only register subject), so every
-		// registration on it is sandbox.
+		// pins guests there when the control plane cannot record them, so
+		// every registration on it is sandbox (register).
 		{"register-bound", protocol.SubjRegister + ".*", w.register},
 		{"deregister", protocol.SubjDeregister, w.deregister},
 		{"discover", protocol.SubjDiscover, w.discover},

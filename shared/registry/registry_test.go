@@ -31,6 +31,9 @@ type fixture struct {
 	clock   *bustest.Clock
 	workers []*registry.Worker
 	events  *eventLog
+	// guests is the control plane's side of the guest roster, on the
+	// test's own connection.
+	guests *registry.GuestRoster
 }
 
 func setup(t *testing.T, cfg registry.Config) *fixture {
@@ -42,6 +45,7 @@ func setup(t *testing.T, cfg registry.Config) *fixture {
 		t.Fatal(err)
 	}
 	f.js = js
+	f.guests = &registry.GuestRoster{JS: js}
 	// Subscribe before any worker can emit.
 	f.events = newEventLog(t, f.nc)
 	for i := range 3 {
@@ -54,6 +58,17 @@ func setup(t *testing.T, cfg registry.Config) *fixture {
 		f.workers = append(f.workers, w)
 	}
 	return f
+}
+
+// lease records keys as live guests, as the guest service does before it
+// hands a guest credential out.
+func (f *fixture) lease(keys ...keys.Signer) {
+	f.t.Helper()
+	for _, k := range keys {
+		if err := f.guests.Record(f.ctx(), k.Public(), time.Now().Add(24*time.Hour)); err != nil {
+			f.t.Fatalf("record guest %s: %v", k.Public(), err)
+		}
+	}
 }
 
 func (f *fixture) ctx() context.Context {

@@ -193,11 +193,18 @@ func TestUnsignedNeverReachesHandler(t *testing.T) {
 	f.events.expect(t, registry.EventRegistered, a.Public(), 0)
 }
 
+// TestSandbox: what makes a registration sandbox on the plain subject is
+// the guest roster the control plane writes (a leased guest key as the
+// agent or as its vouching node) or a declared trust_tier, decided alike by
+// each of the three copies; never the shape node.id == id, which is an
+// upstream SDK's standalone agent on an am_ credential, listed like any
+// other (spec §5).
 func TestSandbox(t *testing.T) {
 	f := setup(t, registry.Config{})
-	// A guest credential is its own node.
+	// A leased guest, its own node, asking to be public.
 	g := bustest.Agent(t)
-	rep := f.mustRegister(g, manifest(t, g, g, 72*time.Hour, nil))
+	f.lease(g)
+	rep := f.mustRegister(g, manifest(t, g, g, 72*time.Hour, map[string]any{"visibility": "public", "trust_tier": "verified"}))
 	if rep["sandbox"] != true || rep["visibility"] != "unlisted" {
 		t.Fatalf("guest answer %v", rep)
 	}
@@ -210,6 +217,18 @@ func TestSandbox(t *testing.T) {
 		t.Fatalf("event %v", ev[0].Data)
 	}
 
+	// Another key the guest holds, vouched for by the guest key: sandbox.
+	x := bustest.Agent(t)
+	if rep := f.mustRegister(x, manifest(t, x, g, time.Hour, map[string]any{"visibility": "public"})); rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("agent vouched for by a guest: %v", rep)
+	}
+	// The guest key as the agent, vouched for by a node key it made up:
+	// sandbox, the agent is a guest.
+	made := bustest.Node(t)
+	if rep := f.mustRegister(g, manifest(t, g, made, time.Hour, map[string]any{"visibility": "public"})); rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+		t.Fatalf("guest under a made-up node: %v", rep)
+	}
+
 	// trust_tier sandbox declared, public asked: clamped to unlisted.
 	s, n := bustest.Agent(t), bustest.Node(t)
 	rep = f.mustRegister(s, manifest(t, s, n, month, map[string]any{"trust_tier": "sandbox", "visibility": "public"}))
@@ -218,17 +237,37 @@ func TestSandbox(t *testing.T) {
 	}
 	// Private stays private.
 	p := bustest.Agent(t)
+	f.lease(p)
 	rep = f.mustRegister(p, manifest(t, p, p, month, map[string]any{"visibility": "private"}))
-	if rep["visibility"] != "private" {
+	if rep["visibility"] != "private" || rep["sandbox"] != true {
 		t.Fatalf("private sandbox answer %v", rep)
 	}
-	// Not listed; reachable by id.
+
+	// Standalone agents, each its own node and recorded nowhere, through
+	// whichever copy takes them: listed, not sandbox.
+	var standalone []string
+	for range 6 {
+		a := bustest.Agent(t)
+		rep := f.mustRegister(a, manifest(t, a, a, month, map[string]any{"name": "standalone"}))
+		if rep["sandbox"] != false || rep["visibility"] != "public" {
+			t.Fatalf("standalone agent answer %v", rep)
+		}
+		standalone = append(standalone, a.Public())
+	}
+	slices.Sort(standalone)
+
+	// Only the standalone agents are listed; the sandbox ones are
+	// reachable by id.
 	res, err := f.discover(nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if res["total"] != 0.0 {
-		t.Fatalf("sandbox agents listed: %v", res)
+	var listed []string
+	for _, a := range res["agents"].([]any) {
+		listed = append(listed, a.(map[string]any)["id"].(string))
+	}
+	if !slices.Equal(listed, standalone) {
+		t.Fatalf("discover lists %v, want the standalone agents %v", listed, standalone)
 	}
 	got, err := f.call(bustest.Agent(t), protocol.RegistryGetSubject(s.Public()), protocol.TypeDiscover, nil)
 	if err != nil || got["id"] != s.Public() || got["sandbox"] != true {
@@ -236,11 +275,85 @@ func TestSandbox(t *testing.T) {
 	}
 }
 
-// TestSandboxIsDecidedByTheSubject: a guest credential reaches only its own
-// bound subject mesh.registry.register.<guest key> (the broker pins it), so
+// TestGuestRosterIsReadEveryTime: no copy remembers what the roster said.
+// A key judged not a guest is a guest as soon as the control plane records
+// it, and is no longer one once it is forgotten (its lease over, its
+// credential revoked). A record lives as long as the credential it was
+// written for, plus GuestRecordSlack.
+func TestGuestRosterIsReadEveryTime(t *testing.T) {
+	f := setup(t, registry.Config{})
+	k := bustest.Agent(t)
+	register := func() map[string]any {
+		t.Helper()
+		return f.mustRegister(k, manifest(t, k, k, time.Hour, nil))
+	}
+	// Every copy judges the key once before it is recorded (a copy that
+	// cached the answer would keep listing it).
+	for range 6 {
+		if rep := register(); rep["sandbox"] != false {
+			t.Fatalf("before the lease: %v", rep)
+		}
+	}
+	expires := time.Now().Add(24 * time.Hour)
+	if err := f.guests.Record(f.ctx(), k.Public(), expires); err != nil {
+		t.Fatal(err)
+	}
+	// Recording again (a retried lease) is not an error.
+	if err := f.guests.Record(f.ctx(), k.Public(), expires); err != nil {
+		t.Fatalf("record again: %v", err)
+	}
+	for range 6 {
+		if rep := register(); rep["sandbox"] != true || rep["visibility"] != "unlisted" {
+			t.Fatalf("once recorded: %v", rep)
+		}
+	}
+	// The record expires with the credential: its TTL is the credential's
+	// remaining life plus the slack.
+	st, err := f.js.Stream(f.ctx(), "KV_"+registry.GuestsBucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg, err := st.GetLastMsgForSubject(f.ctx(), "$KV."+registry.GuestsBucket+"."+k.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ttl, err := time.ParseDuration(msg.Header.Get("Nats-TTL"))
+	if err != nil {
+		t.Fatalf("record TTL %q: %v", msg.Header.Get("Nats-TTL"), err)
+	}
+	if want := 24*time.Hour + registry.GuestRecordSlack; ttl > want || ttl < want-time.Minute {
+		t.Fatalf("record TTL %s, want about %s", ttl, want)
+	}
+
+	if err := f.guests.Forget(f.ctx(), []string{k.Public(), bustest.Agent(t).Public()}); err != nil {
+		t.Fatal(err)
+	}
+	if rep := register(); rep["sandbox"] != false {
+		t.Fatalf("after the lease: %v", rep)
+	}
+}
+
+// TestUnreadableRosterRefuses: a copy that cannot read the guest roster
+// refuses the registration (UNAVAILABLE) and stores nothing, rather than
+// list what may be a guest.
+func TestUnreadableRosterRefuses(t *testing.T) {
+	f := setup(t, registry.Config{})
+	if err := f.js.DeleteKeyValue(f.ctx(), registry.GuestsBucket); err != nil {
+		t.Fatal(err)
+	}
+	a := bustest.Agent(t)
+	_, err := f.register(a, manifest(t, a, a, time.Hour, nil))
+	wantCode(t, err, errs.Unavailable, "guest")
+	if _, found := f.stored(a.Public()); found {
+		t.Fatal("a registration judged without the roster was stored")
+	}
+}
+
+// TestSandboxIsDecidedByTheSubject: a guest credential from a control plane
+// that cannot record it reaches only its own bound subject
+// mesh.registry.register.<guest key> (creds.PinnedGuestPermissions), so
 // everything arriving on a bound subject is sandbox, whatever the manifest
-// says; the untokenized subject, out of a guest's reach, keeps the rules of
-// TestSandbox.
+// says and whether or not the roster knows the key.
 func TestSandboxIsDecidedByTheSubject(t *testing.T) {
 	f := setup(t, registry.Config{})
 	bound := func(node interface{ Public() string }) string { return protocol.SubjRegister + "." + node.Public() }
@@ -545,6 +658,7 @@ func TestReap(t *testing.T) {
 	quiet, chatty := bustest.Agent(t), bustest.Agent(t)
 	f.mustRegister(short, manifest(t, short, n, 2*time.Minute, nil))
 	f.mustRegister(long, manifest(t, long, n, month, nil))
+	f.lease(quiet, chatty)
 	f.mustRegister(quiet, manifest(t, quiet, quiet, 72*time.Hour, nil))
 	f.mustRegister(chatty, manifest(t, chatty, chatty, 72*time.Hour, nil))
 
