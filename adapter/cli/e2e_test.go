@@ -332,7 +332,9 @@ func TestTwoAdaptersTalk(t *testing.T) {
 	if r := <-wait; r[2] != "0" || strings.TrimSpace(r[0]) != "four" {
 		t.Fatalf("send waiting for the inbox reply: %v", r)
 	}
-	if p := answerOf(idB); p["status"] != "completed" || p["output"].(map[string]any)["text"] != "four" {
+	// A person's answer reaches a protocol 0.3 sender as a fresh request
+	// offering back what was asked for (upstream-notes §15).
+	if p := answerOf(idB); p["offering"] != "chat" || p["input"].(map[string]any)["text"] != "four" {
 		t.Fatalf("reply on the wire %v", p)
 	}
 	if _, errOut, code := w.run(a, "reply", fmt.Sprint(m["seq"]), "again"); code == 0 || !strings.Contains(errOut, "already replied") {

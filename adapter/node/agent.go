@@ -99,13 +99,18 @@ type Agent struct {
 	triesMu sync.Mutex
 	tries   map[uint64]int // failed tries of mailbox messages, by sequence
 
-	mu       sync.Mutex
-	sub      *nats.Subscription
-	guarded  bool
-	vouch    protocol.Vouch
-	vs       vouchState
-	tasks    map[string]*Task     // performer side, live and recently finished
-	finished map[string]time.Time // performer side: when a task ended
+	mu  sync.Mutex
+	sub *nats.Subscription
+	// answerSub is a guarded agent's subscription on its public inbox,
+	// where protocol 0.3 performers send the answers to its requests
+	// (upstream-notes §15); requests there go through the admission
+	// service instead.
+	answerSub *nats.Subscription
+	guarded   bool
+	vouch     protocol.Vouch
+	vs        vouchState
+	tasks     map[string]*Task     // performer side, live and recently finished
+	finished  map[string]time.Time // performer side: when a task ended
 	// Caller side: the performer of each task this agent requested, at
 	// most maxKnownTasks of them (knownOrder is the order they came in,
 	// for eviction), and the open task handles, closed when the agent
@@ -285,20 +290,43 @@ func (a *Agent) inboxSubject() string {
 func (a *Agent) subscribe() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.sub != nil {
-		_ = a.sub.Unsubscribe()
-		a.sub = nil
-	}
-	sub, err := a.n.nc.Subscribe(a.inboxSubject(), a.onInboxMsg)
+	a.unsubscribeLocked()
+	sub, err := a.subscribeInbox(a.inboxSubject(), a.onInboxMsg)
 	if err != nil {
-		return fmt.Errorf("node: subscribe %s: %w", a.inboxSubject(), err)
-	}
-	if err := sub.SetPendingLimits(-1, 256<<20); err != nil {
-		_ = sub.Unsubscribe()
 		return err
 	}
 	a.sub = sub
+	if a.guarded {
+		// Answers from a performer outside the roster never pass the
+		// admission service; the agent takes them here, live, when they
+		// answer one of its waiting requests (receive, answersOnly).
+		if a.answerSub, err = a.subscribeInbox(protocol.InboxSubject(a.id), a.onAnswerMsg); err != nil {
+			a.unsubscribeLocked()
+			return err
+		}
+	}
 	return a.n.nc.Flush()
+}
+
+func (a *Agent) subscribeInbox(subject string, cb nats.MsgHandler) (*nats.Subscription, error) {
+	sub, err := a.n.nc.Subscribe(subject, cb)
+	if err != nil {
+		return nil, fmt.Errorf("node: subscribe %s: %w", subject, err)
+	}
+	if err := sub.SetPendingLimits(-1, 256<<20); err != nil {
+		_ = sub.Unsubscribe()
+		return nil, err
+	}
+	return sub, nil
+}
+
+func (a *Agent) unsubscribeLocked() {
+	for _, s := range []**nats.Subscription{&a.sub, &a.answerSub} {
+		if *s != nil {
+			_ = (*s).Unsubscribe()
+			*s = nil
+		}
+	}
 }
 
 // newVouch makes a fresh vouch for the agent: 30 days, 72 h without a
@@ -521,10 +549,7 @@ func (a *Agent) unhost() {
 func (a *Agent) stop() {
 	a.cancel()
 	a.mu.Lock()
-	if a.sub != nil {
-		_ = a.sub.Unsubscribe()
-		a.sub = nil
-	}
+	a.unsubscribeLocked()
 	handles := make([]*TaskHandle, 0, len(a.handles))
 	for h := range a.handles {
 		handles = append(handles, h)

@@ -294,13 +294,27 @@ func (tm *testMesh) rawPublish(t *testing.T, subject string, data []byte) *colle
 	return c
 }
 
+// requestEnv is a request from a protocol 0.2-style peer, which reads its
+// answers on the reply subject (requestEnv03 is a 0.3 client's).
 func requestEnv(t *testing.T, from *keys.Agent, to, offering string, input any) *protocol.Envelope {
+	t.Helper()
+	return versionedRequest(t, "0.2.0", from, to, offering, input)
+}
+
+// requestEnv03 is a request from a protocol 0.3 client, which reads its
+// answers at its own inbox (upstream-notes §15).
+func requestEnv03(t *testing.T, from *keys.Agent, to, offering string, input any) *protocol.Envelope {
+	t.Helper()
+	return versionedRequest(t, "0.3.0", from, to, offering, input)
+}
+
+func versionedRequest(t *testing.T, v string, from *keys.Agent, to, offering string, input any) *protocol.Envelope {
 	t.Helper()
 	e, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": offering, "input": input})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.To = to
+	e.V, e.To = v, to
 	if err := e.Sign(from); err != nil {
 		t.Fatal(err)
 	}

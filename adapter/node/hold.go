@@ -58,6 +58,7 @@ func (a *Agent) hold(c *Call, inboxID string) error {
 // received (Call.Env.Raw()), with a terminal {status:"completed", output}
 // sent to the sender's inbox.
 func (a *Agent) AnswerHeld(raw []byte, output any) error {
+	// A protocol 0.3 sender gets it as a fresh request (heldAnswer).
 	return a.answerHeld(raw, map[string]any{"status": protocol.StateCompleted, "output": output})
 }
 
@@ -70,7 +71,7 @@ func (a *Agent) RefuseHeld(raw []byte, e *errs.Error) error {
 	return a.answerHeld(raw, e.BusPayload())
 }
 
-func (a *Agent) answerHeld(raw []byte, payload any) error {
+func (a *Agent) answerHeld(raw []byte, payload map[string]any) error {
 	// Verified again: the stored copy is the holder's file, and an answer
 	// is addressed from what it says.
 	req, err := protocol.DefaultDecoder.Decode(raw)
@@ -83,7 +84,7 @@ func (a *Agent) answerHeld(raw []byte, payload any) error {
 	if a.n.journal.Answered(req.From, req.ID) {
 		return ErrAlreadyAnswered
 	}
-	env, err := protocol.NewReply(req, a.id, payload)
+	env, err := heldAnswer(req, a.id, payload)
 	if err != nil {
 		return err
 	}
@@ -94,4 +95,50 @@ func (a *Agent) answerHeld(raw []byte, payload any) error {
 		a.n.log.Error("journal", "err", err)
 	}
 	return nil
+}
+
+// heldAnswer is the late answer to a held request req. A protocol 0.3
+// requester takes a late answer only as a fresh request whose in_reply_to
+// names the original (it drops a respond that matches no open wait:
+// upstream-notes §15): for it the answer is a request offering what the
+// original asked for, with payload.input the output (and payload.error,
+// mirrored to the envelope member, for a refusal). An earlier requester
+// gets a respond in reply, as before.
+func heldAnswer(req *protocol.Envelope, from string, payload map[string]any) (*protocol.Envelope, error) {
+	if !protocol.AnswersAtInbox(req.V) {
+		return protocol.NewReply(req, from, payload)
+	}
+	p := map[string]any{"offering": offeringOf(req)}
+	if out, ok := payload["output"]; ok {
+		p["input"] = out
+	} else {
+		p["input"] = map[string]any{}
+	}
+	for _, k := range []string{"status", "error"} {
+		if v, ok := payload[k]; ok {
+			p[k] = v
+		}
+	}
+	env, err := protocol.New(protocol.TypeRequest, from, p)
+	if err != nil {
+		return nil, err
+	}
+	env.Trace, env.InReplyTo, env.To, env.ContextID = req.Trace.Child(), req.ID, req.From, req.ContextID
+	if e, ok := payload["error"]; ok {
+		if env.Extra == nil {
+			env.Extra = map[string]any{}
+		}
+		env.Extra["error"] = e
+	}
+	return env, nil
+}
+
+// offeringOf is the offering a request asked for ("" when none).
+func offeringOf(req *protocol.Envelope) string {
+	v, err := req.PayloadValue()
+	if err != nil {
+		return ""
+	}
+	p, _ := v.(map[string]any)
+	return protocol.OfferingOf(p)
 }

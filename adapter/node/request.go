@@ -142,6 +142,14 @@ func (n *Node) onReplyMsg(m *nats.Msg) {
 	a.routeReply(dl)
 }
 
+// awaits reports whether env names a request of this agent that is still
+// waiting for an answer from env's signer (unverified: receive verifies
+// before routing).
+func (a *Agent) awaits(env *protocol.Envelope) bool {
+	w := a.n.waiterFor(env.InReplyTo)
+	return w != nil && w.a == a && w.to == env.From
+}
+
 // routeReply hands a verified respond addressed to this agent to the
 // request waiting for it, or, when none waits, to OnReply. Accepts only
 // ever go to a waiting request.
@@ -179,9 +187,20 @@ func (a *Agent) resultOf(dl *protocol.Delivery) *Result {
 			if r.TaskID == "" {
 				r.TaskID, _ = p["task_id"].(string)
 			}
+			if isLateAnswer(env) {
+				// A protocol 0.3 late answer is a request: what it
+				// offers back is its input (hold.go heldAnswer).
+				r.Output = p["input"]
+			}
 		}
 	}
 	r.Error = bus.ErrorOf(env)
+	if r.Status == "" && isLateAnswer(env) {
+		r.Status = protocol.StateCompleted
+		if r.Error != nil {
+			r.Status = protocol.StateFailed
+		}
+	}
 	if ack, ok := protocol.QueuedAckOf(env); ok {
 		r.Queued, r.InboxID = true, ack.InboxID
 	}

@@ -21,10 +21,23 @@ type origin struct {
 	// reply is the NATS reply subject of a live request; answers to a
 	// request without one (a drained request) go to the sender's inbox.
 	reply string
+	// answersOnly marks the public inbox of a guarded agent, where only
+	// answers to its own requests are taken (Agent.subscribe).
+	answersOnly bool
 }
 
 func (a *Agent) onInboxMsg(m *nats.Msg) {
 	_ = a.receive(m.Data, origin{src: protocol.SourceLive, reply: replySubject(m.Reply)})
+}
+
+func (a *Agent) onAnswerMsg(m *nats.Msg) {
+	_ = a.receive(m.Data, origin{src: protocol.SourceLive, answersOnly: true})
+}
+
+// isLateAnswer reports whether env is a protocol 0.3 late answer: a request
+// whose in_reply_to names an earlier request (upstream-notes §15).
+func isLateAnswer(env *protocol.Envelope) bool {
+	return env.Type == protocol.TypeRequest && env.InReplyTo != ""
 }
 
 // replySubject keeps the reply subject a sender named only when it lies in
@@ -75,15 +88,26 @@ func (a *Agent) receive(data []byte, o origin) error {
 		a.inbox.Dedup.Seen(env.From, env.ID)
 		return nil
 	}
-	switch env.Type {
-	case protocol.TypeRespond:
+	switch {
+	case env.Type == protocol.TypeRespond, isLateAnswer(env):
+		// An answer, or a protocol 0.3 late answer (a fresh request whose
+		// in_reply_to names a request: hold.go), is never handled as work.
+		if o.answersOnly && !a.awaits(env) {
+			// Past the guard only answers to a waiting request: anything
+			// else would let senders the roster keeps out reach OnReply.
+			return nil
+		}
 		dl, err := a.replies.Check(env, o.src)
 		if err != nil {
 			return nil
 		}
 		a.routeReply(dl)
 		return nil
-	case protocol.TypeRequest:
+	case o.answersOnly:
+		// The public inbox of a guarded agent: its requests come through
+		// the admission service, only answers are taken here.
+		return nil
+	case env.Type == protocol.TypeRequest:
 	default:
 		a.n.log.Debug("inbox: ignoring a non-request", "agent", a.id, "type", env.Type)
 		return nil
@@ -202,13 +226,29 @@ func (c *Call) DecodeInput(dst any) error {
 	return nil
 }
 
-// target is where answers go: the reply subject of a live request, else the
-// sender's inbox (with in_reply_to).
+// target is where answers go (the accept and every respond): the sender's
+// inbox, with in_reply_to, for a protocol 0.3 request (upstream-notes §15:
+// a 0.3 requester reads answers only there) and for a drained one; the
+// reply subject of a live request from an earlier requester. The queued
+// ack alone always goes on the reply subject (hold).
 func (c *Call) target() string {
-	if c.o.reply != "" {
+	if c.o.reply != "" && !protocol.AnswersAtInbox(c.Env.V) {
 		return c.o.reply
 	}
 	return protocol.InboxSubject(c.Env.From)
+}
+
+// answer publishes one answer at target. A relayed protocol 0.3 request
+// (the admission service's _MESH_RELAY reply) also gets it on the relay
+// subject: the relay takes the first answer there as the sign that the
+// agent is online (else it tells the sender "queued") and passes it to
+// the sender's reply subject, which a 0.3 requester ignores.
+func (c *Call) answer(env *protocol.Envelope) error {
+	to := c.target()
+	if to != c.o.reply && strings.HasPrefix(c.o.reply, protocol.RelayReplyPrefix+".") {
+		return c.a.sendRespond(to, env, c.o.reply)
+	}
+	return c.a.sendRespond(to, env)
 }
 
 // send publishes one respond in reply to the request and journals the
@@ -222,7 +262,7 @@ func (c *Call) send(payload any, taskID string) error {
 	env, err := protocol.NewReply(c.Env, c.a.id, payload)
 	if err == nil {
 		env.TaskID = taskID
-		err = c.a.sendRespond(c.target(), env)
+		err = c.answer(env)
 	}
 	if errs.CodeOf(err) == errs.ContextTooLarge {
 		if ferr := c.sendError(errs.As(err)); ferr != nil {
@@ -248,7 +288,7 @@ func (c *Call) sendError(e *errs.Error) error {
 	if err != nil {
 		return err
 	}
-	return c.a.sendRespond(c.target(), env)
+	return c.answer(env)
 }
 
 func (c *Call) record() {
@@ -354,9 +394,9 @@ func (c *Call) abandon(t *Task, why error) {
 	c.mu.Unlock()
 }
 
-// sendRespond signs env, publishes it on subject and a copy on the agent's
-// outbox.
-func (a *Agent) sendRespond(subject string, env *protocol.Envelope) error {
+// sendRespond signs env, publishes it on subject (and on each of also,
+// whose failures are only logged) and a copy on the agent's outbox.
+func (a *Agent) sendRespond(subject string, env *protocol.Envelope, also ...string) error {
 	if err := env.Sign(a.key); err != nil {
 		return err
 	}
@@ -371,6 +411,11 @@ func (a *Agent) sendRespond(subject string, env *protocol.Envelope) error {
 	}
 	if err := a.n.publish(subject, b, env.ID); err != nil {
 		return err
+	}
+	for _, s := range also {
+		if err := a.n.publish(s, b, ""); err != nil {
+			a.n.log.Warn("answer copy", "agent", a.id, "subject", s, "err", err)
+		}
 	}
 	if err := a.n.publish(protocol.OutboxSubject(a.id), b, ""); err != nil {
 		a.n.log.Warn("outbox copy", "agent", a.id, "err", err)
@@ -401,7 +446,7 @@ func (a *Agent) serve(c *Call) (err error) {
 	if live {
 		acc, err := protocol.NewAccept(c.Env, a.id)
 		if err == nil {
-			err = a.sendRespond(c.o.reply, acc)
+			err = c.answer(acc)
 		}
 		if err != nil {
 			c.cancel()

@@ -340,7 +340,7 @@ func TestBudgetRefusalReplacesAccept(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	env.To, env.Budget = p.b.ID(), low
+	env.V, env.To, env.Budget = "0.2.0", p.b.ID(), low // a peer reading answers on the reply subject
 	if err := env.Sign(p.kA); err != nil {
 		t.Fatal(err)
 	}

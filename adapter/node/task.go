@@ -219,7 +219,8 @@ func (h *TaskHandle) readUpdate(data []byte) *TaskUpdate {
 	if err != nil || env.Type != protocol.TypeRespond {
 		return nil
 	}
-	if env.From != h.Performer {
+	if env.From != h.Performer && !(env.From == h.a.id && protocol.ResponseStatus(env) == protocol.StateCanceled) {
+		// The performer's updates, and this requester's own cancel.
 		return nil
 	}
 	if env.TaskID != "" && env.TaskID != h.ID {
@@ -362,7 +363,29 @@ func (h *TaskHandle) Cancel(ctx context.Context, reason, note string) (*Result, 
 	if note != "" {
 		input["note"] = note
 	}
-	return h.a.Request(ctx, h.Performer, protocol.OfferingTaskCancel, input, RequestOptions{})
+	res, err := h.a.Request(ctx, h.Performer, protocol.OfferingTaskCancel, input, RequestOptions{})
+	if err != nil || res.Queued {
+		return res, err
+	}
+	// The requester is a party to the task and publishes the canceled
+	// update itself: a protocol 0.3 performer leaves it to the requester
+	// (upstream-notes §15), and the tasks worker takes a second canceled
+	// from the other party as the same outcome.
+	if perr := h.publishCanceled(reason, note); perr != nil {
+		h.a.n.log.Warn("task: the canceled update was not published", "task", h.ID, "err", perr)
+	}
+	return res, nil
+}
+
+// publishCanceled publishes this requester's canceled update on the task's
+// update subject, addressed to the performer.
+func (h *TaskHandle) publishCanceled(reason, note string) error {
+	env, err := protocol.New(protocol.TypeRespond, h.a.id, protocol.CanceledUpdatePayload(reason, note))
+	if err != nil {
+		return err
+	}
+	env.To, env.TaskID, env.InReplyTo = h.Performer, h.ID, h.RequestID
+	return h.a.sendRespond(protocol.TaskUpdateSubject(h.ID), env)
 }
 
 // Close unsubscribes. NextUpdate and Wait then return what had arrived,

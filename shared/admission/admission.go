@@ -927,6 +927,24 @@ func (w *Worker) admit(agent string, p policy, msg *nats.Msg) {
 		w.ack(msg, env)
 		return
 	}
+	if protocol.IsAnswer(env) {
+		// An answer to one of the agent's own requests (a respond, or a
+		// protocol 0.3 late answer) is never work to hold or acknowledge:
+		// one from an allowed sender is passed on as it is, so that the
+		// guarded inbox (and the mailbox behind it) has it; any other is
+		// dropped, and reaches the agent only live, while a request of
+		// its waits for it (docs/protocol.md "0.2 and 0.3 peers").
+		if stance == StanceAllow {
+			w.answers.Add(1)
+			out := nats.NewMsg(protocol.GuardedInboxSubject(agent))
+			out.Data = msg.Data
+			out.Header.Set(jetstream.MsgIDHeader, "admission:"+env.From+":"+env.ID)
+			_ = w.svc.NC.PublishMsg(out)
+			return
+		}
+		w.dropped.Add(1)
+		return
+	}
 	switch stance {
 	case StanceAllow:
 		w.relay(agent, env, msg)
@@ -1002,7 +1020,9 @@ func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
 			return
 		}
 		answered = true
-		if !isAccept(m.Data) {
+		if !isAccept(m.Data) || protocol.AnswersAtInbox(env.V) {
+			// A protocol 0.3 request's answers go to the sender's inbox;
+			// the agent sends only its first one here, as a sign of life.
 			return
 		}
 		wait = w.cfg.AnswerTimeout

@@ -356,13 +356,22 @@ func (n *node) received() [][]byte {
 	return append([][]byte(nil), n.seen...)
 }
 
+// signedRequest is a request from a protocol 0.2-style sender, which reads
+// every answer on its reply subject.
 func signedRequest(t *testing.T, from *keys.Agent, to string) ([]byte, *protocol.Envelope) {
+	t.Helper()
+	return signedVersioned(t, "0.2.0", from, to, "")
+}
+
+// signedVersioned is a request of protocol version v (with in_reply_to, a
+// protocol 0.3 late answer).
+func signedVersioned(t *testing.T, v string, from *keys.Agent, to, inReplyTo string) ([]byte, *protocol.Envelope) {
 	t.Helper()
 	e, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": "chat", "input": map[string]any{"text": "hi"}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.To = to
+	e.V, e.To, e.InReplyTo = v, to, inReplyTo
 	if err := e.Sign(from); err != nil {
 		t.Fatal(err)
 	}
@@ -917,5 +926,105 @@ func TestUnguardMakesRoomForTheRelayedMail(t *testing.T) {
 	}
 	if got := h.drain(agent); len(got) != 1 || got[0] != relayed {
 		t.Fatalf("after the unguard the agent read %v, want the relayed %s", got, relayed)
+	}
+}
+
+// A protocol 0.3 request through the relay: the node answers at the
+// sender's inbox and sends only its first answer on the relay subject, as a
+// sign of life; the relay passes that one on and stops at once (no queued
+// ack follows). With the node offline the sender still gets the queued ack
+// on its reply subject, the one thing a 0.3 client reads there.
+func TestRelayOfAProtocol03Request(t *testing.T) {
+	h := start(t, admission.Config{RelayTimeout: 700 * time.Millisecond, AnswerTimeout: time.Minute, MaxRelaysPerAgent: 1})
+	agent, contact := bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	h.register(contact.Public(), false)
+	h.guard(agent, map[string]any{})
+	nodeConn := bustest.Client(t, h.m)
+	n := serve(t, nodeConn, agent)
+
+	// Twice, with one relay slot for the agent: a relay that waited for
+	// more answers would hold it for AnswerTimeout and the second request
+	// would be refused as busy.
+	for i := range 2 {
+		data, req := signedVersioned(t, "0.3.0", contact, a, "")
+		got := send(t, h.nc, a, data, 2*time.Second)
+		if len(got) != 1 || !protocol.IsAccepted(got[0]) || got[0].InReplyTo != req.ID {
+			t.Fatalf("request %d: the 0.3 sender got %d answers on its reply subject (want the accept alone)", i, len(got))
+		}
+	}
+	if len(n.received()) != 2 || h.stats().Answers != 2 || h.stats().Queued != 0 {
+		t.Fatalf("node saw %d requests; stats %+v", len(n.received()), h.stats())
+	}
+
+	_ = n.sub.Unsubscribe()
+	_ = nodeConn.Flush()
+	data2, req2 := signedVersioned(t, "0.3.0", contact, a, "")
+	queuedAck(t, h, req2, send(t, h.nc, a, data2, 3*time.Second))
+}
+
+// Answers at a guarded agent's public inbox (a respond, or a protocol 0.3
+// late answer: a request naming the original in in_reply_to) are never
+// held or acknowledged: one from an allowed sender is passed to the
+// guarded inbox as it is, so that the mailbox keeps it for an offline
+// agent; one from anyone else is dropped (the agent takes it live only).
+func TestAnswersAtAGuardedInbox(t *testing.T) {
+	h := start(t, admission.Config{RelayTimeout: 700 * time.Millisecond})
+	agent, owner := bustest.Agent(t), bustest.Agent(t)
+	a := agent.Public()
+	contact, registered, blocked := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	h.register(registered.Public(), false)
+	h.guard(agent, map[string]any{"roster": signedRoster(t, owner, map[string]string{
+		contact.Public(): "allow", blocked.Public(): "block"})})
+	guarded, err := h.nc.SubscribeSync(protocol.GuardedInboxSubject(a))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = h.nc.Flush()
+
+	answer := func(from *keys.Agent, late bool) []byte {
+		t.Helper()
+		if late {
+			b, _ := signedVersioned(t, "0.3.0", from, a, protocol.NewID())
+			return b
+		}
+		_, orig := signedVersioned(t, "0.3.0", agent, from.Public(), "")
+		rep, err := protocol.NewReply(orig, from.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "yes"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := rep.Sign(from); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := rep.Marshal()
+		return b
+	}
+	for _, late := range []bool{false, true} {
+		want := answer(contact, late)
+		if got := send(t, h.nc, a, want, 500*time.Millisecond); len(got) != 0 {
+			t.Fatalf("an allowed answer (late=%v) was answered %d times", late, len(got))
+		}
+		m, err := guarded.NextMsg(2 * time.Second)
+		if err != nil || string(m.Data) != string(want) {
+			t.Fatalf("an allowed answer (late=%v) did not reach the guarded inbox unchanged: %v", late, err)
+		}
+		for _, s := range []*keys.Agent{registered, blocked} {
+			if got := send(t, h.nc, a, answer(s, late), 500*time.Millisecond); len(got) != 0 {
+				t.Fatalf("a held or blocked answer (late=%v) was answered %d times", late, len(got))
+			}
+		}
+	}
+	if m, err := guarded.NextMsg(500 * time.Millisecond); err == nil {
+		t.Fatalf("an answer from outside the roster reached the guarded inbox: %s", m.Data)
+	}
+	keysHeld, err := h.held.ListKeys(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for k := range keysHeld.Keys() {
+		t.Fatalf("an answer was held for the owner: %s", k)
+	}
+	if s := h.stats(); s.Held != 0 || s.Queued != 0 || s.Relayed != 0 || s.Dropped != 4 || s.Answers != 2 {
+		t.Fatalf("stats %+v", s)
 	}
 }

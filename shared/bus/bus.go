@@ -282,17 +282,14 @@ func Call(ctx context.Context, nc *nats.Conn, signer keys.Signer, subject string
 	return rep, nil
 }
 
-// ErrorOf returns the error object a respond envelope carries, if any.
+// ErrorOf returns the error object a respond envelope carries, if any: in
+// payload.error, or as the envelope member error (protocol 0.3).
 func ErrorOf(e *protocol.Envelope) *errs.Error {
-	v, err := e.PayloadValue()
-	if err != nil {
+	v := protocol.ErrorObject(e)
+	if v == nil {
 		return nil
 	}
-	m, _ := v.(map[string]any)
-	if m == nil || m["error"] == nil {
-		return nil
-	}
-	return errs.FromWire(m["error"])
+	return errs.FromWire(v)
 }
 
 // Env is what one copy of a worker is started with: its own connection, the

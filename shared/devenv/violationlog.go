@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"regexp"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 )
@@ -78,6 +79,12 @@ func (v *violationLog) take(msg string) bool {
 	}
 	if u := violationUser.FindStringSubmatch(msg); u != nil {
 		k.user = u[1]
+	}
+	if k.kind == "publish" && IsMailboxProbe(subject) {
+		// A protocol 0.3 client looks for a per-agent mailbox stream every
+		// minute; the refusal is its "no mailbox" (docs/protocol.md).
+		v.log.Debug("a client's mailbox probe refused: this mesh has no per-agent mailbox stream", "user", k.user, "subject", subject)
+		return true
 	}
 
 	v.mu.Lock()
@@ -166,4 +173,22 @@ func (v *violationLog) writeSummaries(s []violationSummary) {
 		v.log.Warn("permissions violations suppressed", "user", x.k.user, "kind", x.k.kind, "subject", x.k.subject,
 			"suppressed", x.n, "window", ViolationWindow.String())
 	}
+}
+
+// IsMailboxProbe reports whether subject is one of the JetStream API calls
+// with which a protocol 0.3 client looks for its per-agent mailbox stream
+// MESH_INBOX_<agent> (upstream-notes §15): the account information, and
+// the stream's or its consumer's information. Client credentials may not
+// reach the JetStream API, and the client takes the refusal as "no
+// mailbox"; the refusal is routine, not a violation worth a warning.
+func IsMailboxProbe(subject string) bool {
+	if subject == "$JS.API.INFO" {
+		return true
+	}
+	for _, p := range []string{"$JS.API.STREAM.INFO.", "$JS.API.CONSUMER.INFO.", "$JS.API.CONSUMER.CREATE.", "$JS.API.CONSUMER.DURABLE.CREATE."} {
+		if rest, ok := strings.CutPrefix(subject, p); ok {
+			return strings.HasPrefix(rest, "MESH_INBOX_")
+		}
+	}
+	return false
 }

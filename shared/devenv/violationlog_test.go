@@ -130,3 +130,33 @@ func TestViolationsAreAggregated(t *testing.T) {
 		t.Errorf("%d keys remembered", n)
 	}
 }
+
+// A protocol 0.3 client's mailbox probes (upstream-notes §15) are refused
+// by the broker every minute; that is routine, written at debug level and
+// never as a warning. Other JetStream calls stay violations.
+func TestMailboxProbesAreNotWarnings(t *testing.T) {
+	var buf bytes.Buffer
+	l := &natsLogger{log: slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))}
+	l.violations = newViolationLog(l.log, time.Now)
+	const sdk = "USDK"
+	probes := []string{"$JS.API.INFO", "$JS.API.STREAM.INFO.MESH_INBOX_USDK", "$JS.API.CONSUMER.INFO.MESH_INBOX_USDK.inbox_USDK",
+		"$JS.API.CONSUMER.CREATE.MESH_INBOX_USDK.inbox_USDK", "$JS.API.CONSUMER.DURABLE.CREATE.MESH_INBOX_USDK.inbox_USDK"}
+	for _, s := range probes {
+		l.Errorf("%s", brokerLine(sdk, "publish", s, 1))
+	}
+	for _, w := range readLines(t, &buf) {
+		if w["level"] != "DEBUG" {
+			t.Errorf("a mailbox probe was logged as %v: %v", w["level"], w)
+		}
+	}
+	for _, s := range []string{"$JS.API.STREAM.INFO.MESH_MAILBOX", "$JS.API.STREAM.PURGE.MESH_INBOX_USDK", "$JS.API.CONSUMER.MSG.NEXT.MESH_MAILBOX.x"} {
+		l.Errorf("%s", brokerLine(sdk, "publish", s, 2))
+		if lines := readLines(t, &buf); len(lines) != 1 || lines[0]["level"] != "WARN" {
+			t.Errorf("%s: %v", s, lines)
+		}
+	}
+	l.Errorf("%s", brokerLine(sdk, "subscribe", "$JS.API.INFO", 3))
+	if lines := readLines(t, &buf); len(lines) != 1 || lines[0]["level"] != "WARN" {
+		t.Errorf("a subscription to the probe subject is a violation: %v", lines)
+	}
+}

@@ -107,7 +107,71 @@ func New(typ Type, from string, payload any) (*Envelope, error) {
 	if err := e.SetPayload(payload); err != nil {
 		return nil, err
 	}
+	if typ == TypeRespond {
+		e.mirrorError()
+	}
 	return e, nil
+}
+
+// mirrorError copies the error object of a respond's payload (payload.error,
+// beside payload.status: spec §7.1) to the envelope member error, where a
+// protocol 0.3 reader looks for it (upstream-notes §15). Both places carry
+// the same object, so readers of either form understand the answer.
+func (e *Envelope) mirrorError() {
+	var p struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(e.Payload, &p) != nil || len(p.Error) == 0 || string(p.Error) == "null" {
+		return
+	}
+	v, err := ParseJSON(p.Error)
+	if err != nil {
+		return
+	}
+	if e.Extra == nil {
+		e.Extra = map[string]any{}
+	}
+	e.Extra["error"] = v
+}
+
+// ErrorObject is the error object an envelope carries, from payload.error
+// (this mesh, protocol 0.2) or the envelope member error (protocol 0.3),
+// or nil.
+func ErrorObject(e *Envelope) any {
+	var p struct {
+		Error json.RawMessage `json:"error"`
+	}
+	if json.Unmarshal(e.Payload, &p) == nil && len(p.Error) > 0 && string(p.Error) != "null" {
+		if v, err := ParseJSON(p.Error); err == nil {
+			return v
+		}
+	}
+	if v, ok := e.Extra["error"]; ok && v != nil {
+		return v
+	}
+	return nil
+}
+
+// IsAnswer reports whether e answers an earlier request: a respond, or a
+// request whose in_reply_to names one (the protocol 0.3 late answer of a
+// node that queued the original: upstream-notes §15).
+func IsAnswer(e *Envelope) bool {
+	return e.Type == TypeRespond || (e.Type == TypeRequest && e.InReplyTo != "")
+}
+
+// AnswersAtInbox reports whether a request of protocol version v wants its
+// answers (the accept and the substantive respond) at the requester's own
+// inbox, correlated by in_reply_to: protocol 0.3 and later (upstream-notes
+// §15). An earlier requester reads them on the request's reply subject.
+func AnswersAtInbox(v string) bool {
+	major, rest, _ := strings.Cut(v, ".")
+	minor, _, _ := strings.Cut(rest, ".")
+	ma, err1 := strconv.Atoi(major)
+	mi, err2 := strconv.Atoi(minor)
+	if err1 != nil || err2 != nil {
+		return false
+	}
+	return ma > 0 || mi >= 3
 }
 
 // NewReply starts a respond to req from the key from: same trace (a child

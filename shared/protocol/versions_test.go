@@ -1,0 +1,88 @@
+package protocol_test
+
+import (
+	"encoding/json"
+	"testing"
+
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Which requesters read their answers at their own inbox (protocol 0.3 and
+// later) and which on the reply subject (0.2 and anything unreadable).
+func TestAnswersAtInbox(t *testing.T) {
+	for v, want := range map[string]bool{
+		"0.3.0": true, "0.3": true, "0.4.1": true, "1.0.0": true,
+		"0.2.0": false, "0.2": false, "0.1.9": false, "": false, "x.y": false, "0": false,
+	} {
+		if got := protocol.AnswersAtInbox(v); got != want {
+			t.Errorf("AnswersAtInbox(%q) = %v, want %v", v, got, want)
+		}
+	}
+}
+
+// A respond's error travels in payload.error and, mirrored, as the envelope
+// member error (protocol 0.3); the member survives signing and decoding,
+// and ErrorObject reads either place.
+func TestErrorMirroredToTheEnvelope(t *testing.T) {
+	k := freshKey(t)
+	e, err := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "failed",
+		"error": map[string]any{"code": "INPUT_INVALID", "message": "no", "retryable": false}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := e.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	wire, _ := e.Marshal()
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(wire, &top); err != nil {
+		t.Fatal(err)
+	}
+	if string(top["error"]) != `{"code":"INPUT_INVALID","message":"no","retryable":false}` {
+		t.Fatalf("envelope member error %s", top["error"])
+	}
+	got, err := protocol.Decode(wire)
+	if err != nil {
+		t.Fatalf("the mirrored member must be signed: %v", err)
+	}
+	if m, _ := protocol.ErrorObject(got).(map[string]any); m["code"] != "INPUT_INVALID" {
+		t.Fatalf("ErrorObject %v", protocol.ErrorObject(got))
+	}
+
+	// A 0.3 answer with the member only, and a success with neither.
+	only, _ := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "failed"})
+	only.Extra = map[string]any{"error": map[string]any{"code": "OFFERING_NOT_FOUND", "message": "x", "retryable": false}}
+	if m, _ := protocol.ErrorObject(only).(map[string]any); m["code"] != "OFFERING_NOT_FOUND" {
+		t.Fatalf("member-only ErrorObject %v", protocol.ErrorObject(only))
+	}
+	ok, _ := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "completed", "output": 1})
+	if protocol.ErrorObject(ok) != nil {
+		t.Fatal("a success carries no error")
+	}
+	if _, has := ok.Extra["error"]; has {
+		t.Fatal("a success gets no error member")
+	}
+	// Requests are not mirrored: their payload is the sender's.
+	req, _ := protocol.New(protocol.TypeRequest, k.Public(), map[string]any{"offering": "chat", "input": 1, "error": "x"})
+	if _, has := req.Extra["error"]; has {
+		t.Fatal("a request's payload was mirrored")
+	}
+}
+
+func TestIsAnswer(t *testing.T) {
+	k := freshKey(t)
+	respond, _ := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "completed"})
+	req, _ := protocol.New(protocol.TypeRequest, k.Public(), map[string]any{"offering": "chat"})
+	late, _ := protocol.New(protocol.TypeRequest, k.Public(), map[string]any{"offering": "chat"})
+	late.InReplyTo = protocol.NewID()
+	event, _ := protocol.New(protocol.TypeEmit, k.Public(), map[string]any{})
+	event.InReplyTo = protocol.NewID()
+	for name, c := range map[string]struct {
+		e    *protocol.Envelope
+		want bool
+	}{"respond": {respond, true}, "request": {req, false}, "late answer": {late, true}, "emit": {event, false}} {
+		if got := protocol.IsAnswer(c.e); got != c.want {
+			t.Errorf("%s: IsAnswer = %v", name, got)
+		}
+	}
+}
