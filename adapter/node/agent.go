@@ -96,8 +96,10 @@ type Agent struct {
 
 	drainMu sync.Mutex   // one drain at a time
 	drains  atomic.Int64 // drains run by the loop
-	triesMu sync.Mutex
-	tries   map[uint64]int // failed tries of mailbox messages, by sequence
+	// captured counts messages taken live at the inbox (countCaptured).
+	captured atomic.Int64
+	triesMu  sync.Mutex
+	tries    map[uint64]int // failed tries of mailbox messages, by sequence
 
 	mu  sync.Mutex
 	sub *nats.Subscription

@@ -27,6 +27,21 @@ const (
 	maxTries = 5
 )
 
+// drainAfterLive is how many messages taken live at the agent's inbox
+// (each also captured by the mailbox stream) ask for a drain, half the
+// default per-agent cap (mailbox.DefaultLimits): a busy agent's box would
+// otherwise fill with what it already handled between two timed drains,
+// and the stream would refuse the mail of its next absence.
+const drainAfterLive = 128
+
+// countCaptured counts a message taken live at the agent's inbox, and asks
+// for a drain every drainAfterLive of them.
+func (a *Agent) countCaptured() {
+	if a.captured.Add(1)%drainAfterLive == 0 {
+		a.kickDrain()
+	}
+}
+
 // kickDrain asks for a drain soon (coalesced).
 func (a *Agent) kickDrain() {
 	select {

@@ -142,6 +142,12 @@ func (n *Node) onReplyMsg(m *nats.Msg) {
 	a.routeReply(dl)
 }
 
+// waiting reports whether a call of this agent waits for request id.
+func (a *Agent) waiting(id string) bool {
+	w := a.n.waiterFor(id)
+	return w != nil && w.a == a
+}
+
 // awaits reports whether env names a request of this agent that is still
 // waiting for an answer from env's signer (unverified: receive verifies
 // before routing).

@@ -68,6 +68,14 @@ func (a *Agent) receive(data []byte, o origin) error {
 		if from, id, err := protocol.PeekSender(data); err == nil && a.n.journal.Answered(from, id) {
 			return nil
 		}
+		// The accepts of this agent's own calls (answers at its inbox,
+		// protocol 0.3) are captured too; one for a call that no longer
+		// waits would be dropped after verification anyway.
+		if req, accept := protocol.PeekAccept(data); accept && !a.waiting(req) {
+			return nil
+		}
+	} else if !o.answersOnly {
+		a.countCaptured()
 	}
 	env, err := protocol.DefaultDecoder.Decode(data)
 	if err != nil {

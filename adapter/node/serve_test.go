@@ -587,3 +587,24 @@ func TestHeartbeatFeedsAndEvents(t *testing.T) {
 		t.Fatalf("last beat %s", envs[len(envs)-1].Payload)
 	}
 }
+
+// A busy agent's box does not fill with what it already took live: every
+// drainAfterLive messages at its inbox (requests it served, and the accepts
+// and answers of its own calls, which protocol 0.3 sends there) ask for a
+// drain, long before the timed one (a minute). Without it both boxes would
+// sit at the per-agent cap (256) and the stream would refuse the mail of
+// the agents' next absence.
+func TestBusyBoxesAreDrainedByVolume(t *testing.T) {
+	p, _ := newWorkerPair(t, nil)
+	const calls = 400 // 800 messages at A's inbox, 400 at B's
+	for i := range calls {
+		if _, err := p.a.Request(t.Context(), p.b.ID(), "echo", map[string]any{"text": "busy"}, RequestOptions{}); err != nil {
+			t.Fatalf("call %d: %v", i, err)
+		}
+	}
+	for _, ag := range []*Agent{p.a, p.b} {
+		eventually(t, "the box of "+ag.ID()+" to be drained below the cap", func() bool {
+			return p.tm.mailboxStored(t, ag.ID()) < 2*drainAfterLive
+		})
+	}
+}

@@ -89,6 +89,20 @@ func PeekSender(data []byte) (from, id string, err error) {
 	return e.From, e.ID, nil
 }
 
+// PeekAccept reports, without verifying anything, whether data reads as an
+// accept and names the request it accepts. A receiver with no call waiting
+// for that request drops an accept whatever its signature, so it may drop
+// one that only reads as such without the Ed25519 verification (the drain
+// of a mailbox full of the accepts of calls long answered).
+func PeekAccept(data []byte) (inReplyTo string, accept bool) {
+	e, m, err := parseEnvelope(data)
+	if err != nil || e.Type != TypeRespond {
+		return "", false
+	}
+	p, _ := m["payload"].(map[string]any)
+	return e.InReplyTo, p["status"] == StatusAccepted
+}
+
 // parseEnvelope is steps 1 (JSON and structure) and 2 (version major).
 func parseEnvelope(data []byte) (*Envelope, map[string]any, error) {
 	v, err := ParseJSON(data)

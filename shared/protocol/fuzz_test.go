@@ -35,7 +35,14 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		f.Add(w)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
+		// The unverified peeks read the same untrusted bytes first; they
+		// never panic, and a peeked accept that verifies is an accept.
+		req, accept := protocol.PeekAccept(data)
+		_, _, _ = protocol.PeekSender(data)
 		env, err := protocol.Decode(data)
+		if err == nil && accept && (!protocol.IsAccepted(env) || env.InReplyTo != req) {
+			t.Fatalf("PeekAccept said accept of %q; the verified envelope says otherwise", req)
+		}
 		if err != nil {
 			switch errs.CodeOf(err) {
 			case errs.InvalidEnvelope, errs.InvalidVersion, errs.IdentityMismatch:

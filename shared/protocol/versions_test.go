@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 
 	"agentmesh.dev/mesh/shared/protocol"
@@ -83,6 +84,32 @@ func TestIsAnswer(t *testing.T) {
 	}{"respond": {respond, true}, "request": {req, false}, "late answer": {late, true}, "emit": {event, false}} {
 		if got := protocol.IsAnswer(c.e); got != c.want {
 			t.Errorf("%s: IsAnswer = %v", name, got)
+		}
+	}
+}
+
+// PeekAccept reads an accept's request id without verifying; anything else
+// (another respond, a request, bytes that do not parse) is not an accept.
+func TestPeekAccept(t *testing.T) {
+	k := freshKey(t)
+	req, _ := protocol.New(protocol.TypeRequest, k.Public(), map[string]any{"offering": "chat"})
+	acc, _ := protocol.NewAccept(req, k.Public())
+	done, _ := protocol.NewReply(req, k.Public(), map[string]any{"status": "completed"})
+	for name, c := range map[string]struct {
+		e      *protocol.Envelope
+		raw    string
+		accept bool
+	}{"accept": {e: acc, accept: true}, "answer": {e: done}, "request": {e: req}, "garbage": {raw: `{"type":"respond"`}} {
+		data := []byte(c.raw)
+		if c.e != nil {
+			_ = c.e.Sign(k)
+			data, _ = c.e.Marshal()
+			// A broken signature changes nothing: nothing is verified.
+			data = []byte(strings.Replace(string(data), `"sig":"`, `"sig":"AA`, 1))
+		}
+		id, accept := protocol.PeekAccept(data)
+		if accept != c.accept || (accept && id != req.ID) {
+			t.Errorf("%s: PeekAccept = %q, %v", name, id, accept)
 		}
 	}
 }
