@@ -6,6 +6,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -97,7 +98,7 @@ func throughput(b *testing.B, fn func() error) {
 	}
 	close(work)
 	b.ResetTimer()
-	t0 := time.Now()
+	t0, cpu0 := time.Now(), cpuTime()
 	for range callers {
 		wg.Add(1)
 		go func() {
@@ -112,6 +113,17 @@ func throughput(b *testing.B, fn func() error) {
 	}
 	wg.Wait()
 	b.ReportMetric(float64(n)/time.Since(t0).Seconds(), "req/s")
+	b.ReportMetric(float64((cpuTime()-cpu0).Microseconds())/float64(n), "cpu-µs/req")
+}
+
+// cpuTime is the CPU time this process has used (user and system): per
+// request, it is what a call costs whatever else the machine is doing.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 // BenchmarkRequest compares, in one run: raw NATS request-reply; the same

@@ -58,7 +58,10 @@ type Result struct {
 	Output  any
 	Message string
 	Error   *errs.Error
-	// Accepted reports that an accept came first.
+	// Accepted reports that an accept came first. An accept is verified
+	// only when the wait would otherwise end (it extends the wait, nothing
+	// more); when the callee's verified answer comes first it stands for
+	// its accept, which is then reported unverified.
 	Accepted bool
 	// TaskID is set when the responder chose Task mode; Task follows it.
 	TaskID string
@@ -77,6 +80,77 @@ type waiter struct {
 	id string
 	to string
 	ch chan inbound
+
+	// Accepts set aside unverified (setAside), at most maxHeldAccepts.
+	mu      sync.Mutex
+	accepts []heldAccept
+}
+
+// An accept only extends a call's wait, so it is verified only when the
+// wait would otherwise end: most answers arrive first, and the Ed25519
+// verification of their accept, a third of the caller's cost of a call,
+// is never needed (docs/performance.md).
+type heldAccept struct {
+	u   *protocol.Unverified
+	src protocol.Source
+	at  time.Time
+}
+
+// maxHeldAccepts bounds the accepts a waiting call keeps unverified; one
+// more is verified on arrival, as every accept used to be, so a flood of
+// forged accepts costs memory no one else's and cannot push the
+// performer's own accept out.
+const maxHeldAccepts = 4
+
+// setAside keeps an unverified accept for a call of this agent that waits
+// on it, and reports whether the accept needs nothing more now: it is
+// kept, or it is dropped because no call of this agent waits for it or it
+// names a signer other than the callee (verified, it would be dropped the
+// same way by routeReply). A full set is the one case left to the caller,
+// which verifies the accept and routes it.
+func (a *Agent) setAside(u *protocol.Unverified, src protocol.Source) bool {
+	w := a.n.waiterFor(u.InReplyTo())
+	if w == nil || w.a != a || u.From() != w.to {
+		return true
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if len(w.accepts) >= maxHeldAccepts {
+		return false
+	}
+	w.accepts = append(w.accepts, heldAccept{u: u, src: src, at: time.Now()})
+	return true
+}
+
+// heldAccepts reports whether any accept was set aside.
+func (w *waiter) heldAccepts() bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return len(w.accepts) > 0
+}
+
+// verifyHeld verifies the accepts set aside, in arrival order, and returns
+// when the first good one arrived. Each is verified once: the set is
+// emptied.
+func (w *waiter) verifyHeld() (time.Time, bool) {
+	w.mu.Lock()
+	held := w.accepts
+	w.accepts = nil
+	w.mu.Unlock()
+	a := w.a
+	for _, h := range held {
+		env, err := protocol.DefaultDecoder.Verify(h.u)
+		if err != nil {
+			e := errs.As(err)
+			a.n.warn(Warning{Code: "inbound_decode", Agent: a.id, Message: e.Message, Err: err})
+			continue
+		}
+		if _, err := a.replies.Check(env, h.src); err != nil {
+			continue
+		}
+		return h.at, true
+	}
+	return time.Time{}, false
 }
 
 type inbound struct {
@@ -297,7 +371,7 @@ func (a *Agent) Request(ctx context.Context, to, offering string, input any, opt
 				a.n.log.Error("journal", "err", err)
 			}
 			res := a.resultOf(in.dl)
-			res.RequestID, res.Accepted = env.ID, accepted
+			res.RequestID, res.Accepted = env.ID, accepted || w.heldAccepts()
 			if res.TaskID != "" && !protocol.Terminal(res.Status) && res.Error == nil {
 				h, err := a.newTaskHandle(res.TaskID, to, env.ID, f)
 				if err != nil {
@@ -310,6 +384,12 @@ func (a *Agent) Request(ctx context.Context, to, offering string, input any, opt
 			}
 			return res, nil
 		case <-timer.C:
+			if at, ok := w.verifyHeld(); ok {
+				// The wait an accept verified on arrival would have given.
+				accepted = true
+				timer.Reset(max(timeout-time.Since(at), 0))
+				continue
+			}
 			return nil, errs.Newf(errs.TransportTimeout, "no answer from %s within %s; the recipient's node may not be running (a mailbox keeps the request, and a late answer arrives through OnReply)", to, timeout).
 				WithDetail("request_id", env.ID)
 		case <-ctx.Done():

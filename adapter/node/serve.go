@@ -60,24 +60,24 @@ func replySubject(reply string) string {
 // an error only when a drained message must stay in the mailbox (its answer
 // could not be published).
 func (a *Agent) receive(data []byte, o origin) error {
-	if o.src == protocol.SourceMailbox {
+	if o.src == protocol.SourceLive && !o.answersOnly {
+		a.countCaptured()
+	}
+	u, err := protocol.Parse(data)
+	if err == nil && o.src == protocol.SourceMailbox && a.n.journal.Answered(u.From(), u.ID()) {
 		// The mailbox stream holds every live request too (DESIGN.md §5),
 		// and one answered live is journaled. Refusing it as a duplicate
 		// before verification is the outcome verification would reach,
 		// without a second Ed25519 verification of every live request.
-		if from, id, err := protocol.PeekSender(data); err == nil && a.n.journal.Answered(from, id) {
-			return nil
-		}
-		// The accepts of this agent's own calls (answers at its inbox,
-		// protocol 0.3) are captured too; one for a call that no longer
-		// waits would be dropped after verification anyway.
-		if req, accept := protocol.PeekAccept(data); accept && !a.waiting(req) {
-			return nil
-		}
-	} else if !o.answersOnly {
-		a.countCaptured()
+		return nil
 	}
-	env, err := protocol.DefaultDecoder.Decode(data)
+	if err == nil && u.IsAccept() && a.setAside(u, o.src) {
+		return nil
+	}
+	var env *protocol.Envelope
+	if err == nil {
+		env, err = protocol.DefaultDecoder.Verify(u)
+	}
 	if err != nil {
 		e := errs.As(err)
 		a.n.warn(Warning{Code: "inbound_decode", Agent: a.id, Message: e.Message, Err: err})

@@ -39,14 +39,56 @@ func invalid(msg string) *errs.Error { return errs.New(errs.InvalidEnvelope, msg
 
 // Decode parses, checks and verifies one envelope.
 func (d *Decoder) Decode(data []byte) (*Envelope, error) {
+	u, err := Parse(data)
+	if err != nil {
+		return nil, err
+	}
+	return d.Verify(u)
+}
+
+// Unverified is an envelope past steps 1 and 2 of the decode order (JSON,
+// structure, version) whose signature has not been checked. What it says
+// is the sender's claim: a receiver may use it only to drop the envelope
+// or to set it aside unacted-on (an accept no one needs yet), and must pass
+// it to Verify before acting on it in any other way. Parsing once and
+// verifying later lets a receiver look before paying for the Ed25519
+// verification, without parsing twice.
+type Unverified struct {
+	e *Envelope
+	m map[string]any
+}
+
+// Parse runs steps 1 and 2 of the decode order.
+func Parse(data []byte) (*Unverified, error) {
 	e, m, err := parseEnvelope(data)
 	if err != nil {
 		return nil, err
 	}
-	if err := d.verify(e, m); err != nil {
+	return &Unverified{e: e, m: m}, nil
+}
+
+// From, ID and InReplyTo are the claimed members.
+func (u *Unverified) From() string      { return u.e.From }
+func (u *Unverified) ID() string        { return u.e.ID }
+func (u *Unverified) InReplyTo() string { return u.e.InReplyTo }
+
+// IsAccept reports whether the envelope reads as an accept (a respond with
+// payload.status "accepted").
+func (u *Unverified) IsAccept() bool {
+	if u.e.Type != TypeRespond {
+		return false
+	}
+	p, _ := u.m["payload"].(map[string]any)
+	return p["status"] == StatusAccepted
+}
+
+// Verify runs step 3, the signature check, and returns the verified
+// envelope. Call it at most once per Unverified.
+func (d *Decoder) Verify(u *Unverified) (*Envelope, error) {
+	if err := d.verify(u.e, u.m); err != nil {
 		return nil, err
 	}
-	return e, nil
+	return u.e, nil
 }
 
 // DecodeBrokerAttributed runs steps 1 and 2 of the decode order but not the
@@ -75,32 +117,6 @@ func DecodeBrokerAttributed(data []byte) (*Envelope, error) {
 		}
 	}
 	return e, nil
-}
-
-// PeekSender reads the (from, id) pair of an envelope without verifying
-// it. The pair is the sender's claim, so the only safe use is a lookup
-// whose every outcome is a refusal (a duplicate already answered): acting
-// on an unverified envelope in any other way is what Decode is for.
-func PeekSender(data []byte) (from, id string, err error) {
-	e, _, err := parseEnvelope(data)
-	if err != nil {
-		return "", "", err
-	}
-	return e.From, e.ID, nil
-}
-
-// PeekAccept reports, without verifying anything, whether data reads as an
-// accept and names the request it accepts. A receiver with no call waiting
-// for that request drops an accept whatever its signature, so it may drop
-// one that only reads as such without the Ed25519 verification (the drain
-// of a mailbox full of the accepts of calls long answered).
-func PeekAccept(data []byte) (inReplyTo string, accept bool) {
-	e, m, err := parseEnvelope(data)
-	if err != nil || e.Type != TypeRespond {
-		return "", false
-	}
-	p, _ := m["payload"].(map[string]any)
-	return e.InReplyTo, p["status"] == StatusAccepted
 }
 
 // parseEnvelope is steps 1 (JSON and structure) and 2 (version major).

@@ -293,7 +293,7 @@ func TestVerifyBytesAndEncodings(t *testing.T) {
 	}
 }
 
-// DecodeBrokerAttributed and PeekSender yield what Decode yields for a
+// DecodeBrokerAttributed and Parse yield what Decode yields for a
 // signed envelope, do not look at the signature, and still refuse a
 // malformed one.
 func TestDecodeBrokerAttributed(t *testing.T) {
@@ -320,8 +320,8 @@ func TestDecodeBrokerAttributed(t *testing.T) {
 		if err != nil {
 			t.Fatalf("%s: %v", name, err)
 		}
-		if from, id, err := protocol.PeekSender(data); err != nil || from != verified.From || id != verified.ID {
-			t.Errorf("%s: PeekSender = %q, %q, %v", name, from, id, err)
+		if u, err := protocol.Parse(data); err != nil || u.From() != verified.From || u.ID() != verified.ID {
+			t.Errorf("%s: Parse = %v, %v", name, u, err)
 		}
 		if got.ID != verified.ID || got.From != verified.From || string(got.Payload) != string(verified.Payload) || string(got.Meta) != string(verified.Meta) || got.Type != verified.Type {
 			t.Errorf("%s: attributed decode %+v differs from verified decode %+v", name, got, verified)
@@ -335,8 +335,8 @@ func TestDecodeBrokerAttributed(t *testing.T) {
 		if _, err := protocol.DecodeBrokerAttributed([]byte(data)); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
-		if _, _, err := protocol.PeekSender([]byte(data)); err == nil {
-			t.Errorf("%s: PeekSender accepted it", name)
+		if _, err := protocol.Parse([]byte(data)); err == nil {
+			t.Errorf("%s: Parse accepted it", name)
 		}
 	}
 }

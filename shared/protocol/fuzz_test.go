@@ -35,13 +35,21 @@ func FuzzDecodeEnvelope(f *testing.F) {
 		f.Add(w)
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
-		// The unverified peeks read the same untrusted bytes first; they
-		// never panic, and a peeked accept that verifies is an accept.
-		req, accept := protocol.PeekAccept(data)
-		_, _, _ = protocol.PeekSender(data)
+		// Parse then Verify is Decode: the same outcome, and what the
+		// unverified form claims is what the verified envelope says.
 		env, err := protocol.Decode(data)
-		if err == nil && accept && (!protocol.IsAccepted(env) || env.InReplyTo != req) {
-			t.Fatalf("PeekAccept said accept of %q; the verified envelope says otherwise", req)
+		u, perr := protocol.Parse(data)
+		if perr == nil {
+			accept, from, id, req := u.IsAccept(), u.From(), u.ID(), u.InReplyTo()
+			venv, verr := protocol.DefaultDecoder.Verify(u)
+			if (verr == nil) != (err == nil) {
+				t.Fatalf("Decode says %v, Parse+Verify says %v", err, verr)
+			}
+			if verr == nil && (accept != protocol.IsAccepted(venv) || from != venv.From || id != venv.ID || req != venv.InReplyTo) {
+				t.Fatalf("the unverified claims (accept %v, %q, %q, %q) differ from the verified envelope", accept, from, id, req)
+			}
+		} else if err == nil {
+			t.Fatalf("Parse refused what Decode accepts: %v", perr)
 		}
 		if err != nil {
 			switch errs.CodeOf(err) {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"testing"
 
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -88,9 +89,10 @@ func TestIsAnswer(t *testing.T) {
 	}
 }
 
-// PeekAccept reads an accept's request id without verifying; anything else
-// (another respond, a request, bytes that do not parse) is not an accept.
-func TestPeekAccept(t *testing.T) {
+// Parse reads an accept's request id without verifying; anything else
+// (another respond, a request) is not an accept, and bytes that do not
+// parse are refused.
+func TestParseAccept(t *testing.T) {
 	k := freshKey(t)
 	req, _ := protocol.New(protocol.TypeRequest, k.Public(), map[string]any{"offering": "chat"})
 	acc, _ := protocol.NewAccept(req, k.Public())
@@ -107,9 +109,19 @@ func TestPeekAccept(t *testing.T) {
 			// A broken signature changes nothing: nothing is verified.
 			data = []byte(strings.Replace(string(data), `"sig":"`, `"sig":"AA`, 1))
 		}
-		id, accept := protocol.PeekAccept(data)
-		if accept != c.accept || (accept && id != req.ID) {
-			t.Errorf("%s: PeekAccept = %q, %v", name, id, accept)
+		u, err := protocol.Parse(data)
+		if c.e == nil {
+			if err == nil {
+				t.Errorf("%s: parsed", name)
+			}
+			continue
+		}
+		if err != nil || u.IsAccept() != c.accept || (c.accept && u.InReplyTo() != req.ID) {
+			t.Errorf("%s: Parse = %v, %v", name, u, err)
+			continue
+		}
+		if _, err := protocol.DefaultDecoder.Verify(u); errs.CodeOf(err) != errs.IdentityMismatch {
+			t.Errorf("%s: the broken signature verified: %v", name, err)
 		}
 	}
 }

@@ -1,0 +1,193 @@
+package node
+
+import (
+	"strings"
+	"testing"
+	"time"
+
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// scriptedCallee is a callee without a runtime: the test reads the
+// caller's request at the callee's inbox and answers at the caller's
+// inbox (protocol 0.3) exactly when and how each case says.
+type scriptedCallee struct {
+	tm     *testMesh
+	key    *keys.Agent
+	inbox  *collector
+	caller string
+}
+
+func (s *scriptedCallee) request(t *testing.T) *protocol.Envelope {
+	t.Helper()
+	eventually(t, "the request at the callee's inbox", func() bool { return s.inbox.len() > 0 })
+	envs := s.inbox.envelopes(t)
+	s.inbox.mu.Lock()
+	s.inbox.msgs = nil
+	s.inbox.mu.Unlock()
+	return envs[len(envs)-1]
+}
+
+// send signs env with the callee's key, or, forged, with another key, and
+// publishes it at the caller's inbox.
+func (s *scriptedCallee) send(t *testing.T, env *protocol.Envelope, forged bool) {
+	t.Helper()
+	signer := s.key
+	if forged {
+		signer = agentKey(t)
+		env.From = signer.Public()
+	}
+	if err := env.Sign(signer); err != nil {
+		t.Fatal(err)
+	}
+	env.From = s.key.Public() // a forgery claims the callee
+	data, err := env.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.tm.svc.Publish(protocol.InboxSubject(s.caller), data); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (s *scriptedCallee) accept(t *testing.T, req *protocol.Envelope, forged bool) {
+	t.Helper()
+	acc, err := protocol.NewAccept(req, s.key.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.send(t, acc, forged)
+}
+
+func (s *scriptedCallee) answer(t *testing.T, req *protocol.Envelope) {
+	t.Helper()
+	done, err := protocol.NewReply(req, s.key.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "done"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.send(t, done, false)
+}
+
+// An accept only extends a call's wait, so the caller verifies it only
+// when the wait would otherwise end: an answer that comes first makes its
+// verification unnecessary (a forged accept before it is never even
+// looked at), a good accept still extends the wait from its arrival, a
+// forged one does not, and a flood of forged accepts cannot crowd out the
+// callee's own.
+func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
+	tm := newMesh(t)
+	warned := &warnings{}
+	ka, kb := agentKey(t), agentKey(t)
+	n := tm.startNode(t, nodeKey(t), []*keys.Agent{ka}, func(c *Config) { c.Warn = warned.add })
+	a := tm.host(t, n, AgentConfig{Key: ka, Name: "caller", Handler: refuseAll})
+	callee := &scriptedCallee{tm: tm, key: kb, inbox: tm.collect(t, protocol.InboxSubject(kb.Public())), caller: ka.Public()}
+
+	// The wait is 600 ms; a late accept comes at 400 ms and the answer at
+	// 800 ms: inside the wait an accept gives (until 1,000 ms), outside
+	// the first one, each by 200 ms.
+	const wait = 600 * time.Millisecond
+	const lateAccept, lateAnswer = 400 * time.Millisecond, 800 * time.Millisecond
+	type outcome struct {
+		res *Result
+		err error
+	}
+	call := func(t *testing.T) (chan outcome, *protocol.Envelope, time.Time) {
+		out := make(chan outcome, 1)
+		go func() {
+			res, err := a.Request(t.Context(), kb.Public(), "work", "hi", RequestOptions{Timeout: wait})
+			out <- outcome{res, err}
+		}()
+		req := callee.request(t)
+		return out, req, time.Now()
+	}
+	at := func(t0 time.Time, d time.Duration) { time.Sleep(time.Until(t0.Add(d))) }
+	decodeWarnings := func() int {
+		n := 0
+		for _, c := range warned.codes() {
+			if c == "inbound_decode" {
+				n++
+			}
+		}
+		return n
+	}
+
+	t.Run("answer first", func(t *testing.T) {
+		before := decodeWarnings()
+		out, req, _ := call(t)
+		callee.accept(t, req, true)
+		callee.answer(t, req)
+		o := <-out
+		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
+			t.Fatalf("%+v %v", o.res, o.err)
+		}
+		// The forged accept was set aside and never verified.
+		if got := decodeWarnings(); got != before {
+			t.Fatalf("%d accepts were verified", got-before)
+		}
+	})
+
+	t.Run("a late accept extends the wait", func(t *testing.T) {
+		out, req, t0 := call(t)
+		at(t0, lateAccept)
+		callee.accept(t, req, false)
+		at(t0, lateAnswer)
+		callee.answer(t, req)
+		o := <-out
+		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
+			t.Fatalf("%+v %v", o.res, o.err)
+		}
+	})
+
+	t.Run("a forged accept does not", func(t *testing.T) {
+		before := decodeWarnings()
+		out, req, t0 := call(t)
+		at(t0, lateAccept)
+		callee.accept(t, req, true)
+		o := <-out
+		mustCode(t, o.err, errs.TransportTimeout)
+		// Verified when the wait ran out, and refused.
+		if got := decodeWarnings(); got != before+1 {
+			t.Fatalf("%d decode warnings, want 1", got-before)
+		}
+		callee.answer(t, req) // too late: nobody waits
+	})
+
+	t.Run("a flood of forged accepts", func(t *testing.T) {
+		out, req, t0 := call(t)
+		for range maxHeldAccepts {
+			callee.accept(t, req, true)
+		}
+		at(t0, lateAccept)
+		callee.accept(t, req, false) // one past the set: verified on arrival
+		at(t0, lateAnswer)
+		callee.answer(t, req)
+		o := <-out
+		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
+			t.Fatalf("%+v %v", o.res, o.err)
+		}
+	})
+
+	t.Run("an accept for someone else's call", func(t *testing.T) {
+		// Claimed by a signer other than the callee: dropped unverified.
+		before := decodeWarnings()
+		out, req, _ := call(t)
+		acc, _ := protocol.NewAccept(req, kb.Public())
+		other := agentKey(t)
+		acc.From = other.Public()
+		_ = acc.Sign(other)
+		data, _ := acc.Marshal()
+		if err := tm.svc.Publish(protocol.InboxSubject(ka.Public()), data); err != nil {
+			t.Fatal(err)
+		}
+		callee.answer(t, req)
+		o := <-out
+		if o.err != nil || o.res.Accepted || !strings.EqualFold(o.res.Status, "completed") {
+			t.Fatalf("%+v %v", o.res, o.err)
+		}
+		if got := decodeWarnings(); got != before {
+			t.Fatalf("%d accepts were verified", got-before)
+		}
+	})
+}
