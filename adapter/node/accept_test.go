@@ -1,6 +1,7 @@
 package node
 
 import (
+	"context"
 	"strings"
 	"testing"
 	"time"
@@ -190,4 +191,74 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 			t.Fatalf("%d accepts were verified", got-before)
 		}
 	})
+}
+
+// The public inbox of a guarded agent takes anyone's publish; the agent
+// takes only answers to its own waiting calls there, from their callees.
+// Everything else is dropped before any verification and without a
+// warning, so junk there costs a parse, not an Ed25519 verification and a
+// log line each; the answer a call waits for still gets through.
+func TestGuardedPublicInboxTakesOnlyAwaitedAnswers(t *testing.T) {
+	tm := newMesh(t)
+	warned := &warnings{}
+	ka, kb := agentKey(t), agentKey(t)
+	handled := make(chan string, 8)
+	n := tm.startNode(t, nodeKey(t), []*keys.Agent{ka}, func(c *Config) { c.Warn = warned.add })
+	a := tm.host(t, n, AgentConfig{Key: ka, Name: "guarded", Guarded: true,
+		Handler: func(ctx context.Context, c *Call) error { handled <- c.Env.ID; return c.Reply(nil) },
+		OnReply: func(r *Result) { handled <- "reply " + r.RequestID }})
+	callee := &scriptedCallee{tm: tm, key: kb, inbox: tm.collect(t, protocol.InboxSubject(kb.Public())), caller: ka.Public()}
+	public := protocol.InboxSubject(ka.Public())
+	publish := func(data []byte) {
+		t.Helper()
+		if err := tm.svc.Publish(public, data); err != nil {
+			t.Fatal(err)
+		}
+	}
+	signed := func(e *protocol.Envelope, k *keys.Agent) []byte {
+		t.Helper()
+		if err := e.Sign(k); err != nil {
+			t.Fatal(err)
+		}
+		b, err := e.Marshal()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return b
+	}
+
+	out := make(chan error, 1)
+	go func() {
+		_, err := a.Request(t.Context(), kb.Public(), "work", "hi", RequestOptions{Timeout: asyncWait})
+		out <- err
+	}()
+	req := callee.request(t)
+
+	stranger := agentKey(t)
+	publish([]byte(`{"not":"an envelope"`))
+	publish(signed(requestEnv03(t, stranger, ka.Public(), "work", "a request past the guard"), stranger))
+	other, _ := protocol.NewReply(req, stranger.Public(), map[string]any{"status": "completed"})
+	publish(signed(other, stranger)) // an answer to the waiting call from someone else
+	unknown, _ := protocol.New(protocol.TypeRespond, kb.Public(), map[string]any{"status": "completed"})
+	unknown.To, unknown.InReplyTo = ka.Public(), protocol.NewID()
+	publish(signed(unknown, kb)) // the callee, but no call waits for it
+	forged, _ := protocol.NewReply(req, kb.Public(), map[string]any{"status": "completed"})
+	forged.From = stranger.Public()
+	data := signed(forged, stranger)
+	publish([]byte(strings.Replace(string(data), stranger.Public(), kb.Public(), 1))) // claims the callee, does not verify
+
+	callee.answer(t, req)
+	if err := <-out; err != nil {
+		t.Fatalf("the awaited answer did not get through: %v", err)
+	}
+	// Only the forgery claiming the awaited callee was worth verifying.
+	time.Sleep(100 * time.Millisecond)
+	if got := warned.codes(); len(got) != 1 || got[0] != "inbound_decode" {
+		t.Fatalf("warnings %v, want one inbound_decode (the forged answer)", got)
+	}
+	select {
+	case h := <-handled:
+		t.Fatalf("something past the guard was handled: %s", h)
+	default:
+	}
 }

@@ -293,7 +293,7 @@ func (a *Agent) subscribe() error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.unsubscribeLocked()
-	sub, err := a.subscribeInbox(a.inboxSubject(), a.onInboxMsg)
+	sub, err := a.subscribeInbox(a.inboxSubject(), a.onInboxMsg, inboxPendingBytes)
 	if err != nil {
 		return err
 	}
@@ -302,7 +302,7 @@ func (a *Agent) subscribe() error {
 		// Answers from a performer outside the roster never pass the
 		// admission service; the agent takes them here, live, when they
 		// answer one of its waiting requests (receive, answersOnly).
-		if a.answerSub, err = a.subscribeInbox(protocol.InboxSubject(a.id), a.onAnswerMsg); err != nil {
+		if a.answerSub, err = a.subscribeInbox(protocol.InboxSubject(a.id), a.onAnswerMsg, answerPendingBytes); err != nil {
 			a.unsubscribeLocked()
 			return err
 		}
@@ -310,12 +310,21 @@ func (a *Agent) subscribe() error {
 	return a.n.nc.Flush()
 }
 
-func (a *Agent) subscribeInbox(subject string, cb nats.MsgHandler) (*nats.Subscription, error) {
+// What an inbox subscription may buffer before the client drops messages
+// (a slow consumer): a live inbox, 256 MiB; the public inbox of a guarded
+// agent, where only answers to its own waiting calls are taken and anyone
+// may publish, 16 MiB.
+const (
+	inboxPendingBytes  = 256 << 20
+	answerPendingBytes = 16 << 20
+)
+
+func (a *Agent) subscribeInbox(subject string, cb nats.MsgHandler, pendingBytes int) (*nats.Subscription, error) {
 	sub, err := a.n.nc.Subscribe(subject, cb)
 	if err != nil {
 		return nil, fmt.Errorf("node: subscribe %s: %w", subject, err)
 	}
-	if err := sub.SetPendingLimits(-1, 256<<20); err != nil {
+	if err := sub.SetPendingLimits(-1, pendingBytes); err != nil {
 		_ = sub.Unsubscribe()
 		return nil, err
 	}

@@ -222,12 +222,11 @@ func (a *Agent) waiting(id string) bool {
 	return w != nil && w.a == a
 }
 
-// awaits reports whether env names a request of this agent that is still
-// waiting for an answer from env's signer (unverified: receive verifies
-// before routing).
-func (a *Agent) awaits(env *protocol.Envelope) bool {
-	w := a.n.waiterFor(env.InReplyTo)
-	return w != nil && w.a == a && w.to == env.From
+// awaits reports whether a call of this agent, request id, still waits
+// for an answer from signer.
+func (a *Agent) awaits(id, signer string) bool {
+	w := a.n.waiterFor(id)
+	return w != nil && w.a == a && w.to == signer
 }
 
 // routeReply hands a verified respond addressed to this agent to the

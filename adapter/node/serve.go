@@ -64,6 +64,16 @@ func (a *Agent) receive(data []byte, o origin) error {
 		a.countCaptured()
 	}
 	u, err := protocol.Parse(data)
+	if o.answersOnly && (err != nil || !u.IsAnswer() || !a.awaits(u.InReplyTo(), u.From())) {
+		// The public inbox of a guarded agent takes anyone's publish, and
+		// its requests come through the admission service: only an answer
+		// to a call of this agent that waits for it, claimed by that
+		// call's callee, is worth a verification. Anything else is
+		// dropped unverified and without a warning, so a flood there costs
+		// a parse per message (and past the guard no sender the roster
+		// keeps out reaches OnReply).
+		return nil
+	}
 	if err == nil && o.src == protocol.SourceMailbox && a.n.journal.Answered(u.From(), u.ID()) {
 		// The mailbox stream holds every live request too (DESIGN.md §5),
 		// and one answered live is journaled. Refusing it as a duplicate
@@ -100,20 +110,11 @@ func (a *Agent) receive(data []byte, o origin) error {
 	case env.Type == protocol.TypeRespond, isLateAnswer(env):
 		// An answer, or a protocol 0.3 late answer (a fresh request whose
 		// in_reply_to names a request: hold.go), is never handled as work.
-		if o.answersOnly && !a.awaits(env) {
-			// Past the guard only answers to a waiting request: anything
-			// else would let senders the roster keeps out reach OnReply.
-			return nil
-		}
 		dl, err := a.replies.Check(env, o.src)
 		if err != nil {
 			return nil
 		}
 		a.routeReply(dl)
-		return nil
-	case o.answersOnly:
-		// The public inbox of a guarded agent: its requests come through
-		// the admission service, only answers are taken here.
 		return nil
 	case env.Type == protocol.TypeRequest:
 	default:

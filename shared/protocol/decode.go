@@ -72,6 +72,9 @@ func (u *Unverified) From() string      { return u.e.From }
 func (u *Unverified) ID() string        { return u.e.ID }
 func (u *Unverified) InReplyTo() string { return u.e.InReplyTo }
 
+// IsAnswer reports whether the envelope reads as an answer (IsAnswer).
+func (u *Unverified) IsAnswer() bool { return IsAnswer(u.e) }
+
 // IsAccept reports whether the envelope reads as an accept (a respond with
 // payload.status "accepted").
 func (u *Unverified) IsAccept() bool {
