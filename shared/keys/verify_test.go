@@ -21,13 +21,16 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/nats-io/nkeys"
 
+	"agentmesh.dev/mesh/conformance/vectors"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // vcase is one (public key, message, signature) triple.
@@ -413,10 +416,68 @@ func smallOrderCases(t testing.TB) []vcase {
 	return out
 }
 
+// conformanceDir is where the project's conformance fixtures live, as the
+// conformance runner's own test finds them.
+func conformanceDir() string {
+	if d := os.Getenv("MESH_CONFORMANCE_DIR"); d != "" {
+		return d
+	}
+	_, file, _, _ := runtime.Caller(0)
+	return filepath.Join(filepath.Dir(file), "..", "..", "..", "shared", "conformance")
+}
+
+// projectCases are the signatures the project's own code checks: every
+// fixture the conformance runner verifies (envelopes, vouches, rosters,
+// room descriptors, allowances, agreements, manifest key claims and the
+// refusals around them) and the protocol package's golden envelope. They
+// are collected by running that code under the Compare verifier, which
+// hands each (key, message, signature) it checks to a hook.
+func projectCases(t testing.TB) []vcase {
+	t.Helper()
+	useVerifier(t, keys.Compare)
+	seen := map[string]bool{}
+	var out []vcase
+	var source string
+	remove := keys.SetCompareHook(func(pub, msg, sig []byte) {
+		id := string(pub) + string(sig) + string(msg)
+		if !seen[id] {
+			seen[id] = true
+			// msg sits in a pooled buffer that is reused after the call.
+			out = append(out, vcase{fmt.Sprintf("%s/%d", source, len(out)), bytes.Clone(pub), bytes.Clone(msg), bytes.Clone(sig), nil})
+		}
+	})
+	defer remove()
+
+	source = "protocol/envelope.golden"
+	golden, err := os.ReadFile(filepath.Join("..", "protocol", "testdata", "envelope.golden"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := protocol.Decode(bytes.TrimSpace(golden)); err != nil {
+		t.Fatalf("envelope.golden: %v", err)
+	}
+
+	dir := conformanceDir()
+	if _, err := os.Stat(dir); err != nil {
+		t.Logf("conformance fixtures not found at %s (set MESH_CONFORMANCE_DIR); only the golden envelope is used", dir)
+		return out
+	}
+	source = "conformance"
+	r, err := vectors.Run(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.OK() {
+		t.Fatalf("the conformance run fails (see conformance/vectors); its signatures cannot serve as vectors")
+	}
+	return out
+}
+
 // TestVerifyAgreesWithStdlib is the differential test: on every case of
 // every source and every corruption of each, each path of the voi verifier
 // answers what crypto/ed25519.Verify answers.
 func TestVerifyAgreesWithStdlib(t *testing.T) {
+	project := projectCases(t) // runs under Compare; collect before switching
 	useVerifier(t, keys.Voi)
 	cache := keys.NewKeyCache(0)
 	tests := []struct {
@@ -445,6 +506,7 @@ func TestVerifyAgreesWithStdlib(t *testing.T) {
 		{"sign.input", wellFormed(t, signInputCases(t)), count{128, 128}, count{2174, 0}, false},
 		{"random", wellFormed(t, randomCases(256)), count{256, 256}, count{4352, 0}, false},
 		{"small-order", wellFormed(t, smallOrderCases(t)), count{1764, 49}, count{28812, 309}, false},
+		{"project", wellFormed(t, project), count{42, 26}, count{714, 0}, true},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
