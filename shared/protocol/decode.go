@@ -280,7 +280,7 @@ func (d *Decoder) verify(e *Envelope, m map[string]any) error {
 	if cache == nil {
 		cache = defaultKeys
 	}
-	pub, err := cache.Get(e.From)
+	key, err := cache.Get(e.From)
 	if err != nil {
 		return errs.Newf(errs.IdentityMismatch, "envelope from is not an agent public key: %v", err)
 	}
@@ -295,8 +295,8 @@ func (d *Decoder) verify(e *Envelope, m map[string]any) error {
 	if err != nil {
 		return errs.Wrap(errs.InvalidEnvelope, "envelope cannot be canonicalised", err)
 	}
-	if !ed25519.Verify(pub, msg, sig) {
-		if d.RefuseUntagged || !ed25519.Verify(pub, msg[tagLen:], sig) {
+	if !key.Verify(msg, sig) {
+		if d.RefuseUntagged || !key.Verify(msg[tagLen:], sig) {
 			return errs.New(errs.IdentityMismatch, "envelope signature does not verify against from")
 		}
 	}

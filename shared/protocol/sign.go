@@ -70,59 +70,27 @@ func (enc SigEncoding) Decode(s string) ([]byte, error) {
 // ErrBadSignature is wrapped by every signature failure.
 var ErrBadSignature = errors.New("signature does not verify")
 
-// KeyCache decodes user public keys once. Decoding costs a base32 pass and a
-// checksum per call; envelopes from the same few senders arrive constantly.
-// It holds two generations of at most size entries each, so a stream of
-// fresh keys from the wire cannot grow it without bound.
-type KeyCache struct {
-	mu       sync.RWMutex
-	size     int
-	cur, old map[string]ed25519.PublicKey
-}
+// KeyCache decodes user public keys once and keeps each ready to verify
+// (its expanded form), bounded; see keys.KeyCache. Envelopes from the same
+// few senders arrive constantly.
+type KeyCache = keys.KeyCache
 
-// NewKeyCache returns a cache of about 2×size keys.
-func NewKeyCache(size int) *KeyCache {
-	if size <= 0 {
-		size = 4096
-	}
-	return &KeyCache{size: size, cur: make(map[string]ed25519.PublicKey, size)}
-}
+// NewKeyCache returns a cache of at most 2×size keys (keys.NewKeyCache).
+func NewKeyCache(size int) *KeyCache { return keys.NewKeyCache(size) }
 
-// Get returns the decoded key for a user public key string.
-func (c *KeyCache) Get(pub string) (ed25519.PublicKey, error) {
-	c.mu.RLock()
-	k, ok := c.cur[pub]
-	if !ok {
-		k, ok = c.old[pub]
-	}
-	c.mu.RUnlock()
-	if ok {
-		return k, nil
-	}
-	k, err := keys.DecodeUserPublicKey(pub)
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	if len(c.cur) >= c.size {
-		c.old, c.cur = c.cur, make(map[string]ed25519.PublicKey, c.size)
-	}
-	c.cur[pub] = k
-	c.mu.Unlock()
-	return k, nil
-}
-
-// defaultKeys serves the package-level helpers; it is a bounded cache, not
+// defaultKeys serves the package-level helpers and the decoders without a
+// cache of their own: the process's shared cache, a bound, not
 // configuration.
-var defaultKeys = NewKeyCache(4096)
+var defaultKeys = keys.UserKeys()
 
-// VerifyBytes checks sig (raw bytes) over msg against a user public key.
+// VerifyBytes checks sig (raw bytes) over msg against a user public key,
+// through the verification seam (keys.Verify's rules).
 func VerifyBytes(pub string, msg, sig []byte) error {
 	k, err := defaultKeys.Get(pub)
 	if err != nil {
 		return fmt.Errorf("%w: %v", ErrBadSignature, err)
 	}
-	if !ed25519.Verify(k, msg, sig) {
+	if !k.Verify(msg, sig) {
 		return ErrBadSignature
 	}
 	return nil
