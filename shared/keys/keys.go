@@ -137,7 +137,7 @@ func (k *Key[R]) Public() string { return k.pub }
 func (k *Key[R]) PublicKey() ed25519.PublicKey { return k.sec.priv.Public().(ed25519.PublicKey) }
 
 // Sign signs message with the decoded Ed25519 key.
-func (k *Key[R]) Sign(message []byte) []byte { return ed25519.Sign(k.sec.priv, message) }
+func (k *Key[R]) Sign(message []byte) []byte { return sign(k.sec.priv, message) }
 
 // SignNonce signs a broker nonce. It has the shape of the nonce-signing
 // callback of a NATS connection (nats.UserJWT), and unlike Sign it reports a
