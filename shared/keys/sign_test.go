@@ -103,3 +103,28 @@ func BenchmarkSign(b *testing.B) {
 		})
 	}
 }
+
+// The nkeys pair handed to the JWT library signs through the same fast
+// signer, with nkeys's own bytes.
+func TestNKeySignsLikeNkeys(t *testing.T) {
+	k, err := keys.Generate[keys.AccountRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ref, err := nkeys.FromSeed(k.Seed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	msg := []byte("a jwt header.a jwt payload")
+	got, err := k.NKey().Sign(msg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := ref.Sign(msg)
+	if !bytes.Equal(got, want) {
+		t.Fatalf("NKey().Sign = %x, nkeys = %x", got, want)
+	}
+	if pub, _ := k.NKey().PublicKey(); pub != k.Public() {
+		t.Fatalf("NKey().PublicKey = %s", pub)
+	}
+}
