@@ -154,6 +154,31 @@ func TestSDKRequesterAndOurPerformers(t *testing.T) {
 			t.Fatalf("late answer payload %s", in.env.Payload)
 		}
 	})
+
+	t.Run("adapter inbox mode refuses with a fresh request carrying the error", func(t *testing.T) {
+		c := s.request(inbox.id, map[string]any{"offering": "chat", "input": map[string]any{"text": "write me a novel"}}, wait)
+		if c.answer != nil || len(c.onReply) != 1 {
+			t.Fatalf("want only the queued ack: answer %v, %d on the reply subject", c.answer, len(c.onReply))
+		}
+		m := inbox.waitInbox("write me a novel")
+		if _, errOut, code := inbox.run("reply", jsonNumber(m["seq"]), "--refuse-budget", "$12.50", "not at that price"); code != 0 {
+			t.Fatalf("reply --refuse-budget: %d %s", code, errOut)
+		}
+		in := s.next(wait)
+		if in.env.Type != protocol.TypeRequest || in.env.InReplyTo != c.req.ID || in.env.From != inbox.id {
+			t.Fatalf("late refusal %s in_reply_to %s from %s", in.env.Type, in.env.InReplyTo, in.env.From)
+		}
+		// A 0.3 client reads only the envelope member.
+		e := memberError(in.env)
+		d, _ := e["details"].(map[string]any)
+		est, _ := d["estimate"].(map[string]any)
+		if e["code"] != "BUDGET_INSUFFICIENT" || est["currency"] != "USD" || jsonNumber(est["amount_micro"]) != "12500000" {
+			t.Fatalf("envelope member error %v (payload %s)", e, in.env.Payload)
+		}
+		if p := payloadOf(in.env); p["status"] != "failed" || p["offering"] != "chat" {
+			t.Fatalf("late refusal payload %s", in.env.Payload)
+		}
+	})
 }
 
 // collectReplies publishes req with a fresh reply subject and collects up
@@ -379,6 +404,12 @@ func TestOurRequestersAndSDKPerformer(t *testing.T) {
 		if o := result(ch); errs.CodeOf(o.err) != errs.TransportTimeout {
 			t.Fatalf("want a timeout, got %+v, %v", o.res, o.err)
 		}
+		// What earlier calls left in the mailbox (their accepts and
+		// answers, taken live) is drained and deleted by this process:
+		// the next one, with a journal of its own, would hand it to
+		// OnReply. The drain loop does it within a second; the test
+		// does not wait for it.
+		rt.DrainNow()
 		_ = rt.node.Close()
 		s.complete(in, map[string]any{"text": "while you were away"})
 		back := w.startRuntime("requester", rt.key, rt.jwt, rt.seed, nil)

@@ -1,13 +1,14 @@
 // Package admission is the admission service (spec §4.3, upstream-notes
 // §6.2, docs/bus.md "Admission"): an agent asks it to guard its inbox; the
-// agent's node then listens only on mesh.agent.<id>.inbox.guarded, and the
+// agent's node then takes its requests on mesh.agent.<id>.inbox.guarded
+// (and at the public inbox only answers to its own waiting calls), and the
 // service takes the public inbox mesh.agent.<id>.inbox for it, applies the
 // owner-signed roster and relays the requests it allows. Blocked and held
 // senders, and requests the agent is not online for, all get the same
 // queued ack, so a sender cannot tell a block from an offline agent.
 //
 // State lives in JetStream: KV mesh_admission (the guard and the roster, per
-// agent) and KV mesh_admission_held (held requests, for the owner). Every
+// agent) and KV mesh_admission_held (held requests and answers, for the owner). Every
 // copy subscribes the public inboxes in one queue group, so each request is
 // judged and relayed by exactly one copy.
 package admission
@@ -42,7 +43,8 @@ const Name = "admission"
 const (
 	// Bucket holds one Record per agent id.
 	Bucket = "mesh_admission"
-	// HeldBucket holds held requests under <agent>.<request id> (7 days).
+	// HeldBucket holds held requests, and answers from senders the roster
+	// holds, under <agent>.<envelope id> (7 days).
 	HeldBucket = "mesh_admission_held"
 	// RegistryBucket is the registry's bucket; a sender with a non-sandbox
 	// record there is in the "registered" tier. Bound when it exists.
@@ -146,10 +148,10 @@ type Held struct {
 // agents.
 type Stats struct {
 	Relayed uint64 // allowed and passed to the guarded inbox
-	Answers uint64 // answers of the guarded node forwarded to senders
+	Answers uint64 // answers of the guarded node forwarded to senders, and allowed answers passed to it
 	Queued  uint64 // queued acks sent (held, blocked or offline)
-	Held    uint64 // held requests recorded
-	Blocked uint64 // blocked requests dropped
+	Held    uint64 // held requests (and answers) recorded
+	Blocked uint64 // blocked requests (and answers) dropped
 	Dropped uint64 // undecodable, unsigned or stale: dropped silently
 	Busy    uint64 // refused for want of a relay slot (retryable error)
 }
@@ -928,21 +930,7 @@ func (w *Worker) admit(agent string, p policy, msg *nats.Msg) {
 		return
 	}
 	if protocol.IsAnswer(env) {
-		// An answer to one of the agent's own requests (a respond, or a
-		// protocol 0.3 late answer) is never work to hold or acknowledge:
-		// one from an allowed sender is passed on as it is, so that the
-		// guarded inbox (and the mailbox behind it) has it; any other is
-		// dropped, and reaches the agent only live, while a request of
-		// its waits for it (docs/protocol.md "0.2 and 0.3 peers").
-		if stance == StanceAllow {
-			w.answers.Add(1)
-			out := nats.NewMsg(protocol.GuardedInboxSubject(agent))
-			out.Data = msg.Data
-			out.Header.Set(jetstream.MsgIDHeader, "admission:"+env.From+":"+env.ID)
-			_ = w.svc.NC.PublishMsg(out)
-			return
-		}
-		w.dropped.Add(1)
+		w.admitAnswer(agent, stance, tier, env, msg)
 		return
 	}
 	switch stance {
@@ -960,6 +948,45 @@ func (w *Worker) admit(agent string, p policy, msg *nats.Msg) {
 		w.blocked.Add(1)
 		w.svc.Log.Debug("admission block", "agent", agent, "tier", tier)
 		w.ack(msg, env)
+	}
+}
+
+// admitAnswer judges an answer to one of the agent's own requests (a
+// respond, or a protocol 0.3 late answer: a fresh request naming the
+// original in in_reply_to). An answer is never acknowledged (nobody waits
+// for an ack of an answer, and no ack keeps a block and a hold alike):
+//
+//   - allow: passed on as it is to the guarded inbox, which the mailbox
+//     stream captures, so it waits there while the agent is offline;
+//   - hold: kept for the owner in mesh_admission_held, like a held request.
+//     Since protocol 0.3 every answer travels to the inbox, and "registered
+//     → hold" is a roster's default, so dropping these lost every late
+//     answer (inbox mode) and every answer published while the agent
+//     reconnects from anyone the roster does not allow;
+//   - block: dropped.
+//
+// The agent's node also takes answers live at the public inbox, while a
+// call of its waits for that signer (adapter/node receive, answersOnly),
+// whatever the stance; what is held reaches the agent when the owner
+// releases it (docs/protocol.md "0.2 and 0.3 peers").
+func (w *Worker) admitAnswer(agent, stance, tier string, env *protocol.Envelope, msg *nats.Msg) {
+	switch stance {
+	case StanceAllow:
+		w.answers.Add(1)
+		out := nats.NewMsg(protocol.GuardedInboxSubject(agent))
+		out.Data = msg.Data
+		out.Header.Set(jetstream.MsgIDHeader, "admission:"+env.From+":"+env.ID)
+		_ = w.svc.NC.PublishMsg(out)
+	case StanceHold:
+		ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+		err := w.hold(ctx, agent, env)
+		cancel()
+		if err != nil {
+			w.svc.Log.Warn("admission hold", "agent", agent, "err", err)
+		}
+	default:
+		w.blocked.Add(1)
+		w.svc.Log.Debug("admission block", "agent", agent, "tier", tier, "answer", true)
 	}
 }
 

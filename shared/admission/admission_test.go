@@ -965,9 +965,11 @@ func TestRelayOfAProtocol03Request(t *testing.T) {
 
 // Answers at a guarded agent's public inbox (a respond, or a protocol 0.3
 // late answer: a request naming the original in in_reply_to) are never
-// held or acknowledged: one from an allowed sender is passed to the
-// guarded inbox as it is, so that the mailbox keeps it for an offline
-// agent; one from anyone else is dropped (the agent takes it live only).
+// acknowledged: one from an allowed sender is passed to the guarded inbox
+// as it is, so that the mailbox keeps it for an offline agent; one from a
+// sender the roster holds (here by the default for registered senders) is
+// kept for the owner, like a held request; a blocked sender's is dropped.
+// The agent's node takes any of them live while its call waits.
 func TestAnswersAtAGuardedInbox(t *testing.T) {
 	h := start(t, admission.Config{RelayTimeout: 700 * time.Millisecond})
 	agent, owner := bustest.Agent(t), bustest.Agent(t)
@@ -999,6 +1001,7 @@ func TestAnswersAtAGuardedInbox(t *testing.T) {
 		b, _ := rep.Marshal()
 		return b
 	}
+	heldWant := map[string][]byte{} // held key → the envelope kept for the owner
 	for _, late := range []bool{false, true} {
 		want := answer(contact, late)
 		if got := send(t, h.nc, a, want, 500*time.Millisecond); len(got) != 0 {
@@ -1009,22 +1012,50 @@ func TestAnswersAtAGuardedInbox(t *testing.T) {
 			t.Fatalf("an allowed answer (late=%v) did not reach the guarded inbox unchanged: %v", late, err)
 		}
 		for _, s := range []*keys.Agent{registered, blocked} {
-			if got := send(t, h.nc, a, answer(s, late), 500*time.Millisecond); len(got) != 0 {
+			b := answer(s, late)
+			if got := send(t, h.nc, a, b, 500*time.Millisecond); len(got) != 0 {
 				t.Fatalf("a held or blocked answer (late=%v) was answered %d times", late, len(got))
+			}
+			if s == registered {
+				e, err := protocol.Decode(b)
+				if err != nil {
+					t.Fatal(err)
+				}
+				heldWant[a+"."+e.ID] = b
 			}
 		}
 	}
 	if m, err := guarded.NextMsg(500 * time.Millisecond); err == nil {
 		t.Fatalf("an answer from outside the roster reached the guarded inbox: %s", m.Data)
 	}
+	// The registered sender's answers (the roster's default for it is
+	// hold) are kept for the owner, exactly as they came; the blocked
+	// sender's are not.
+	for key, want := range heldWant {
+		e, err := h.held.Get(t.Context(), key)
+		if err != nil {
+			t.Fatalf("the held answer %s: %v", key, err)
+		}
+		var rec admission.Held
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			t.Fatal(err)
+		}
+		if rec.Agent != a || rec.From != registered.Public() || !bytes.Equal(rec.Envelope, want) {
+			t.Fatalf("held %+v", rec)
+		}
+	}
 	keysHeld, err := h.held.ListKeys(t.Context())
 	if err != nil {
 		t.Fatal(err)
 	}
-	for k := range keysHeld.Keys() {
-		t.Fatalf("an answer was held for the owner: %s", k)
+	n := 0
+	for range keysHeld.Keys() {
+		n++
 	}
-	if s := h.stats(); s.Held != 0 || s.Queued != 0 || s.Relayed != 0 || s.Dropped != 4 || s.Answers != 2 {
+	if n != len(heldWant) {
+		t.Fatalf("%d entries held, want %d", n, len(heldWant))
+	}
+	if s := h.stats(); s.Held != 2 || s.Queued != 0 || s.Relayed != 0 || s.Blocked != 2 || s.Dropped != 0 || s.Answers != 2 {
 		t.Fatalf("stats %+v", s)
 	}
 }

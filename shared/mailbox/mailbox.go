@@ -16,7 +16,9 @@
 // The stream is bounded in total bytes and per subject (discard new, so a
 // flood can neither evict mail already stored nor grow the disk), and a
 // sweep purges mail nobody will read: subjects of keys with no
-// registration, or of sandbox agents, quiet for SweepGrace.
+// registration, or of sandbox agents, quiet for SweepGrace; and the mail
+// older than UnreadAge of agents that have not fetched for MaxAge (an
+// upstream SDK never does: sweep.go).
 //
 // Every copy is stateless; N copies in the queue group answer each request
 // once.
@@ -52,6 +54,12 @@ const (
 	AdmissionBucket = "mesh_admission"
 )
 
+// ReadersBucket is the worker's own bucket: one key per agent that fetched
+// its mail, {fetched_at}, kept Limits.MaxAge after the last write. The
+// sweep reads it to tell an agent that reads its mailbox from one that
+// never does (sweep.go).
+const ReadersBucket = "mesh_mailbox_readers"
+
 // Limits bound the mailbox stream (docs/security.md). JetStream limits a
 // subject by message count, not bytes, so the per-agent byte bound is
 // MaxMsgsPerAgent × MaxMsgSize.
@@ -66,13 +74,19 @@ type Limits struct {
 	MaxMsgSize int64
 	// MaxAge is how long unread mail is kept.
 	MaxAge time.Duration
+	// UnreadAge is how long mail is kept for an agent that has not
+	// fetched its mail for MaxAge: an upstream SDK agent never fetches, so
+	// its box would otherwise stay at MaxMsgsPerAgent for MaxAge (sweep.go).
+	UnreadAge time.Duration
 }
 
 // DefaultLimits: 1 GiB in all; 256 messages per agent of at most 256 KiB
 // each, so one agent's box holds at most 64 MiB, a sixteenth of the whole
 // (a larger message to an offline agent is delivered live only: large
-// content goes by reference); seven days.
-var DefaultLimits = Limits{MaxBytes: 1 << 30, MaxMsgsPerAgent: 256, MaxMsgSize: 256 << 10, MaxAge: 7 * 24 * time.Hour}
+// content goes by reference); seven days; one day for an agent that does
+// not fetch its mail.
+var DefaultLimits = Limits{MaxBytes: 1 << 30, MaxMsgsPerAgent: 256, MaxMsgSize: 256 << 10, MaxAge: 7 * 24 * time.Hour,
+	UnreadAge: 24 * time.Hour}
 
 func (l Limits) orDefault() Limits {
 	d := DefaultLimits
@@ -88,6 +102,9 @@ func (l Limits) orDefault() Limits {
 	if l.MaxAge > 0 {
 		d.MaxAge = l.MaxAge
 	}
+	if l.UnreadAge > 0 {
+		d.UnreadAge = l.UnreadAge
+	}
 	return d
 }
 
@@ -99,6 +116,7 @@ func (l *Limits) Knobs() []ratelimit.Knob {
 		ratelimit.SizeKnob("limit-mailbox-bytes", "bytes the offline mailboxes hold in all; past it new mail is not stored", 1<<20, &l.MaxBytes),
 		ratelimit.Count64Knob("limit-mailbox-per-agent", "messages one agent's mailbox holds; past it new mail for it is not stored", 1, &l.MaxMsgsPerAgent),
 		ratelimit.SizeKnob("limit-mailbox-message", "largest message a mailbox stores", 1<<10, &l.MaxMsgSize),
+		ratelimit.DurationKnob("limit-mailbox-unread-age", "how long mail waits for an agent that has not fetched its mail for a week (an upstream SDK never does)", time.Minute, &l.UnreadAge),
 	}
 }
 
@@ -192,6 +210,8 @@ type Worker struct {
 	stream    jetstream.Stream
 	registry  bus.LazyBucket
 	admission bus.LazyBucket
+	readers   jetstream.KeyValue
+	noted     readerNotes
 	cfg       Config
 	now       func() time.Time
 	log       *slog.Logger
@@ -244,7 +264,13 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	} else if n > 0 {
 		svc.Log.Info("mailbox: deleted the per-agent consumers of an earlier version", "count", n)
 	}
-	w := &Worker{svc: svc, stream: stream, cfg: cfg, now: cfg.Now, log: svc.Log,
+	readers, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: ReadersBucket, TTL: inForce.MaxAge,
+		Description: "agents that fetch their mail, keyed by agent id (the mailbox sweep)"})
+	if err != nil {
+		return fail(err)
+	}
+	cfg.Limits = inForce
+	w := &Worker{svc: svc, stream: stream, cfg: cfg, now: cfg.Now, log: svc.Log, readers: readers,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket}, admission: bus.LazyBucket{JS: svc.JS, Bucket: AdmissionBucket}}
 	for _, ep := range []struct {
 		name, subject string
@@ -456,6 +482,7 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 	if err != nil {
 		return nil, errs.Wrap(errs.Unavailable, "the mailbox cannot be read now; retry", err)
 	}
+	w.noteReader(ctx, agent)
 	subject := subjectOf(agent, box)
 	res := FetchResult{Box: box, Last: req.After}
 	sent := 0

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -382,6 +383,86 @@ func TestSweepPurgesMailNobodyWillRead(t *testing.T) {
 		if got := h.stored(s) == 1; got != kept {
 			t.Errorf("%s: kept %v, want %v", s, got, kept)
 		}
+	}
+}
+
+// An agent that does not fetch its mail (an upstream SDK agent never does)
+// keeps only its mail of the last UnreadAge once the rule is armed (the
+// readers bucket is MaxAge old); one that fetched within MaxAge keeps all
+// of it, and so does every agent before the rule is armed.
+func TestSweepKeepsLittleForAgentsThatDoNotFetch(t *testing.T) {
+	const maxAge, unreadAge = 2 * time.Hour, 3 * time.Hour
+	var fixed atomic.Pointer[time.Time] // nil: real time
+	now := func() time.Time {
+		if p := fixed.Load(); p != nil {
+			return *p
+		}
+		return time.Now()
+	}
+	h := start(t, 2, mailbox.Config{SweepGrace: time.Hour, SweepEvery: time.Hour, Now: now,
+		Limits: mailbox.Limits{MaxAge: maxAge, UnreadAge: unreadAge}})
+	reg, err := bus.Bucket(t.Context(), h.js, jetstream.KeyValueConfig{Bucket: mailbox.RegistryBucket})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reader, sdk, sender := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	for _, a := range []*keys.Agent{reader, sdk} {
+		if _, err := reg.Put(t.Context(), a.Public(), []byte(`{"sandbox":false}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The reader fetches (its box is empty yet): the worker notes it.
+	if _, _, err := h.fetch(reader, 0, 0); err != nil {
+		t.Fatal(err)
+	}
+	storedAt := func(subject string) time.Time {
+		t.Helper()
+		m, err := h.stream.GetLastMsgForSubject(t.Context(), subject)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return m.Time
+	}
+	boxes := []string{protocol.InboxSubject(reader.Public()), protocol.InboxSubject(sdk.Public()), protocol.GuardedInboxSubject(sdk.Public())}
+	for _, s := range boxes {
+		h.mail(s, sender, "old")
+	}
+	oldest := storedAt(boxes[2])
+	time.Sleep(100 * time.Millisecond)
+	youngest := time.Now()
+	for _, s := range boxes {
+		h.mail(s, sender, "new")
+	}
+	if !storedAt(boxes[0]).After(oldest) {
+		t.Fatal("the stream's clock did not move")
+	}
+
+	// Not armed yet: the readers bucket is new.
+	if n, err := h.ws[0].Sweep(t.Context()); err != nil || n != 0 {
+		t.Fatalf("sweep before the rule is armed: %d %v", n, err)
+	}
+	// Armed, and the old mail is older than UnreadAge: between the two.
+	at := oldest.Add(youngest.Sub(oldest)/2 + unreadAge)
+	fixed.Store(&at)
+	if n, err := h.ws[0].Sweep(t.Context()); err != nil || n != 2 {
+		t.Fatalf("sweep purged %d subjects (%v), want the two boxes of the agent that does not fetch", n, err)
+	}
+	if n, err := h.ws[1].Sweep(t.Context()); err != nil || n != 0 {
+		t.Fatalf("second sweep: %d %v", n, err)
+	}
+	for i, s := range boxes {
+		want := uint64(1)
+		if i == 0 {
+			want = 2
+		}
+		if got := h.stored(s); got != want {
+			t.Errorf("%s holds %d, want %d", s, got, want)
+		}
+	}
+	// What stays of the agent's mail is the new message.
+	mail, _, err := h.fetch(sdk, 0, 0)
+	if err != nil || len(mail) != 1 || !strings.Contains(string(mail[0].Data), `"new"`) {
+		t.Fatalf("left %d messages (%v)", len(mail), err)
 	}
 }
 

@@ -2,14 +2,18 @@ package mailbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // sweepLoop runs Sweep every SweepEvery until Start's ctx ends or Stop.
@@ -51,16 +55,32 @@ func (w *Worker) warnWhenFull(ctx context.Context) bool {
 // has no registration, or a sandbox one (a guest has no mailbox), and whose
 // newest message is older than SweepGrace. This is what reclaims a flood
 // sent to made-up keys, and the mail of agents that deregistered or were
-// reaped. A registered, non-sandbox agent's mail is left to the stream's
-// own limits (MaxAge, per-agent count), however long it stays offline. It
-// returns how many subjects it purged. Copies may sweep at the same time:
-// purges are idempotent.
+// reaped.
+//
+// A registered, non-sandbox agent's mail is left to the stream's own limits
+// (MaxAge, per-agent count) while the agent reads its mailbox: while it has
+// fetched within MaxAge (ReadersBucket). An agent that has not keeps only
+// its mail of the last UnreadAge: an upstream SDK agent never fetches (it
+// looks for a stream of its own, docs/protocol.md "0.2 and 0.3 peers"), and
+// since protocol 0.3 every call it makes adds the accept and the answer to
+// its box, which would otherwise sit at its per-agent bound for MaxAge.
+// The rule starts MaxAge after the readers bucket was made, so that every
+// agent that fetched in that time is known by then (mail older than that
+// is past MaxAge anyway).
+//
+// It returns how many subjects it purged (wholly or in part). Copies may
+// sweep at the same time: purges are idempotent.
 func (w *Worker) Sweep(ctx context.Context) (int, error) {
 	info, err := w.stream.Info(ctx, jetstream.WithSubjectFilter("mesh.agent.>"))
 	if err != nil {
 		return 0, fmt.Errorf("mailbox stream info: %w", err)
 	}
-	cutoff := w.now().Add(-w.cfg.SweepGrace)
+	now := w.now()
+	cutoff := now.Add(-w.cfg.SweepGrace)
+	unread, err := w.unreadRule(ctx, now)
+	if err != nil {
+		return 0, err
+	}
 	purged := 0
 	var errList []error
 	for subject := range info.State.Subjects {
@@ -76,6 +96,12 @@ func (w *Worker) Sweep(ctx context.Context) (int, error) {
 				continue
 			}
 			if found && !sandbox {
+				done, err := unread.apply(ctx, w, agent, subject)
+				if err != nil {
+					errList = append(errList, err)
+				} else if done {
+					purged++
+				}
 				continue
 			}
 		}
@@ -109,4 +135,99 @@ func agentOf(subject string) (string, bool) {
 		return "", false
 	}
 	return t[2], true
+}
+
+// unread is the sweep's rule for the boxes of agents that do not fetch.
+type unread struct {
+	armed  bool
+	cutoff time.Time // mail stored before it goes
+}
+
+// unreadRule is the rule of one sweep at now: armed once the readers
+// bucket is MaxAge old, purging mail older than UnreadAge.
+func (w *Worker) unreadRule(ctx context.Context, now time.Time) (unread, error) {
+	st, err := w.readers.Status(ctx)
+	if err != nil {
+		return unread{}, fmt.Errorf("kv %s: status: %w", ReadersBucket, err)
+	}
+	var created time.Time
+	if s, ok := st.(*jetstream.KeyValueBucketStatus); ok && s.StreamInfo() != nil {
+		created = s.StreamInfo().Created
+	}
+	l := w.cfg.Limits.orDefault()
+	return unread{armed: !created.IsZero() && now.Sub(created) >= l.MaxAge, cutoff: now.Add(-l.UnreadAge)}, nil
+}
+
+// apply purges the mail of agent on subject stored before the cutoff, when
+// the rule is armed and the agent has not fetched within MaxAge. It reports
+// whether it purged anything.
+func (u unread) apply(ctx context.Context, w *Worker, agent, subject string) (bool, error) {
+	if !u.armed {
+		return false, nil
+	}
+	_, err := w.readers.Get(ctx, agent)
+	switch {
+	case err == nil:
+		return false, nil // it reads its mail
+	case !errors.Is(err, jetstream.ErrKeyNotFound):
+		return false, fmt.Errorf("kv %s: get %s: %w", ReadersBucket, agent, err)
+	}
+	// The oldest messages first, up to the first one young enough to
+	// stay: at most the box's bound, and each one read is purged.
+	var last uint64
+	for seq := uint64(1); ; {
+		m, err := w.stream.GetMsg(ctx, seq, jetstream.WithGetMsgSubject(subject))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			break
+		}
+		if err != nil {
+			return false, fmt.Errorf("mailbox: read %s: %w", subject, err)
+		}
+		if m.Subject != subject || !m.Time.Before(u.cutoff) {
+			break
+		}
+		last, seq = m.Sequence, m.Sequence+1
+	}
+	if last == 0 {
+		return false, nil
+	}
+	if err := w.stream.Purge(ctx, jetstream.WithPurgeSubject(subject), jetstream.WithPurgeSequence(last+1)); err != nil {
+		return false, fmt.Errorf("mailbox: purge %s: %w", subject, err)
+	}
+	return true, nil
+}
+
+// readerRefresh is how often a copy writes again that an agent fetched: a
+// node drains every minute, the bucket keeps a key MaxAge.
+const readerRefresh = time.Hour
+
+// readerNotes remembers when this copy last wrote each agent's key.
+type readerNotes struct {
+	mu sync.Mutex
+	at map[string]time.Time
+}
+
+// noteReader records in ReadersBucket that agent fetches its mail, at most
+// once per readerRefresh per copy. A failure is only logged: the fetch
+// goes on, and the next one writes again.
+func (w *Worker) noteReader(ctx context.Context, agent string) {
+	now := w.now()
+	w.noted.mu.Lock()
+	if w.noted.at == nil || len(w.noted.at) > maxLimited {
+		w.noted.at = map[string]time.Time{}
+	}
+	last, ok := w.noted.at[agent]
+	if ok && now.Sub(last) < readerRefresh {
+		w.noted.mu.Unlock()
+		return
+	}
+	w.noted.at[agent] = now
+	w.noted.mu.Unlock()
+	b, _ := json.Marshal(map[string]string{"fetched_at": protocol.FormatTime(now)})
+	if _, err := w.readers.Put(ctx, agent, b); err != nil {
+		w.noted.mu.Lock()
+		delete(w.noted.at, agent)
+		w.noted.mu.Unlock()
+		w.log.Warn("mailbox: could not record that the agent fetches its mail", "agent", agent, "err", err)
+	}
 }

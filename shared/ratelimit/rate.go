@@ -133,6 +133,19 @@ func Count64Knob(flag, help string, min int64, n *int64) Knob {
 	}}
 }
 
+// DurationKnob is the knob of a Go duration ("24h", "90m") of at least
+// min; its default is *d when called.
+func DurationKnob(flag, help string, min time.Duration, d *time.Duration) Knob {
+	return Knob{Flag: flag, Env: envName(flag), Default: d.String(), Help: help, Set: func(s string) error {
+		v, err := time.ParseDuration(strings.TrimSpace(s))
+		if err != nil || v < min {
+			return fmt.Errorf("want a duration of at least %s, such as 24h or 90m, not %q", min, s)
+		}
+		*d = v
+		return nil
+	}}
+}
+
 // SizeKnob is the knob of a size in bytes of at least min, written as a
 // whole number of bytes or with a unit: "65536", "64KiB", "1MiB", "1GiB".
 // Its default is *n when called.

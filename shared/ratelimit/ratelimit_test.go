@@ -157,21 +157,24 @@ func TestParseRate(t *testing.T) {
 func TestKnobs(t *testing.T) {
 	r := ratelimit.Rate{Max: 20, Window: time.Hour}
 	n := 3
+	d := 24 * time.Hour
 	knobs := []ratelimit.Knob{
 		ratelimit.RateKnob("limit-test-rate", "a rate", &r),
 		ratelimit.CountKnob("limit-test-count", "a count", 1, &n),
+		ratelimit.DurationKnob("limit-test-age", "an age", time.Minute, &d),
 	}
-	if knobs[0].Env != "MESH_LIMIT_TEST_RATE" || knobs[0].Default != "20/1h" || knobs[1].Env != "MESH_LIMIT_TEST_COUNT" || knobs[1].Default != "3" {
+	if knobs[0].Env != "MESH_LIMIT_TEST_RATE" || knobs[0].Default != "20/1h" || knobs[1].Env != "MESH_LIMIT_TEST_COUNT" || knobs[1].Default != "3" ||
+		knobs[2].Env != "MESH_LIMIT_TEST_AGE" || knobs[2].Default != "24h0m0s" {
 		t.Fatalf("knobs: %+v", knobs)
 	}
-	env := map[string]string{"MESH_LIMIT_TEST_RATE": "7/10m"}
+	env := map[string]string{"MESH_LIMIT_TEST_RATE": "7/10m", "MESH_LIMIT_TEST_AGE": "90m"}
 	if err := ratelimit.FromEnv(func(k string) string { return env[k] }, knobs...); err != nil {
 		t.Fatal(err)
 	}
-	if r != (ratelimit.Rate{Max: 7, Window: 10 * time.Minute}) || n != 3 {
-		t.Fatalf("after FromEnv: %v %d", r, n)
+	if r != (ratelimit.Rate{Max: 7, Window: 10 * time.Minute}) || n != 3 || d != 90*time.Minute {
+		t.Fatalf("after FromEnv: %v %d %v", r, n, d)
 	}
-	for k, v := range map[string]string{"MESH_LIMIT_TEST_RATE": "7", "MESH_LIMIT_TEST_COUNT": "0"} {
+	for k, v := range map[string]string{"MESH_LIMIT_TEST_RATE": "7", "MESH_LIMIT_TEST_COUNT": "0", "MESH_LIMIT_TEST_AGE": "30s"} {
 		err := ratelimit.FromEnv(func(name string) string {
 			if name == k {
 				return v

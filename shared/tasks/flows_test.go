@@ -143,6 +143,28 @@ func TestTaskFlows(t *testing.T) {
 				reason: "user_requested", note: "not needed"},
 		},
 		{
+			// A 0.3 performer that stops on its own (its policy, a
+			// deadline) publishes canceled before anything else: the
+			// reason says it is the performer's, and the roles are not
+			// swapped.
+			name:  "the performer's own cancel is the first update",
+			steps: []step{by(protocol.CanceledUpdatePayload(protocol.CancelPolicy, "quota"))},
+			want: want{state: "canceled", requester: requester, history: "submitted,canceled", fromOne: true,
+				reason: "policy", note: "quota"},
+		},
+		{
+			name:  "the performer's deadline cancel is the first update",
+			steps: []step{by(protocol.CanceledUpdatePayload(protocol.CancelDeadlineExceeded, ""))},
+			want: want{state: "canceled", requester: requester, history: "submitted,canceled", fromOne: true,
+				reason: "deadline_exceeded"},
+		},
+		{
+			name:  "the requester's budget cancel is the first update",
+			steps: []step{byRequester(protocol.CanceledUpdatePayload(protocol.CancelBudgetExhausted, ""))},
+			want: want{state: "canceled", requester: requester, history: "submitted,canceled", fromOne: true,
+				reason: "budget_exhausted"},
+		},
+		{
 			name: "the requester cancels a recorded task; the performer's cancel agrees",
 			steps: []step{
 				by(map[string]any{"status": "working"}),
@@ -283,8 +305,14 @@ func TestTaskRefusals(t *testing.T) {
 			byRequester(map[string]any{"status": "input_required"}), notParty},
 		{"the requester rejects the task", []step{by(map[string]any{"status": "submitted"})},
 			byRequester(map[string]any{"status": "rejected"}), notParty},
-		{"the requester writes a task it canceled first", []step{byRequester(protocol.CanceledUpdatePayload(protocol.CancelPolicy, ""))},
+		{"the requester writes a task it canceled first", []step{byRequester(protocol.CanceledUpdatePayload(protocol.CancelUserRequested, ""))},
 			byRequester(map[string]any{"status": "working"}), notParty},
+		{"the performer writes a task it canceled first", []step{by(protocol.CanceledUpdatePayload(protocol.CancelPolicy, ""))},
+			by(map[string]any{"status": "working"}), illegal},
+		{"a third party writes a task canceled first", []step{byRequester(protocol.CanceledUpdatePayload(protocol.CancelUserRequested, ""))},
+			step{other, toRequester, map[string]any{"status": "working"}, sentAt(-time.Second)}, notParty},
+		{"a third party cancels a task canceled first", []step{byRequester(protocol.CanceledUpdatePayload(protocol.CancelUserRequested, ""))},
+			step{other, toResponder, protocol.CanceledUpdatePayload(protocol.CancelPolicy, ""), nil}, notParty},
 		{"the requester's cancel addressed to a third party", []step{by(map[string]any{"status": "working"})},
 			step{requester, toOther, protocol.CanceledUpdatePayload(protocol.CancelUserRequested, ""), nil}, refused},
 		{"the performer's update addressed to a third party", []step{by(map[string]any{"status": "working"})},
@@ -431,8 +459,8 @@ func TestImpliedEntryAfterTheWindow(t *testing.T) {
 
 // Three copies record each task once: the same first update published
 // several times reaches several copies, and only one creates the record;
-// the others find their envelope in it. For the requester's cancel, every
-// copy holds its copy for the reorder window and they all try at its end.
+// the others find their envelope in it (a first cancel too: it is never
+// held).
 func TestFirstUpdateRecordedOnce(t *testing.T) {
 	h := newHarness(t)
 	for _, first := range []step{

@@ -3,7 +3,8 @@
 // on mesh.task.<id>.update in the KV bucket mesh_tasks and answers
 // mesh.task.get.<id> for them. The performer writes states; the requester
 // writes only its cancel (a protocol 0.3 requester publishes the canceled
-// update itself) and budget revisions.
+// update itself) and budget revisions. A record created by a canceled update
+// alone does not know which of its two parties is which (create).
 //
 // Updates are plain publishes taken in the worker's queue group, so each
 // reaches one copy; every write is a compare-and-set, so two copies handling
@@ -17,6 +18,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -65,16 +67,14 @@ type Config struct {
 	// task not created yet, or a move the record's non-terminal state does
 	// not allow yet) is held and retried before it is refused: two updates
 	// published back to back may reach two copies and land in either
-	// order. A first update that is a cancel waits as long for an update
-	// of the performer before it is taken as the requester's own, and a
-	// predecessor overtaken by the update that ended the task is taken
-	// this long after it. 500 ms; negative refuses at once (a first cancel
-	// is then the requester's at once).
+	// order. A predecessor overtaken by the update that ended the task
+	// (the performer's working overtaken by the requester's cancel, say)
+	// is placed before it when it arrives within this long of the end.
+	// 500 ms; negative refuses at once and places nothing.
 	ReorderWindow time.Duration
 	// MaxHeld bounds the updates one copy holds for ReorderWindow at once
 	// (each waits on a goroutine of its own); past it, an update that is
-	// ahead of the record is refused at once (a first cancel is taken as
-	// the requester's at once). 1024.
+	// ahead of the record is refused at once. A cancel is never held. 1024.
 	MaxHeld int
 }
 
@@ -118,9 +118,16 @@ type Task struct {
 	Output  json.RawMessage `json:"output,omitempty"`
 	Message string          `json:"message,omitempty"`
 	Error   json.RawMessage `json:"error,omitempty"`
-	// Reason and Note are those of the canceled update.
-	Reason string `json:"reason,omitempty"`
-	Note   string `json:"note,omitempty"`
+	// Reason and Note are those of the canceled update, CanceledBy its
+	// sender.
+	Reason     string `json:"reason,omitempty"`
+	Note       string `json:"note,omitempty"`
+	CanceledBy string `json:"canceled_by,omitempty"`
+	// RolesGuessed marks a record created by a canceled update alone:
+	// Requester and Responder are its two parties, which is which read
+	// from the cancel's reason (create). Both read and write it as either
+	// party; the performer's first placeable state settles the roles.
+	RolesGuessed bool `json:"roles_guessed,omitempty"`
 	// Budget is the standing budget: the envelope budget of the creating
 	// update, then the newest accepted revision.
 	Budget *protocol.Budget `json:"budget,omitempty"`
@@ -311,7 +318,7 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 // cancel note, budget or history.
 func (t Task) redacted() Task {
 	return Task{ID: t.ID, Requester: t.Requester, Responder: t.Responder, Offering: t.Offering, State: t.State,
-		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, History: []Entry{}}
+		CreatedAt: t.CreatedAt, UpdatedAt: t.UpdatedAt, History: []Entry{}, RolesGuessed: t.RolesGuessed}
 }
 
 // update is one decoded, verified task update.
@@ -492,30 +499,26 @@ const (
 
 // apply records a state update with a compare-and-set. An update that is
 // ahead of the record is held and tried again (see hold) until its
-// predecessor has been recorded or ReorderWindow has passed; then, or at
-// once when it cannot be held, it has a last try (see create).
+// predecessor has been recorded or ReorderWindow has passed, or refused at
+// once when it cannot be held.
 func (w *Worker) apply(u *update) {
-	out, from, err := w.record(u, false)
-	if err == nil && out == ahead && w.ctx.Err() == nil {
-		if w.cfg.ReorderWindow > 0 && w.hold(u, from) {
-			return
-		}
-		out, from, err = w.record(u, true)
+	out, from, err := w.record(u)
+	if err == nil && out == ahead && w.ctx.Err() == nil && w.cfg.ReorderWindow > 0 && w.hold(u, from) {
+		return
 	}
 	w.settle(u, out, from, err)
 }
 
 // record makes one compare-and-set attempt at recording u; from is the state
-// the record was in ("" when the task did not exist); last says u may wait
-// no longer. bus.CAS retries lost races itself, with jitter, so several
-// copies updating one task serialise.
-func (w *Worker) record(u *update, last bool) (out outcome, from string, err error) {
+// the record was in ("" when the task did not exist). bus.CAS retries lost
+// races itself, with jitter, so several copies updating one task serialise.
+func (w *Worker) record(u *update) (out outcome, from string, err error) {
 	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
 	defer cancel()
 	_, _, err = bus.CAS(ctx, w.kv, u.task, func(cur *Task, exists bool) (*Task, error) {
 		out, from = recorded, ""
 		if !exists {
-			return w.create(u, last, &out)
+			return w.create(u, &out)
 		}
 		from = cur.State
 		return w.advance(cur, u, &out)
@@ -560,8 +563,9 @@ func (w *Worker) settle(u *update, out outcome, from string, err error) {
 // its own, after pauses of 25, 50, 100 … ms, until it is no longer ahead or
 // ReorderWindow has passed, when it has its last try. Anyone may publish
 // updates, so the holds are bounded: with MaxHeld updates already held on
-// this copy, hold returns false and the update has its last try at once,
-// as if its window had passed.
+// this copy, hold returns false and the update is refused at once, as if
+// its window had passed. Only states are held, never a cancel (create), so
+// filling the holds refuses updates and decides nothing.
 func (w *Worker) hold(u *update, from string) bool {
 	select {
 	case w.holds <- struct{}{}:
@@ -587,7 +591,7 @@ func (w *Worker) hold(u *update, from string) bool {
 			case <-w.ctx.Done():
 				return // stopping: a held update is dropped
 			}
-			out, from, err := w.record(u, false)
+			out, from, err := w.record(u)
 			if err != nil || out != ahead {
 				w.settle(u, out, from, err)
 				return
@@ -596,7 +600,7 @@ func (w *Worker) hold(u *update, from string) bool {
 		if w.ctx.Err() != nil {
 			return
 		}
-		out, from, err := w.record(u, true)
+		out, from, err := w.record(u)
 		w.settle(u, out, from, err)
 	}()
 	return true
@@ -615,22 +619,35 @@ func (w *Worker) hold(u *update, from string) bool {
 // final completed. A paused first state (input_required, auth_required) is
 // ahead: its creating update may still be on its way.
 //
-// A first canceled may be either party's: the performer's cancel names the
-// requester in `to`, the requester's own (protocol 0.3) names the
-// performer, and nothing in the envelope says which it is. A performer
-// publishes its states on the update subject before any cancel of its own,
-// so a first canceled is ahead until its last try; if it still finds no
-// record then, no performer update came, and it is the requester's: the
-// requester is its `from`, the responder its `to`.
-func (w *Worker) create(u *update, last bool, out *outcome) (*Task, error) {
+// A first canceled may be either party's: the requester's own (protocol
+// 0.3) names the performer in `to`, a performer cancelling on its own
+// (policy, a deadline) names the requester, and nothing in the envelope
+// says which. It is recorded at once, never held: its sender and its `to`
+// are the task's two parties, CanceledBy is its sender, and RolesGuessed
+// is set, with the roles read from its reason (cancelerPerforms). The
+// roles are only a label: both parties read the record and may publish
+// their own cancel, anyone else neither. The performer's word settles them
+// later (settleGuessed).
+//
+// Why at once: anybody may subscribe mesh.task.> and so sees a cancel the
+// moment it is published. A first cancel used to wait ReorderWindow for a
+// performer update and was then taken as the requester's; an observer
+// could publish a cancel of its own (signed by itself, naming the
+// performer) meanwhile, fill the copy's holds so that its cancel was taken
+// at once, and become the task's requester, locking the real one out.
+// Recorded on arrival, the genuine cancel is there before the observer can
+// have learnt the id from it, and a later cancel of the observer's is a
+// third party's. What waiting was for, the performer's states that the
+// cancel overtook, is placed before it when they arrive (advance).
+func (w *Worker) create(u *update, out *outcome) (*Task, error) {
 	requester, responder := u.env.To, u.env.From
+	guessed := false
 	switch {
 	case u.status == protocol.StateCanceled:
-		if !last {
-			*out = ahead
-			return nil, bus.ErrNoChange
+		guessed = true
+		if !cancelerPerforms(u.reason) {
+			requester, responder = u.env.From, u.env.To
 		}
-		requester, responder = u.env.From, u.env.To
 	case u.status == protocol.StateSubmitted, u.status == protocol.StateWorking, protocol.Terminal(u.status):
 	case knownState(u.status):
 		*out = ahead // its creating update may still be on its way
@@ -647,7 +664,7 @@ func (w *Worker) create(u *update, last bool, out *outcome) (*Task, error) {
 	at := protocol.FormatTime(w.now())
 	t := &Task{
 		ID: u.task, Requester: requester, Responder: responder, Offering: u.offering,
-		State: u.status, CreatedAt: at, UpdatedAt: at, Budget: u.budget,
+		State: u.status, CreatedAt: at, UpdatedAt: at, Budget: u.budget, RolesGuessed: guessed,
 	}
 	if u.env.From == responder {
 		t.Spent = u.spent
@@ -658,6 +675,17 @@ func (w *Worker) create(u *update, last bool, out *outcome) (*Task, error) {
 	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID, TS: u.env.TS})
 	t.finish(u)
 	return t, nil
+}
+
+// cancelerPerforms reads from a cancel's reason whether its sender is more
+// likely the performer, stopping the work on its own: policy (its policy
+// forbids going on) and deadline_exceeded (it ran out of time). The other
+// reasons are a requester's: user_requested, superseded, upstream_cancelled
+// (its own task was canceled) and budget_exhausted (it will not raise the
+// budget at a pause). It is a guess (either party may give any reason),
+// used only to label a record made by a cancel alone (RolesGuessed).
+func cancelerPerforms(reason string) bool {
+	return reason == protocol.CancelPolicy || reason == protocol.CancelDeadlineExceeded
 }
 
 // impliedPath is the states a task must have passed through before state
@@ -676,8 +704,14 @@ func impliedPath(state string) []string {
 
 // advance applies a later state update to the record. The responder
 // writes any state; the requester only its own cancel; nobody else
-// anything.
+// anything. A record made by a cancel alone is settled first
+// (settleGuessed).
 func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
+	if t.RolesGuessed {
+		if next, err, done := w.settleGuessed(t, u, out); done {
+			return next, err
+		}
+	}
 	byResponder := u.env.From == t.Responder
 	switch {
 	case byResponder:
@@ -703,12 +737,21 @@ func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
 		}
 	}
 	if byResponder {
-		if i := w.impliedEntry(t, u); i >= 0 {
-			// An update overtaken by the one that created the task takes
-			// the place of the entry implied for it, as if the two had
-			// arrived in order.
-			t.History[i].EnvelopeID, t.History[i].TS = u.env.ID, u.env.TS
-			t.UpdatedAt = protocol.FormatTime(w.now())
+		if i, replace := w.overtaken(t, u); i >= 0 {
+			// An update overtaken by the one that ended (or created) the
+			// task takes the place of the entry implied for it, or its
+			// place before the end, as if the two had arrived in order.
+			e := Entry{State: u.status, At: protocol.FormatTime(w.now()), EnvelopeID: u.env.ID, TS: u.env.TS}
+			if replace {
+				t.History[i].EnvelopeID, t.History[i].TS = u.env.ID, u.env.TS
+			} else {
+				t.History = slices.Insert(t.History, i, e)
+				w.trim(t)
+			}
+			t.UpdatedAt = e.At
+			if t.Offering == "" {
+				t.Offering = u.offering
+			}
 			return t, nil
 		}
 	}
@@ -732,9 +775,7 @@ func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
 	at := protocol.FormatTime(w.now())
 	t.UpdatedAt = at
 	t.History = append(t.History, Entry{State: u.status, At: at, EnvelopeID: u.env.ID, TS: u.env.TS})
-	if n := len(t.History) - w.cfg.HistoryLimit; n > 0 {
-		t.History = append([]Entry(nil), t.History[n:]...)
-	}
+	w.trim(t)
 	if byResponder {
 		if t.Offering == "" {
 			t.Offering = u.offering
@@ -747,37 +788,101 @@ func (w *Worker) advance(t *Task, u *update, out *outcome) (*Task, error) {
 	return t, nil
 }
 
+// settleGuessed handles an update of a record made by a cancel alone
+// (RolesGuessed), whose parties are the cancel's sender (CanceledBy) and
+// the party it named. Only the named party, and the performer's own
+// states, can change what the cancel said; done is false when the update
+// is then judged like any other (advance).
+//
+//   - The named party's update naming someone other than the canceler:
+//     the named party says who its counterpart is, and the cancel's sender
+//     is not. The cancel is a third party's (one that learnt the task id
+//     before any record existed: from a stream chunk, a get, a revision),
+//     and the record is made again from the named party's update, as if
+//     it came first. Nobody else can do this: a cancel names its target,
+//     so only the party a forged cancel named can undo it.
+//   - A state (not a cancel) from either party, naming the other: its
+//     sender says it performs the task. It is tried with the roles set that
+//     way; when it is recorded (a predecessor the cancel overtook, placed
+//     before it: advance), the roles stand and are no longer guessed.
+//     Otherwise it is judged with the roles as they were (a requester that
+//     is not the responder writes no state).
+func (w *Worker) settleGuessed(t *Task, u *update, out *outcome) (*Task, error, bool) {
+	canceler := t.CanceledBy
+	named := t.Requester
+	if named == canceler {
+		named = t.Responder
+	}
+	switch {
+	case u.env.From == named && u.env.To != "" && u.env.To != canceler:
+		w.svc.Log.Info("the party a first cancel named names another counterpart; the record is made again from its update",
+			"task", u.task, "canceler", canceler, "named", named, "counterpart", u.env.To)
+		next, err := w.create(u, out)
+		return next, err, true
+	case u.status == protocol.StateCanceled || (u.env.From != canceler && u.env.From != named):
+		return nil, nil, false
+	case u.env.To != "" && u.env.To != canceler && u.env.To != named:
+		return nil, nil, false // misaddressed: refused as usual
+	}
+	trial := *t
+	trial.History = slices.Clone(t.History)
+	trial.Responder, trial.Requester = u.env.From, canceler
+	if u.env.From == canceler {
+		trial.Requester = named
+	}
+	trial.RolesGuessed = false
+	o := recorded
+	if next, err := w.advance(&trial, u, &o); err == nil && o == recorded {
+		*out = recorded
+		return next, nil, true
+	}
+	return nil, nil, false
+}
+
+// trim drops the oldest history entries past HistoryLimit.
+func (w *Worker) trim(t *Task) {
+	if n := len(t.History) - w.cfg.HistoryLimit; n > 0 {
+		t.History = append([]Entry(nil), t.History[n:]...)
+	}
+}
+
 // finish keeps what the update that ended the task said: output, message
-// and error, and the reason and note of a cancel. A record that is not
-// terminal is left alone.
+// and error, and the reason and note of a cancel and who sent it. A record
+// that is not terminal is left alone.
 func (t *Task) finish(u *update) {
 	if !protocol.Terminal(t.State) {
 		return
 	}
 	t.Output, t.Message, t.Error = u.output, u.message, u.errObj
 	if t.State == protocol.StateCanceled {
-		t.Reason, t.Note = u.reason, u.note
+		t.Reason, t.Note, t.CanceledBy = u.reason, u.note, u.env.From
 	}
 }
 
-// impliedEntry is the index of the history entry in u's state that was
-// implied by the update that created the task (a later entry carries the
-// same envelope), or -1. Once the task has ended, an implied entry is taken
-// only by an update signed no later than the one that ended it and arriving
-// within ReorderWindow of the end: otherwise it is a move out of a
-// terminal state.
-func (w *Worker) impliedEntry(t *Task, u *update) int {
+// overtaken finds the place of a responder's update that an update already
+// recorded overtook: the index of the history entry in u's state implied by
+// the update that created the task (a later entry carries the same
+// envelope), to be replaced (replace true); else, on a task that has ended,
+// the index of its last entry, before which u is inserted when the
+// sequence stays legal: the entry before it leads to u's state (or is in
+// it) and u's state leads to the end, and u was signed no earlier than
+// that entry unless that entry was implied. -1 when u has no such place.
+// Once the task has ended either is taken only by an update signed no
+// later than the one that ended it and arriving within ReorderWindow of
+// the end: otherwise it is a move out of a terminal state.
+func (w *Worker) overtaken(t *Task, u *update) (int, bool) {
 	h := t.History
 	if len(h) == 0 {
-		return -1
+		return -1, false
 	}
-	if end := h[len(h)-1]; protocol.Terminal(t.State) {
+	end := h[len(h)-1]
+	sent, errSent := protocol.ParseTime(u.env.TS)
+	if protocol.Terminal(t.State) {
 		at, errAt := protocol.ParseTime(end.At)
 		ended, errEnd := protocol.ParseTime(end.TS)
-		sent, errSent := protocol.ParseTime(u.env.TS)
 		if w.cfg.ReorderWindow <= 0 || errAt != nil || errEnd != nil || errSent != nil ||
 			sent.After(ended) || w.now().Sub(at) > w.cfg.ReorderWindow {
-			return -1
+			return -1, false
 		}
 	}
 	for i := range h {
@@ -786,11 +891,26 @@ func (w *Worker) impliedEntry(t *Task, u *update) int {
 		}
 		for _, later := range h[i+1:] {
 			if later.EnvelopeID == h[i].EnvelopeID {
-				return i
+				return i, true
 			}
 		}
 	}
-	return -1
+	if !protocol.Terminal(t.State) || protocol.Terminal(u.status) || !knownState(u.status) || len(h) < 2 {
+		return -1, false
+	}
+	prev := h[len(h)-2]
+	if prev.State != u.status && !protocol.LegalTransition(prev.State, u.status) {
+		return -1, false
+	}
+	if !protocol.LegalTransition(u.status, t.State) {
+		return -1, false
+	}
+	if prev.EnvelopeID != end.EnvelopeID {
+		if before, err := protocol.ParseTime(prev.TS); err != nil || sent.Before(before) {
+			return -1, false
+		}
+	}
+	return len(h) - 1, false
 }
 
 // revise applies a budget revision from the requester (upstream-notes

@@ -4,8 +4,9 @@
 //
 //	mailbox-worker --nats-url tls://nats.example:4222 --creds worker.creds --services-key services.nk
 //
-// MESH_LIMIT_MAILBOX_BYTES, MESH_LIMIT_MAILBOX_PER_AGENT and
-// MESH_LIMIT_MAILBOX_MESSAGE bound the mailbox stream, as meshd's
+// MESH_LIMIT_MAILBOX_BYTES, MESH_LIMIT_MAILBOX_PER_AGENT,
+// MESH_LIMIT_MAILBOX_MESSAGE and MESH_LIMIT_MAILBOX_UNREAD_AGE bound the
+// mailbox stream and what it keeps for agents that do not fetch, as meshd's
 // --limit-mailbox-* flags do (docs/security.md); unset means the defaults
 // of shared/mailbox.
 package main
