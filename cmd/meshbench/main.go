@@ -205,6 +205,9 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 			break
 		}
 	}
+	if runErr != nil && len(rep.Rows) == 0 {
+		return runErr // nothing measured, nothing to report
+	}
 	rep.Finish()
 
 	if o.json {
