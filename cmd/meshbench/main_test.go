@@ -23,6 +23,7 @@ import (
 	"agentmesh.dev/mesh/cmd/meshbench/internal/load"
 	"agentmesh.dev/mesh/cmd/meshbench/internal/report"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
 )
 
 // rowsOf reads a JSON report and checks that every row ran the requests
@@ -284,5 +285,40 @@ func TestAgainstSeparateMeshd(t *testing.T) {
 	}
 	if _, rows := rowsOf(t, []byte(stdout)); rows["mesh"].ErrorsByCode[string(errs.ContextTooLarge)] != 5 {
 		t.Errorf("failing run's report:\n%s", stdout)
+	}
+}
+
+// The signed and HTTP rows really verify both ways: a request or an answer
+// whose signature does not verify fails with the mesh's code for it.
+func TestSignedRowsVerify(t *testing.T) {
+	ck, _ := keys.Generate[keys.AgentRole]()
+	rk, _ := keys.Generate[keys.AgentRole]()
+	req, data, err := signedRequest(requestPayload(16), ck, rk.Public())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := checkSignedAnswer(signedAnswer(data, rk), req, rk.Public()); err != nil {
+		t.Fatalf("a good exchange: %v", err)
+	}
+	tamper := func(b []byte) []byte {
+		return bytes.Replace(b, []byte(`"text":"ok"`), []byte(`"text":"OK"`), 1)
+	}
+	// A forged request is answered with its refusal.
+	forged := bytes.Replace(data, []byte(`"xxxx`), []byte(`"yyyy`), 1)
+	if err := checkSignedAnswer(signedAnswer(forged, rk), req, rk.Public()); classify(err) != (load.Failure{Code: string(errs.IdentityMismatch)}) {
+		t.Errorf("forged request: %v", err)
+	}
+	// A forged answer is refused by the caller.
+	if err := checkSignedAnswer(tamper(signedAnswer(data, rk)), req, rk.Public()); classify(err) != (load.Failure{Code: string(errs.IdentityMismatch)}) {
+		t.Errorf("forged answer: %v", err)
+	}
+	// Another responder's answer, or one to another request, is not this one's.
+	other, _ := keys.Generate[keys.AgentRole]()
+	if err := checkSignedAnswer(signedAnswer(data, other), req, rk.Public()); classify(err) != (load.Failure{Kind: "bad_answer"}) {
+		t.Errorf("answer from another key: %v", err)
+	}
+	req2, _, _ := signedRequest(requestPayload(16), ck, rk.Public())
+	if err := checkSignedAnswer(signedAnswer(data, rk), req2, rk.Public()); classify(err) != (load.Failure{Kind: "bad_answer"}) {
+		t.Errorf("answer to another request: %v", err)
 	}
 }

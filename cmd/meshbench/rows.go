@@ -322,16 +322,22 @@ func checkSignedAnswer(data []byte, req *protocol.Envelope, responder string) er
 	if err != nil {
 		return err
 	}
-	if rep.From != responder || rep.InReplyTo != req.ID {
-		return &rowError{kind: "bad_answer", msg: "the answer is not the responder's answer to this request"}
+	if rep.From != responder {
+		return &rowError{kind: "bad_answer", msg: "the answer is not signed by the responder"}
 	}
-	if st := protocol.ResponseStatus(rep); st != protocol.StateCompleted {
-		if v := protocol.ErrorObject(rep); v != nil {
-			return errs.FromWire(v)
+	st := protocol.ResponseStatus(rep)
+	if st == protocol.StateCompleted {
+		if rep.InReplyTo != req.ID {
+			return &rowError{kind: "bad_answer", msg: "the answer is not in reply to this request"}
 		}
-		return &rowError{kind: "unexpected_status", msg: fmt.Sprintf("answered %q, not completed", st)}
+		return nil
 	}
-	return nil
+	// A refusal of a request that did not verify names no request (its id
+	// was not trusted); the reply subject or the connection ties it to this one.
+	if v := protocol.ErrorObject(rep); v != nil {
+		return errs.FromWire(v)
+	}
+	return &rowError{kind: "unexpected_status", msg: fmt.Sprintf("answered %q, not completed", st)}
 }
 
 func (r *natsRow) call(ctx context.Context, g, seq int) error {

@@ -190,7 +190,7 @@ func (r *Report) WriteText(w io.Writer) error {
 	var b strings.Builder
 	l := r.Load
 	fmt.Fprintf(&b, "meshbench against %s\n", r.Target)
-	fmt.Fprintf(&b, "%d callers, %s on %s, %d-byte requests, ", l.Callers, plural(l.Responders, "responder"), plural(l.Nodes, "node"), l.Size)
+	fmt.Fprintf(&b, "%s, %s on %s, %d-byte requests, ", plural(l.Callers, "caller"), plural(l.Responders, "responder"), plural(l.Nodes, "node"), l.Size)
 	if l.Requests > 0 {
 		fmt.Fprintf(&b, "%d requests a row", l.Requests)
 	} else {
