@@ -7,8 +7,16 @@
 // transaction and never leaves a partial one.
 //
 // Concurrency: bbolt runs one read-write transaction at a time, so RunTx
-// calls are serialised and never conflict; there is no retry and
-// store.ErrContention is never returned. Only one process may open the
+// calls are serialised and never conflict; store.ErrContention is never
+// returned. Calls that arrive while a commit is under way are committed
+// together, in one bbolt transaction and one fsync, as soon as it ends
+// (group commit): each function runs in turn, sees the writes of those
+// before it, and has its own writes applied only when it succeeds, so
+// every call keeps its own outcome, and a call that finds the store idle
+// commits at once, alone. Should the shared commit fail, each function
+// that succeeded in it runs again alone (store.Store allows a backend to
+// run a function again). A result is returned only after its commit is
+// fsynced. Only one process may open the
 // file: a second Open waits for the file lock for the lock timeout and
 // then fails with ErrLocked.
 //
@@ -33,6 +41,7 @@ import (
 	"os"
 	"path/filepath"
 	"sort"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -67,7 +76,25 @@ func WithLockTimeout(d time.Duration) Option {
 // concurrent use.
 type Store struct {
 	db *bolt.DB
+
+	mu      sync.Mutex
+	queue   []*call // calls waiting for the next commit
+	leading bool    // a goroutine is committing the queue
+	commits int     // transactions committed or attempted (for tests)
 }
+
+// call is one RunTx waiting for its commit.
+type call struct {
+	ctx      context.Context
+	fn       func(tx store.Tx) error
+	err      error
+	final    bool // err is the call's own outcome, whatever the commit does
+	panicked any  // what fn panicked with, re-raised on the caller's goroutine
+	done     chan struct{}
+}
+
+// maxBatch bounds the functions one commit runs.
+const maxBatch = 64
 
 var _ store.Store = (*Store)(nil)
 
@@ -103,28 +130,120 @@ func (s *Store) Path() string { return s.db.Path() }
 // Close closes the database file and releases its lock.
 func (s *Store) Close() error { return s.db.Close() }
 
-// RunTx runs fn in one read-write bbolt transaction and commits (with
-// fsync) when fn returns nil. A context already done when RunTx is called,
+// RunTx runs fn in a read-write bbolt transaction and commits (with
+// fsync) when fn returns nil; fn may share the commit with other calls
+// (see the package comment). A context already done when RunTx is called,
 // or done by the time fn returns, stops it without committing.
 func (s *Store) RunTx(ctx context.Context, fn func(tx store.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("boltstore: transaction not started: %w", err)
 	}
-	return s.db.Update(func(btx *bolt.Tx) error {
-		t := &tx{btx: btx}
-		err := fn(t)
-		t.done = true
-		if err != nil {
-			return err
-		}
-		if t.spoiled != nil {
-			return t.spoiled
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("boltstore: transaction not committed: %w", err)
+	c := &call{ctx: ctx, fn: fn, done: make(chan struct{})}
+	s.mu.Lock()
+	s.queue = append(s.queue, c)
+	lead := !s.leading
+	s.leading = true
+	s.mu.Unlock()
+	if lead {
+		s.lead()
+	}
+	<-c.done
+	if c.panicked != nil {
+		panic(c.panicked)
+	}
+	return c.err
+}
+
+// lead commits the queued calls, at most maxBatch at a time, and passes
+// the lead to a fresh goroutine when more are waiting, so that no caller
+// serves others long after its own commit.
+func (s *Store) lead() {
+	s.mu.Lock()
+	batch := s.queue
+	if len(batch) > maxBatch {
+		batch = batch[:maxBatch:maxBatch]
+	}
+	s.queue = append([]*call(nil), s.queue[len(batch):]...)
+	s.mu.Unlock()
+
+	s.commit(batch)
+	for _, c := range batch {
+		close(c.done)
+	}
+
+	s.mu.Lock()
+	more := len(s.queue) > 0
+	s.leading = more
+	s.mu.Unlock()
+	if more {
+		go s.lead()
+	}
+}
+
+// commit runs the batch's functions in one transaction and commits it.
+func (s *Store) commit(batch []*call) {
+	s.mu.Lock()
+	s.commits++
+	s.mu.Unlock()
+	err := s.db.Update(func(btx *bolt.Tx) error {
+		for _, c := range batch {
+			if err := c.run(btx); err != nil {
+				return err
+			}
 		}
 		return nil
 	})
+	if err == nil {
+		return
+	}
+	// Nothing was committed. A call whose outcome was its own keeps it;
+	// the others (succeeded, or not reached) run again alone, and alone a
+	// failed commit is the call's outcome.
+	for _, c := range batch {
+		if c.final {
+			continue
+		}
+		if len(batch) == 1 {
+			c.err = err
+			return
+		}
+		s.commit([]*call{c})
+	}
+}
+
+// run runs one function inside the batch's transaction and applies its
+// writes when it succeeds. Its own failure is its result; an error
+// returned here is the transaction's (a write bbolt refused) and fails the
+// whole batch.
+func (c *call) run(btx *bolt.Tx) error {
+	c.err, c.final = nil, true
+	if err := c.ctx.Err(); err != nil {
+		c.err = fmt.Errorf("boltstore: transaction not started: %w", err)
+		return nil
+	}
+	t := &tx{btx: btx}
+	err := func() (err error) {
+		defer func() {
+			if r := recover(); r != nil {
+				c.panicked, err = r, errors.New("boltstore: transaction function panicked")
+			}
+		}()
+		return c.fn(t)
+	}()
+	t.done = true
+	switch {
+	case err != nil:
+		c.err = err
+	case t.spoiled != nil:
+		c.err = t.spoiled
+	case c.ctx.Err() != nil:
+		c.err = fmt.Errorf("boltstore: transaction not committed: %w", c.ctx.Err())
+	default:
+		// Committed with the batch, or run again if the batch is not.
+		c.final = false
+		return t.apply()
+	}
+	return nil
 }
 
 type tx struct {
@@ -132,6 +251,62 @@ type tx struct {
 	wrote   bool  // a write was attempted: no more reads
 	spoiled error // the transaction must not commit (Firestore would fail it)
 	done    bool  // fn returned; the tx must not be used
+
+	// The function's writes, kept until it succeeds (reads never follow
+	// a write, so keeping them changes nothing it sees): ops in order,
+	// and the latest value of each document they touch (nil: deleted).
+	ops     []op
+	written map[string][]byte
+}
+
+// op is one staged write; a nil raw deletes.
+type op struct {
+	coll, id string
+	raw      []byte
+}
+
+func docKey(coll, id string) string { return coll + "/" + id }
+
+// stage keeps one write.
+func (t *tx) stage(coll, id string, raw []byte) {
+	t.ops = append(t.ops, op{coll, id, raw})
+	if t.written == nil {
+		t.written = map[string][]byte{}
+	}
+	t.written[docKey(coll, id)] = raw
+}
+
+// current is a document as the function's writes so far leave it.
+func (t *tx) current(coll, id string) []byte {
+	if raw, ok := t.written[docKey(coll, id)]; ok {
+		return raw
+	}
+	if b := t.btx.Bucket([]byte(coll)); b != nil {
+		return b.Get([]byte(id))
+	}
+	return nil
+}
+
+// apply writes the staged operations into the transaction.
+func (t *tx) apply() error {
+	for _, o := range t.ops {
+		if o.raw == nil {
+			if b := t.btx.Bucket([]byte(o.coll)); b != nil {
+				if err := b.Delete([]byte(o.id)); err != nil {
+					return fmt.Errorf("boltstore: delete %s/%s: %w", o.coll, o.id, err)
+				}
+			}
+			continue
+		}
+		b, err := t.btx.CreateBucketIfNotExists([]byte(o.coll))
+		if err != nil {
+			return fmt.Errorf("boltstore: bucket %s: %w", o.coll, err)
+		}
+		if err := b.Put([]byte(o.id), o.raw); err != nil {
+			return fmt.Errorf("boltstore: put %s/%s: %w", o.coll, o.id, err)
+		}
+	}
+	return nil
 }
 
 func (t *tx) usable() error {
@@ -260,14 +435,6 @@ func (t *tx) Query(coll string, q store.Query, dst any) error {
 	return nil
 }
 
-func (t *tx) bucket(coll string) (*bolt.Bucket, error) {
-	b, err := t.btx.CreateBucketIfNotExists([]byte(coll))
-	if err != nil {
-		return nil, fmt.Errorf("boltstore: bucket %s: %w", coll, err)
-	}
-	return b, nil
-}
-
 func (t *tx) Create(coll, id string, doc any) error {
 	if err := t.usable(); err != nil {
 		return err
@@ -280,16 +447,13 @@ func (t *tx) Create(coll, id string, doc any) error {
 		return fmt.Errorf("boltstore: create %s/%s: %w", coll, id, err)
 	}
 	t.wrote = true
-	b, err := t.bucket(coll)
-	if err != nil {
-		return err
-	}
-	if b.Get([]byte(id)) != nil {
+	if t.current(coll, id) != nil {
 		err := fmt.Errorf("boltstore: create %s/%s: %w", coll, id, store.ErrExists)
 		t.spoil(err)
 		return err
 	}
-	return b.Put([]byte(id), raw)
+	t.stage(coll, id, raw)
+	return nil
 }
 
 func (t *tx) Set(coll, id string, doc any) error {
@@ -304,11 +468,8 @@ func (t *tx) Set(coll, id string, doc any) error {
 		return fmt.Errorf("boltstore: set %s/%s: %w", coll, id, err)
 	}
 	t.wrote = true
-	b, err := t.bucket(coll)
-	if err != nil {
-		return err
-	}
-	return b.Put([]byte(id), raw)
+	t.stage(coll, id, raw)
+	return nil
 }
 
 func (t *tx) Update(coll, id string, fields map[string]any) error {
@@ -333,11 +494,7 @@ func (t *tx) Update(coll, id string, fields map[string]any) error {
 		vals[k] = v
 	}
 	t.wrote = true
-	var cur []byte
-	b := t.btx.Bucket([]byte(coll))
-	if b != nil {
-		cur = b.Get([]byte(id))
-	}
+	cur := t.current(coll, id)
 	if cur == nil {
 		err := fmt.Errorf("boltstore: update %s/%s: %w", coll, id, store.ErrNotFound)
 		t.spoil(err)
@@ -358,7 +515,8 @@ func (t *tx) Update(coll, id string, fields map[string]any) error {
 	if err != nil {
 		return fmt.Errorf("boltstore: update %s/%s: %w", coll, id, err)
 	}
-	return b.Put([]byte(id), raw)
+	t.stage(coll, id, raw)
+	return nil
 }
 
 func (t *tx) Delete(coll, id string) error {
@@ -369,9 +527,6 @@ func (t *tx) Delete(coll, id string) error {
 		return fmt.Errorf("boltstore: delete: %w", err)
 	}
 	t.wrote = true
-	b := t.btx.Bucket([]byte(coll))
-	if b == nil {
-		return nil
-	}
-	return b.Delete([]byte(id))
+	t.stage(coll, id, nil)
+	return nil
 }
