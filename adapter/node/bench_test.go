@@ -188,12 +188,20 @@ func BenchmarkRequest(b *testing.B) {
 		}
 		return nil
 	}
-	b.Run("raw_nats/sequential", func(b *testing.B) { latencies(b, raw) })
-	b.Run("signed_raw/sequential", func(b *testing.B) { latencies(b, signed) })
-	b.Run("mesh/sequential", func(b *testing.B) { latencies(b, mesh) })
-	b.Run("raw_nats/64_callers", func(b *testing.B) { throughput(b, raw) })
-	b.Run("signed_raw/64_callers", func(b *testing.B) { throughput(b, signed) })
-	b.Run("mesh/64_callers", func(b *testing.B) { throughput(b, mesh) })
+	// The table once per Ed25519 implementation (keys.SetVerifier: voi,
+	// the default, and the standard library, which signs too), so the gain
+	// of each change shows against the same baselines in one run.
+	for _, v := range []keys.Verifier{keys.Voi, keys.StdLib} {
+		b.Run(v.String(), func(b *testing.B) {
+			defer keys.SetVerifier(keys.SetVerifier(v))
+			b.Run("raw_nats/sequential", func(b *testing.B) { latencies(b, raw) })
+			b.Run("signed_raw/sequential", func(b *testing.B) { latencies(b, signed) })
+			b.Run("mesh/sequential", func(b *testing.B) { latencies(b, mesh) })
+			b.Run("raw_nats/64_callers", func(b *testing.B) { throughput(b, raw) })
+			b.Run("signed_raw/64_callers", func(b *testing.B) { throughput(b, signed) })
+			b.Run("mesh/64_callers", func(b *testing.B) { throughput(b, mesh) })
+		})
+	}
 }
 
 // BenchmarkRequestStored is the mesh request with every inbox message kept
