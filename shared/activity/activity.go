@@ -409,7 +409,7 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 			return errDrop
 		}
 		payload := map[string]any{}
-		if v, err := env.PayloadValue(); err == nil {
+		if v, err := env.PayloadView(); err == nil {
 			if m, ok := v.(map[string]any); ok {
 				payload = m
 			}

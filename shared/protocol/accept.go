@@ -34,7 +34,7 @@ func NewAccept(req *Envelope, from string) (*Envelope, error) {
 	if req.ID == "" {
 		return nil, fmt.Errorf("accept: request has no id to reply to")
 	}
-	if v, err := req.PayloadValue(); err == nil {
+	if v, err := req.PayloadView(); err == nil {
 		if m, ok := v.(map[string]any); ok && OfferingOf(m) == OfferingDescribe {
 			return nil, fmt.Errorf("accept: describe is answered without an accept")
 		}
@@ -53,7 +53,7 @@ func ResponseStatus(e *Envelope) string {
 	if e == nil {
 		return ""
 	}
-	v, err := e.PayloadValue()
+	v, err := e.PayloadView()
 	if err != nil {
 		return ""
 	}
@@ -109,7 +109,7 @@ func QueuedAckOf(e *Envelope) (QueuedAck, bool) {
 	if e == nil || e.Type != TypeRespond {
 		return QueuedAck{}, false
 	}
-	v, err := e.PayloadValue()
+	v, err := e.PayloadView()
 	if err != nil {
 		return QueuedAck{}, false
 	}

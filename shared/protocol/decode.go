@@ -119,6 +119,7 @@ func DecodeBrokerAttributed(data []byte) (*Envelope, error) {
 			*f.dst = c
 		}
 	}
+	e.keepView(m["payload"])
 	return e, nil
 }
 
@@ -302,6 +303,7 @@ func (d *Decoder) verify(e *Envelope, m map[string]any) error {
 	}
 	if spans.payload[1] > 0 {
 		e.Payload = json.RawMessage(append([]byte(nil), msg[spans.payload[0]:spans.payload[1]]...))
+		e.keepView(m["payload"])
 	}
 	if spans.meta[1] > 0 {
 		e.Meta = json.RawMessage(append([]byte(nil), msg[spans.meta[0]:spans.meta[1]]...))

@@ -91,6 +91,30 @@ type Envelope struct {
 	Extra     map[string]any
 
 	raw []byte
+	// view is the payload as the decoder parsed it, kept for the
+	// protocol's own read-only looks at it (status, the queued ack, the
+	// offering) so they do not parse it again; it belongs to the Payload
+	// bytes whose first byte viewOf points at.
+	view   any
+	viewOf *byte
+}
+
+// keepView records v as the parsed form of the current Payload.
+func (e *Envelope) keepView(v any) {
+	if len(e.Payload) > 0 {
+		e.view, e.viewOf = v, &e.Payload[0]
+	}
+}
+
+// PayloadView is the payload's value for reading only: the decoder's
+// parse when Payload is still the bytes it was parsed from, else a fresh
+// parse. Callers must not modify it; code that hands the value on uses
+// PayloadValue.
+func (e *Envelope) PayloadView() (any, error) {
+	if e.viewOf != nil && len(e.Payload) > 0 && &e.Payload[0] == e.viewOf {
+		return e.view, nil
+	}
+	return e.PayloadValue()
 }
 
 // New starts an envelope of type typ from the key from, with a fresh id, the

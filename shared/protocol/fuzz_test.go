@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"bytes"
 	"os"
+	"reflect"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -47,6 +48,14 @@ func FuzzDecodeEnvelope(f *testing.F) {
 			}
 			if verr == nil && (accept != protocol.IsAccepted(venv) || from != venv.From || id != venv.ID || req != venv.InReplyTo) {
 				t.Fatalf("the unverified claims (accept %v, %q, %q, %q) differ from the verified envelope", accept, from, id, req)
+			}
+			if verr == nil {
+				// The kept parse is what parsing the canonical payload gives.
+				view, _ := venv.PayloadView()
+				fresh, ferr := venv.PayloadValue()
+				if ferr != nil || !reflect.DeepEqual(view, fresh) {
+					t.Fatalf("payload view %v, parsed %v (%v)", view, fresh, ferr)
+				}
 			}
 		} else if err == nil {
 			t.Fatalf("Parse refused what Decode accepts: %v", perr)

@@ -2,6 +2,7 @@ package protocol_test
 
 import (
 	"encoding/json"
+	"reflect"
 	"strings"
 	"testing"
 
@@ -122,6 +123,36 @@ func TestParseAccept(t *testing.T) {
 		}
 		if _, err := protocol.DefaultDecoder.Verify(u); errs.CodeOf(err) != errs.IdentityMismatch {
 			t.Errorf("%s: the broken signature verified: %v", name, err)
+		}
+	}
+}
+
+// PayloadView is the decoder's parse of the payload while Payload holds
+// the bytes it was parsed from, and a parse of whatever Payload holds once
+// it is replaced.
+func TestPayloadView(t *testing.T) {
+	k := freshKey(t)
+	e, _ := protocol.New(protocol.TypeRespond, k.Public(), map[string]any{"status": "completed", "output": map[string]any{"n": 1.0}})
+	_ = e.Sign(k)
+	data, _ := e.Marshal()
+	for name, decode := range map[string]func([]byte) (*protocol.Envelope, error){
+		"verified": protocol.Decode, "broker-attributed": protocol.DecodeBrokerAttributed,
+	} {
+		got, err := decode(data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		view, _ := got.PayloadView()
+		fresh, _ := got.PayloadValue()
+		if !reflect.DeepEqual(view, fresh) || protocol.ResponseStatus(got) != "completed" {
+			t.Fatalf("%s: view %v, value %v", name, view, fresh)
+		}
+		got.Payload = json.RawMessage(`{"status":"failed"}`)
+		if protocol.ResponseStatus(got) != "failed" {
+			t.Fatalf("%s: the view outlived its payload", name)
+		}
+		if err := got.SetPayload(map[string]any{"status": "working"}); err != nil || protocol.ResponseStatus(got) != "working" {
+			t.Fatalf("%s: the view outlived SetPayload: %v", name, err)
 		}
 	}
 }
