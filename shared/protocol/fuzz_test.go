@@ -3,8 +3,8 @@ package protocol_test
 import (
 	"bytes"
 	"os"
-	"reflect"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
 
