@@ -179,7 +179,7 @@ func (r *Report) WriteJSON(w io.Writer) error {
 
 // Titles say in a few words what each row measures.
 var Titles = map[string]string{
-	"mesh":   "the mesh: request, accepted, answer between agents on nodes (3 signatures, 3 verifications)",
+	"mesh":   "the mesh: request, accepted, answer between agents on nodes (3 signatures; 2 verifications, the accept's only when needed)",
 	"signed": "NATS request-reply, a signed envelope each way (2 signatures, 2 verifications)",
 	"raw":    "NATS request-reply, the same JSON unsigned",
 	"http":   "HTTP POST on loopback, a signed JSON envelope each way (A2A-style)",
