@@ -258,6 +258,10 @@ func Start(ctx context.Context, cfg Config) (*Node, error) {
 		nats.UserJWT(n.userJWT, n.signNonce),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(500 * time.Millisecond),
+		// A first connection gets 5 s rather than nats.go's 2: a busy
+		// machine answering slowly is not a mesh that is down, and the
+		// person reads "is meshd running?" on a timeout.
+		nats.Timeout(ConnectTimeout),
 		// An expired credential is refused until it is renewed; keep trying,
 		// the renewal loop supplies the new JWT to the next attempt.
 		nats.IgnoreAuthErrorAbort(),

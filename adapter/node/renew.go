@@ -23,6 +23,9 @@ import (
 // retry inside the call).
 const RenewTimeout = 15 * time.Second
 
+// ConnectTimeout bounds one attempt to connect to the broker.
+const ConnectTimeout = 5 * time.Second
+
 // ErrRevoked is a renewal the mesh refused, as opposed to one that failed:
 // the agent was retired, its account disabled, or the roster is otherwise
 // not allowed. The runtime treats it as revocation and stops renewing

@@ -149,7 +149,17 @@ func TestBrokerEnforcesTheClassLimits(t *testing.T) {
 	}
 
 	w2 := dial(t, m, jwt, k)
-	if err := w2.Publish(protocol.EventSubject("big"), make([]byte, testClass.Payload+1)); err != nil && !errors.Is(err, nats.ErrMaxPayload) {
+	err := w2.Publish(protocol.EventSubject("big"), make([]byte, testClass.Payload+1))
+	if errors.Is(err, nats.ErrMaxPayload) {
+		// The broker had already told the client the credential's limit
+		// (it can, in the INFO after the connect): the client refused the
+		// message itself, which is the limit enforced too.
+		if got := w2.MaxPayload(); got != int64(testClass.Payload) {
+			t.Fatalf("the client refused locally against a limit of %d, not the class's %d", got, testClass.Payload)
+		}
+		return
+	}
+	if err != nil {
 		t.Fatal(err)
 	}
 	_ = w2.Flush()
