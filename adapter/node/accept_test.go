@@ -141,6 +141,22 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 		}
 	})
 
+	t.Run("the latest accept counts", func(t *testing.T) {
+		// Two good accepts, set aside: the wait runs from the later one
+		// (until 1,000 ms), as it did when each restarted the wait.
+		out, req, t0 := call(t)
+		at(t0, 100*time.Millisecond)
+		callee.accept(t, req, false)
+		at(t0, lateAccept)
+		callee.accept(t, req, false)
+		at(t0, lateAnswer)
+		callee.answer(t, req)
+		o := <-out
+		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
+			t.Fatalf("%+v %v", o.res, o.err)
+		}
+	})
+
 	t.Run("a forged accept does not", func(t *testing.T) {
 		before := decodeWarnings()
 		out, req, t0 := call(t)

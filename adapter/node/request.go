@@ -91,9 +91,8 @@ type waiter struct {
 // verification of their accept, a third of the caller's cost of a call,
 // is never needed (docs/performance.md).
 type heldAccept struct {
-	u   *protocol.Unverified
-	src protocol.Source
-	at  time.Time
+	u  *protocol.Unverified
+	at time.Time
 }
 
 // maxHeldAccepts bounds the accepts a waiting call keeps unverified; one
@@ -110,7 +109,12 @@ const maxHeldAccepts = 4
 // which verifies the accept and routes it.
 func (a *Agent) setAside(u *protocol.Unverified, src protocol.Source) bool {
 	w := a.n.waiterFor(u.InReplyTo())
-	if w == nil || w.a != a || u.From() != w.to {
+	if w == nil || w.a != a || u.From() != w.to || (u.To() != "" && u.To() != a.id) {
+		return true
+	}
+	// Judged now, on arrival, as verification on arrival would: one
+	// verified later must not turn stale while it waited.
+	if protocol.CheckFreshness(u.TS(), a.n.now(), src) != nil {
 		return true
 	}
 	w.mu.Lock()
@@ -118,7 +122,7 @@ func (a *Agent) setAside(u *protocol.Unverified, src protocol.Source) bool {
 	if len(w.accepts) >= maxHeldAccepts {
 		return false
 	}
-	w.accepts = append(w.accepts, heldAccept{u: u, src: src, at: time.Now()})
+	w.accepts = append(w.accepts, heldAccept{u: u, at: time.Now()})
 	return true
 }
 
@@ -129,23 +133,22 @@ func (w *waiter) heldAccepts() bool {
 	return len(w.accepts) > 0
 }
 
-// verifyHeld verifies the accepts set aside, in arrival order, and returns
-// when the first good one arrived. Each is verified once: the set is
-// emptied.
+// verifyHeld verifies the accepts set aside, newest first, and returns
+// when the newest good one arrived: every accept restarts the wait, so the
+// latest that verifies is the one that counts (and the older ones need no
+// verification). Those tried are verified once: the set is emptied. Their
+// freshness and addressing were checked on arrival (setAside).
 func (w *waiter) verifyHeld() (time.Time, bool) {
 	w.mu.Lock()
 	held := w.accepts
 	w.accepts = nil
 	w.mu.Unlock()
 	a := w.a
-	for _, h := range held {
-		env, err := protocol.DefaultDecoder.Verify(h.u)
-		if err != nil {
+	for i := len(held) - 1; i >= 0; i-- {
+		h := held[i]
+		if _, err := protocol.DefaultDecoder.Verify(h.u); err != nil {
 			e := errs.As(err)
 			a.n.warn(Warning{Code: "inbound_decode", Agent: a.id, Message: e.Message, Err: err})
-			continue
-		}
-		if _, err := a.replies.Check(env, h.src); err != nil {
 			continue
 		}
 		return h.at, true

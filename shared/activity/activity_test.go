@@ -171,7 +171,7 @@ func TestTimelineAndUsage(t *testing.T) {
 		req, _ := request(t, alice, b)
 		want = append(want, "request:"+req.ID)
 		_, acc := response(t, bob, req, map[string]any{"status": protocol.StatusAccepted})
-		h.publish(protocol.OutboxSubject(b), acc, 1)
+		h.publish(protocol.OutboxSubject(b), acc, 2)
 		payload := map[string]any{"status": "completed", "output": map[string]any{"text": "answer " + secret}}
 		if i == N-1 {
 			payload = errs.New(errs.OfferingNotFound, "no such offering: "+secret).BusPayload()
@@ -204,10 +204,11 @@ func TestTimelineAndUsage(t *testing.T) {
 	h.publish(protocol.OutboxSubject(b), sign(t, bob, old), 1)
 
 	s := h.stats()
-	// 5 requests, 5 answers, 1 span; the accepts are not recorded; the
-	// retried answer and its request are duplicates.
+	// 5 requests, 5 answers, 1 span; each accept records its request and
+	// no record of its own; each answer's request, and the retried answer
+	// with its request, are duplicates.
 	const total = 5 + 5 + 1
-	if s.Recorded != total || s.Duplicates != 2 || s.Dropped != 4 || s.Accepts != N {
+	if s.Recorded != total || s.Duplicates != 5+2 || s.Dropped != 4 || s.Accepts != N {
 		t.Fatalf("stats %+v", s)
 	}
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"time"
 
 	"github.com/nats-io/jwt/v2"
 
@@ -146,9 +147,10 @@ func (s *Service) RefreshApp(ctx context.Context, accountID, appID string) (AppR
 
 // RevokeApp revokes an app: recorded, and its key revoked at the broker.
 func (s *Service) RevokeApp(ctx context.Context, accountID, appID string) error {
-	now := s.now()
+	var now time.Time
 	var key string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		now = s.now() // inside the transaction: see recordRevocations
 		app, err := s.ownApp(tx, accountID, appID)
 		if err != nil {
 			return err

@@ -119,7 +119,6 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		expires = s.expiry(now)
 	}
 	var res NodeResult
-	var spec mintSpec
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		accountID, hs, err := standing(tx, ids)
 		if err != nil {
@@ -142,8 +141,12 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 				return limitErr(err)
 			}
 		}
-		spec = mintSpec{kind: creds.KindNode, key: r.NodeID, name: "node", hosted: ids, expires: expires, revokedAt: rev, issuedAt: now,
-			shared: !r.PrivateInbox && !unowned, class: classOf(unowned)}
+		// Signed inside the transaction: a revocation serialised after it
+		// is later than the JWT's issue time, so the broker refuses it.
+		tok, err := s.mint(mintSpec{kind: creds.KindNode, key: r.NodeID, name: "node", hosted: ids, expires: expires, revokedAt: rev, shared: !r.PrivateInbox && !unowned, class: classOf(unowned)})
+		if err != nil {
+			return err
+		}
 		for i, id := range ids {
 			if err := rememberHost(tx, id, hs[i], r.NodeID); err != nil {
 				return err
@@ -156,7 +159,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
-		res = NodeResult{OK: true, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock(),
+		res = NodeResult{OK: true, JWT: tok, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock(),
 			InboxPrefix: protocol.PrivateInboxPrefix(r.NodeID)}
 		return nil
 	})
@@ -166,18 +169,6 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 			return NodeResult{}, err
 		}
 		return NodeResult{}, errs.Wrap(errs.Unavailable, "cannot check the node's standing now; retry; the current credential is unaffected", err)
-	}
-	// The JWT is signed after the commit: inside the transaction its 140
-	// µs of encoding and signing held every other mint's commit, since
-	// the embedded store runs the transactions of one group commit one
-	// after another. Its issue time is now, read before the transaction,
-	// so a revocation committed after it (at a later time) still covers
-	// it. Signing fails only on a claims set the builders never make; the
-	// mint record then stands for a credential not handed out, which is
-	// logged.
-	if res.JWT, err = s.mint(spec); err != nil {
-		s.log.Error("node credential recorded but not signed", "node", r.NodeID, "err", err)
-		return NodeResult{}, err
 	}
 	return res, nil
 }

@@ -21,9 +21,10 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 	if reason == "" {
 		return bad("a reason is required; it is shown to the node when its renewal is refused")
 	}
-	now := s.now()
+	var now time.Time
 	var revoke []string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		now = s.now() // inside the transaction: see recordRevocations
 		var a Agent
 		known, err := getOptional(tx, CollAgents, agentID, &a)
 		if err != nil {
@@ -56,9 +57,10 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 // credential is issued for its agents, and every credential of its agents
 // and apps is revoked at the broker.
 func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) error {
-	now := s.now()
+	var now time.Time
 	var revoke []string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
+		now = s.now() // inside the transaction: see recordRevocations
 		revoke = nil
 		var acct account.Account
 		if err := tx.Get(account.CollAccounts, accountID, &acct); err != nil {
@@ -100,7 +102,12 @@ func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) 
 }
 
 // recordRevocations writes each key's revocation instant, truncated to the
-// second because that is the broker's granularity.
+// second because that is the broker's granularity. Callers read at inside
+// their transaction: a mint serialised before it signed its JWT inside its
+// own transaction, earlier, so the broker (which refuses iat <= the
+// revocation) refuses that JWT whatever order concurrent transactions were
+// queued in; a time read before RunTx could be earlier than a mint that
+// commits first.
 func recordRevocations(tx store.Tx, keys []string, at time.Time) error {
 	at = at.Truncate(time.Second)
 	for _, k := range keys {

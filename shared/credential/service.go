@@ -88,7 +88,6 @@ type mintSpec struct {
 	taskID    string
 	expires   time.Time
 	revokedAt time.Time
-	issuedAt  time.Time // zero: now (creds.UserSpec.IssuedAt)
 	// shared grants the shared _INBOX.> space beside the credential's own
 	// reply prefix (for upstream SDKs; docs/security.md).
 	shared bool
@@ -114,7 +113,7 @@ func (s *Service) mint(m mintSpec) (string, error) {
 		return "", errs.Newf(errs.InternalError, "no permission builder for %v", m.kind)
 	}
 	spec := creds.UserSpec{PublicKey: m.key, Name: m.name, Kind: m.kind, Hosted: m.hosted, Permissions: p,
-		Expires: m.expires, RevokedAt: m.revokedAt, IssuedAt: m.issuedAt}
+		Expires: m.expires, RevokedAt: m.revokedAt}
 	if m.class != "" {
 		spec.Class, spec.Limits = m.class, s.classes()[m.class].ConnLimits
 	}

@@ -62,11 +62,6 @@ type UserSpec struct {
 	// and whole second, so the JWT is issued at least one second after it:
 	// its iat is max(now, RevokedAt+1s), or the broker would refuse it.
 	RevokedAt time.Time
-	// IssuedAt is the moment the credential is issued for (zero: now). A
-	// caller that decides in a transaction and signs after its commit
-	// passes the time it read the revocation state at, so that a
-	// revocation committed in between (which is later) covers the JWT.
-	IssuedAt time.Time
 }
 
 // ConnLimits are the per-connection limits a user JWT carries and the
@@ -154,11 +149,7 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if spec.Class != "" {
 		uc.Tags.Add(ClassTag(spec.Class))
 	}
-	at := spec.IssuedAt
-	if at.IsZero() {
-		at = time.Now()
-	}
-	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(at, spec.RevokedAt))
+	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(time.Now(), spec.RevokedAt))
 	if err != nil {
 		return "", err
 	}

@@ -67,10 +67,12 @@ func Parse(data []byte) (*Unverified, error) {
 	return &Unverified{e: e, m: m}, nil
 }
 
-// From, ID and InReplyTo are the claimed members.
+// From, ID, InReplyTo, TS and To are the claimed members.
 func (u *Unverified) From() string      { return u.e.From }
 func (u *Unverified) ID() string        { return u.e.ID }
 func (u *Unverified) InReplyTo() string { return u.e.InReplyTo }
+func (u *Unverified) TS() string        { return u.e.TS }
+func (u *Unverified) To() string        { return u.e.To }
 
 // IsAnswer reports whether the envelope reads as an answer (IsAnswer).
 func (u *Unverified) IsAnswer() bool { return IsAnswer(u.e) }

@@ -13,10 +13,12 @@
 // (group commit): each function runs in turn, sees the writes of those
 // before it, and has its own writes applied only when it succeeds, so
 // every call keeps its own outcome, and a call that finds the store idle
-// commits at once, alone. Should the shared commit fail, each function
-// that succeeded in it runs again alone (store.Store allows a backend to
-// run a function again). A result is returned only after its commit is
-// fsynced. Only one process may open the
+// commits at once, alone. Should a batch fail before its commit (a write
+// bbolt refuses), every function in it runs again alone (store.Store
+// allows a backend to run a function again); should the commit itself
+// fail, every call is told so and nothing runs again, since a failed
+// commit may have reached the file. A result is returned only after its
+// commit is fsynced. Only one process may open the
 // file: a second Open waits for the file lock for the lock timeout and
 // then fails with ErrLocked.
 //
@@ -88,8 +90,8 @@ type call struct {
 	ctx      context.Context
 	fn       func(tx store.Tx) error
 	err      error
-	final    bool // err is the call's own outcome, whatever the commit does
 	panicked any  // what fn panicked with, re-raised on the caller's goroutine
+	answered bool // done is closed
 	done     chan struct{}
 }
 
@@ -166,19 +168,38 @@ func (s *Store) lead() {
 	s.queue = append([]*call(nil), s.queue[len(batch):]...)
 	s.mu.Unlock()
 
+	// Deferred, so that a function that ends its goroutine (runtime.Goexit,
+	// a test's t.Fatal) or a panic outside the functions' own recover
+	// still answers every call of the batch and passes the lead on: a lost
+	// leader would block every later RunTx.
+	defer func() {
+		for _, c := range batch {
+			if !c.answered {
+				c.err = errors.New("boltstore: the transaction was abandoned: a function in its commit ended its goroutine")
+				close(c.done)
+			}
+		}
+		s.mu.Lock()
+		more := len(s.queue) > 0
+		s.leading = more
+		s.mu.Unlock()
+		if more {
+			go s.lead()
+		}
+	}()
 	s.commit(batch)
 	for _, c := range batch {
+		c.answered = true
 		close(c.done)
 	}
-
-	s.mu.Lock()
-	more := len(s.queue) > 0
-	s.leading = more
-	s.mu.Unlock()
-	if more {
-		go s.lead()
-	}
 }
+
+// errApply marks a batch that failed before its commit, while applying a
+// function's writes: nothing reached the file.
+type errApply struct{ err error }
+
+func (e errApply) Error() string { return e.err.Error() }
+func (e errApply) Unwrap() error { return e.err }
 
 // commit runs the batch's functions in one transaction and commits it.
 func (s *Store) commit(batch []*call) {
@@ -188,7 +209,7 @@ func (s *Store) commit(batch []*call) {
 	err := s.db.Update(func(btx *bolt.Tx) error {
 		for _, c := range batch {
 			if err := c.run(btx); err != nil {
-				return err
+				return errApply{err}
 			}
 		}
 		return nil
@@ -196,18 +217,26 @@ func (s *Store) commit(batch []*call) {
 	if err == nil {
 		return
 	}
-	// Nothing was committed. A call whose outcome was its own keeps it;
-	// the others (succeeded, or not reached) run again alone, and alone a
-	// failed commit is the call's outcome.
+	var ae errApply
+	if len(batch) == 1 || !errors.As(err, &ae) {
+		// Alone, the failure is the call's. A failed commit may still
+		// have reached the file (bbolt can fail after writing the meta
+		// page), so nothing is run again: every call not ended by its
+		// own panic or context is told the commit failed.
+		for _, c := range batch {
+			if c.panicked == nil && c.ctx.Err() == nil {
+				c.err = fmt.Errorf("boltstore: commit: %w", err)
+			}
+		}
+		return
+	}
+	// Rolled back before the commit: every call runs again alone, since
+	// an outcome, error included, may rest on writes of calls before it
+	// that are now undone. A panicked call keeps its panic.
 	for _, c := range batch {
-		if c.final {
-			continue
+		if c.panicked == nil {
+			s.commit([]*call{c})
 		}
-		if len(batch) == 1 {
-			c.err = err
-			return
-		}
-		s.commit([]*call{c})
 	}
 }
 
@@ -216,7 +245,7 @@ func (s *Store) commit(batch []*call) {
 // returned here is the transaction's (a write bbolt refused) and fails the
 // whole batch.
 func (c *call) run(btx *bolt.Tx) error {
-	c.err, c.final = nil, true
+	c.err = nil
 	if err := c.ctx.Err(); err != nil {
 		c.err = fmt.Errorf("boltstore: transaction not started: %w", err)
 		return nil
@@ -239,8 +268,6 @@ func (c *call) run(btx *bolt.Tx) error {
 	case c.ctx.Err() != nil:
 		c.err = fmt.Errorf("boltstore: transaction not committed: %w", c.ctx.Err())
 	default:
-		// Committed with the batch, or run again if the batch is not.
-		c.final = false
 		return t.apply()
 	}
 	return nil

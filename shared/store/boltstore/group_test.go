@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -211,5 +212,53 @@ func TestGroupCommitKeepsEachOutcome(t *testing.T) {
 	})
 	if len(docs) != 1 || docs["y"] != 6 {
 		t.Fatalf("documents %v, want only y = 6", docs)
+	}
+}
+
+// A function that ends its goroutine inside a shared commit (a test's
+// t.Fatal does) abandons that commit: every call in it is answered with an
+// error, nothing of it is written, and the store goes on serving.
+func TestGroupCommitSurvivesAnEndedGoroutine(t *testing.T) {
+	s := openInternal(t)
+	release, first := holdFirst(t, s)
+	results := make(chan error, 2)
+	go func() {
+		results <- s.RunTx(context.Background(), func(tx store.Tx) error {
+			_ = tx.Set("c", "goexit", counter{1})
+			runtime.Goexit()
+			return nil
+		})
+	}()
+	s.queued(t, 1)
+	go func() {
+		results <- s.RunTx(context.Background(), func(tx store.Tx) error { return tx.Set("c", "other", counter{2}) })
+	}()
+	s.queued(t, 2)
+	release()
+	if err := <-first; err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if err := <-results; err == nil {
+			t.Fatal("a call of the abandoned commit succeeded")
+		}
+	}
+	done := make(chan error, 1)
+	go func() {
+		done <- s.RunTx(context.Background(), func(tx store.Tx) error {
+			var c counter
+			if err := tx.Get("c", "other", &c); !errors.Is(err, store.ErrNotFound) {
+				return fmt.Errorf("the abandoned commit wrote: %v", err)
+			}
+			return nil
+		})
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the store stopped serving after an abandoned commit")
 	}
 }
