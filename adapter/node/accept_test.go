@@ -2,7 +2,6 @@ package node
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -31,19 +30,34 @@ func (s *scriptedCallee) request(t *testing.T) *protocol.Envelope {
 	return envs[len(envs)-1]
 }
 
-// send signs env with the callee's key, or, forged, with another key, and
-// publishes it at the caller's inbox.
+// send signs env with the callee's key, or, forged, with another key
+// while it still claims the callee, and publishes it at the caller's inbox.
 func (s *scriptedCallee) send(t *testing.T, env *protocol.Envelope, forged bool) {
 	t.Helper()
-	signer := s.key
-	if forged {
-		signer = agentKey(t)
-		env.From = signer.Public()
+	if !forged {
+		s.publish(t, env, s.key)
+		return
 	}
+	signer := agentKey(t)
+	env.From = signer.Public()
 	if err := env.Sign(signer); err != nil {
 		t.Fatal(err)
 	}
-	env.From = s.key.Public() // a forgery claims the callee
+	env.From = s.key.Public()
+	s.publishRaw(t, env)
+}
+
+// publish signs env with signer and publishes it at the caller's inbox.
+func (s *scriptedCallee) publish(t *testing.T, env *protocol.Envelope, signer *keys.Agent) {
+	t.Helper()
+	if err := env.Sign(signer); err != nil {
+		t.Fatal(err)
+	}
+	s.publishRaw(t, env)
+}
+
+func (s *scriptedCallee) publishRaw(t *testing.T, env *protocol.Envelope) {
+	t.Helper()
 	data, err := env.Marshal()
 	if err != nil {
 		t.Fatal(err)
@@ -71,6 +85,21 @@ func (s *scriptedCallee) answer(t *testing.T, req *protocol.Envelope) {
 	s.send(t, done, false)
 }
 
+// outcome is what a call returned.
+type outcome struct {
+	res *Result
+	err error
+}
+
+// completed checks a call answered "completed", with or without an accept
+// reported first.
+func completed(t *testing.T, o outcome, accepted bool) {
+	t.Helper()
+	if o.err != nil || o.res.Status != "completed" || o.res.Accepted != accepted {
+		t.Fatalf("result %+v, error %v; want completed, accepted %v", o.res, o.err, accepted)
+	}
+}
+
 // An accept only extends a call's wait, so the caller verifies it only
 // when the wait would otherwise end: an answer that comes first makes its
 // verification unnecessary (a forged accept before it is never even
@@ -90,10 +119,6 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 	// the first one, each by 200 ms.
 	const wait = 600 * time.Millisecond
 	const lateAccept, lateAnswer = 400 * time.Millisecond, 800 * time.Millisecond
-	type outcome struct {
-		res *Result
-		err error
-	}
 	call := func(t *testing.T) (chan outcome, *protocol.Envelope, time.Time) {
 		out := make(chan outcome, 1)
 		go func() {
@@ -119,10 +144,7 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 		out, req, _ := call(t)
 		callee.accept(t, req, true)
 		callee.answer(t, req)
-		o := <-out
-		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
-			t.Fatalf("%+v %v", o.res, o.err)
-		}
+		completed(t, <-out, true)
 		// The forged accept was set aside and never verified.
 		if got := decodeWarnings(); got != before {
 			t.Fatalf("%d accepts were verified", got-before)
@@ -135,10 +157,7 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 		callee.accept(t, req, false)
 		at(t0, lateAnswer)
 		callee.answer(t, req)
-		o := <-out
-		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
-			t.Fatalf("%+v %v", o.res, o.err)
-		}
+		completed(t, <-out, true)
 	})
 
 	t.Run("the latest accept counts", func(t *testing.T) {
@@ -151,10 +170,7 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 		callee.accept(t, req, false)
 		at(t0, lateAnswer)
 		callee.answer(t, req)
-		o := <-out
-		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
-			t.Fatalf("%+v %v", o.res, o.err)
-		}
+		completed(t, <-out, true)
 	})
 
 	t.Run("a forged accept does not", func(t *testing.T) {
@@ -180,10 +196,7 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 		callee.accept(t, req, false) // one past the set: verified on arrival
 		at(t0, lateAnswer)
 		callee.answer(t, req)
-		o := <-out
-		if o.err != nil || o.res.Status != "completed" || !o.res.Accepted {
-			t.Fatalf("%+v %v", o.res, o.err)
-		}
+		completed(t, <-out, true)
 	})
 
 	t.Run("an accept for someone else's call", func(t *testing.T) {
@@ -199,10 +212,7 @@ func TestAcceptsAreVerifiedWhenTheyMatter(t *testing.T) {
 			t.Fatal(err)
 		}
 		callee.answer(t, req)
-		o := <-out
-		if o.err != nil || o.res.Accepted || !strings.EqualFold(o.res.Status, "completed") {
-			t.Fatalf("%+v %v", o.res, o.err)
-		}
+		completed(t, <-out, false)
 		if got := decodeWarnings(); got != before {
 			t.Fatalf("%d accepts were verified", got-before)
 		}
@@ -224,25 +234,6 @@ func TestGuardedPublicInboxTakesOnlyAwaitedAnswers(t *testing.T) {
 		Handler: func(ctx context.Context, c *Call) error { handled <- c.Env.ID; return c.Reply(nil) },
 		OnReply: func(r *Result) { handled <- "reply " + r.RequestID }})
 	callee := &scriptedCallee{tm: tm, key: kb, inbox: tm.collect(t, protocol.InboxSubject(kb.Public())), caller: ka.Public()}
-	public := protocol.InboxSubject(ka.Public())
-	publish := func(data []byte) {
-		t.Helper()
-		if err := tm.svc.Publish(public, data); err != nil {
-			t.Fatal(err)
-		}
-	}
-	signed := func(e *protocol.Envelope, k *keys.Agent) []byte {
-		t.Helper()
-		if err := e.Sign(k); err != nil {
-			t.Fatal(err)
-		}
-		b, err := e.Marshal()
-		if err != nil {
-			t.Fatal(err)
-		}
-		return b
-	}
-
 	out := make(chan error, 1)
 	go func() {
 		_, err := a.Request(t.Context(), kb.Public(), "work", "hi", RequestOptions{Timeout: asyncWait})
@@ -251,17 +242,17 @@ func TestGuardedPublicInboxTakesOnlyAwaitedAnswers(t *testing.T) {
 	req := callee.request(t)
 
 	stranger := agentKey(t)
-	publish([]byte(`{"not":"an envelope"`))
-	publish(signed(requestEnv03(t, stranger, ka.Public(), "work", "a request past the guard"), stranger))
+	if err := tm.svc.Publish(protocol.InboxSubject(ka.Public()), []byte(`{"not":"an envelope"`)); err != nil {
+		t.Fatal(err)
+	}
+	callee.publish(t, requestEnv03(t, stranger, ka.Public(), "work", "a request past the guard"), stranger)
 	other, _ := protocol.NewReply(req, stranger.Public(), map[string]any{"status": "completed"})
-	publish(signed(other, stranger)) // an answer to the waiting call from someone else
+	callee.publish(t, other, stranger) // an answer to the waiting call from someone else
 	unknown, _ := protocol.New(protocol.TypeRespond, kb.Public(), map[string]any{"status": "completed"})
 	unknown.To, unknown.InReplyTo = ka.Public(), protocol.NewID()
-	publish(signed(unknown, kb)) // the callee, but no call waits for it
+	callee.publish(t, unknown, kb) // the callee, but no call waits for it
 	forged, _ := protocol.NewReply(req, kb.Public(), map[string]any{"status": "completed"})
-	forged.From = stranger.Public()
-	data := signed(forged, stranger)
-	publish([]byte(strings.Replace(string(data), stranger.Public(), kb.Public(), 1))) // claims the callee, does not verify
+	callee.send(t, forged, true) // claims the callee, does not verify
 
 	callee.answer(t, req)
 	if err := <-out; err != nil {

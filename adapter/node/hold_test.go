@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,17 +19,8 @@ import (
 // "attended_inbox" case.
 func TestHeldRequestsAreAnsweredLater(t *testing.T) {
 	tm := newMesh(t)
-	var mu sync.Mutex
-	held := map[string][]byte{}
-	handled := false
-	p := newPair(t, tm, AgentConfig{Name: "inbox", Offerings: []Offering{{ID: "chat", Name: "Chat"}},
-		Admit: func(_ context.Context, c *Call, _ *protocol.Budget) error {
-			mu.Lock()
-			defer mu.Unlock()
-			held[c.Env.ID] = c.Env.Raw()
-			return Hold("entry-" + c.Env.ID)
-		},
-		Handler: func(context.Context, *Call) error { handled = true; return nil }}, nil)
+	var handled atomic.Bool
+	p, held := attendedPair(t, tm, func(context.Context, *Call) error { handled.Store(true); return nil })
 	outbox := tm.collect(t, protocol.OutboxSubject(p.kB.Public()))
 
 	ask := func() *Result {
@@ -43,12 +35,10 @@ func TestHeldRequestsAreAnsweredLater(t *testing.T) {
 		return res
 	}
 	r1, r2 := ask(), ask()
-	if handled {
+	if handled.Load() {
 		t.Fatal("a handler ran on a held request")
 	}
-	mu.Lock()
-	raw1, raw2 := held[r1.RequestID], held[r2.RequestID]
-	mu.Unlock()
+	raw1, raw2 := held(r1.RequestID), held(r2.RequestID)
 
 	if err := p.b.AnswerHeld(raw1, map[string]any{"text": "yes, now"}); err != nil {
 		t.Fatal(err)
@@ -87,5 +77,27 @@ func TestHeldRequestsAreAnsweredLater(t *testing.T) {
 	}
 	if err := p.b.AnswerHeld(append([]byte{}, raw2[:len(raw2)-2]...), nil); err == nil {
 		t.Fatal("answered a damaged request")
+	}
+}
+
+// attendedPair is a pair whose agent b holds every request for its
+// attended inbox (entry id "entry-<request id>") and runs handler for
+// none; held returns a held request's raw envelope by id.
+func attendedPair(t *testing.T, tm *testMesh, handler Handler) (p *pair, held func(id string) []byte) {
+	t.Helper()
+	var mu sync.Mutex
+	raws := map[string][]byte{}
+	p = newPair(t, tm, AgentConfig{Name: "inbox", Offerings: []Offering{{ID: "chat", Name: "Chat"}},
+		Admit: func(_ context.Context, c *Call, _ *protocol.Budget) error {
+			mu.Lock()
+			defer mu.Unlock()
+			raws[c.Env.ID] = c.Env.Raw()
+			return Hold("entry-" + c.Env.ID)
+		},
+		Handler: handler}, nil)
+	return p, func(id string) []byte {
+		mu.Lock()
+		defer mu.Unlock()
+		return raws[id]
 	}
 }

@@ -1,8 +1,6 @@
 package node
 
 import (
-	"context"
-	"sync"
 	"testing"
 
 	"agentmesh.dev/mesh/shared/errs"
@@ -16,16 +14,7 @@ import (
 // the envelope member. The requesters are raw peers here, not the runtime.
 func TestHeldAnswerFollowsTheRequesterVersion(t *testing.T) {
 	tm := newMesh(t)
-	var mu sync.Mutex
-	held := map[string][]byte{}
-	p := newPair(t, tm, AgentConfig{Name: "inbox", Offerings: []Offering{{ID: "chat", Name: "Chat"}},
-		Admit: func(_ context.Context, c *Call, _ *protocol.Budget) error {
-			mu.Lock()
-			defer mu.Unlock()
-			held[c.Env.ID] = c.Env.Raw()
-			return Hold("entry-" + c.Env.ID)
-		},
-		Handler: refuseAll}, nil)
+	p, held := attendedPair(t, tm, refuseAll)
 	sender := agentKey(t)
 	atInbox := tm.collect(t, protocol.InboxSubject(sender.Public()))
 	refusal := errs.New(errs.BudgetInsufficient, "not at that price")
@@ -47,9 +36,7 @@ func TestHeldAnswerFollowsTheRequesterVersion(t *testing.T) {
 			if ack, ok := protocol.QueuedAckOf(onReply.envelopes(t)[0]); !ok || ack.InboxID != "entry-"+c.req.ID {
 				t.Fatal("the reply subject did not carry the queued ack")
 			}
-			mu.Lock()
-			raw := held[c.req.ID]
-			mu.Unlock()
+			raw := held(c.req.ID)
 			var err error
 			if c.refuse {
 				err = p.b.RefuseHeld(raw, refusal)

@@ -219,12 +219,6 @@ func (n *Node) onReplyMsg(m *nats.Msg) {
 	a.routeReply(dl)
 }
 
-// waiting reports whether a call of this agent waits for request id.
-func (a *Agent) waiting(id string) bool {
-	w := a.n.waiterFor(id)
-	return w != nil && w.a == a
-}
-
 // awaits reports whether a call of this agent, request id, still waits
 // for an answer from signer.
 func (a *Agent) awaits(id, signer string) bool {

@@ -937,17 +937,22 @@ func (w *Worker) admit(agent string, p policy, msg *nats.Msg) {
 	case StanceAllow:
 		w.relay(agent, env, msg)
 	case StanceHold:
-		ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
-		err := w.hold(ctx, agent, env)
-		cancel()
-		if err != nil {
-			w.svc.Log.Warn("admission hold", "agent", agent, "err", err)
-		}
+		w.keep(agent, env)
 		w.ack(msg, env)
 	default:
 		w.blocked.Add(1)
 		w.svc.Log.Debug("admission block", "agent", agent, "tier", tier)
 		w.ack(msg, env)
+	}
+}
+
+// keep holds env for agent's owner; a store that fails is logged (the
+// sender is not told: a held message is acknowledged, an answer never).
+func (w *Worker) keep(agent string, env *protocol.Envelope) {
+	ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
+	defer cancel()
+	if err := w.hold(ctx, agent, env); err != nil {
+		w.svc.Log.Warn("admission hold", "agent", agent, "err", err)
 	}
 }
 
@@ -978,12 +983,7 @@ func (w *Worker) admitAnswer(agent, stance, tier string, env *protocol.Envelope,
 		out.Header.Set(jetstream.MsgIDHeader, "admission:"+env.From+":"+env.ID)
 		_ = w.svc.NC.PublishMsg(out)
 	case StanceHold:
-		ctx, cancel := context.WithTimeout(w.ctx, 10*time.Second)
-		err := w.hold(ctx, agent, env)
-		cancel()
-		if err != nil {
-			w.svc.Log.Warn("admission hold", "agent", agent, "err", err)
-		}
+		w.keep(agent, env)
 	default:
 		w.blocked.Add(1)
 		w.svc.Log.Debug("admission block", "agent", agent, "tier", tier, "answer", true)

@@ -114,7 +114,7 @@ var voiOptions = &voied.Options{Verify: voied.VerifyOptionsStdLib}
 // rules of crypto/ed25519.Verify. A pub that is not 32 bytes verifies
 // nothing (crypto/ed25519 would panic). It does not keep the key; code that
 // checks many signatures by one key holds a VerifyingKey, or uses
-// VerifyUser or a KeyCache.
+// a KeyCache.
 func Verify(pub ed25519.PublicKey, msg, sig []byte) bool {
 	if len(pub) != ed25519.PublicKeySize {
 		return false
@@ -221,7 +221,7 @@ type KeyCache struct {
 }
 
 // DefaultKeyCacheSize is the generation size of NewKeyCache(0) and of the
-// shared cache behind VerifyUser: at most 4096 keys, about 6 MiB.
+// shared cache behind UserKeys: at most 4096 keys, about 6 MiB.
 const DefaultKeyCacheSize = 2048
 
 // NewKeyCache returns a cache of at most 2×size keys (size <= 0 means
@@ -286,16 +286,5 @@ func (c *KeyCache) Len() int {
 var userKeys = NewKeyCache(0)
 
 // UserKeys is the process's shared, bounded cache of sender keys, used by
-// VerifyUser and by every decoder that is not given its own.
+// every decoder that is not given its own.
 func UserKeys() *KeyCache { return userKeys }
-
-// VerifyUser reports whether sig is a valid signature of msg by the user
-// public key pub (`U...`), through the shared key cache. The error is for a
-// pub that is not a user public key.
-func VerifyUser(pub string, msg, sig []byte) (bool, error) {
-	k, err := userKeys.Get(pub)
-	if err != nil {
-		return false, err
-	}
-	return k.Verify(msg, sig), nil
-}

@@ -770,13 +770,10 @@ func TestInvalidKeys(t *testing.T) {
 	if c.Len() != 0 {
 		t.Errorf("refused keys were cached: %d entries", c.Len())
 	}
-	if _, err := keys.VerifyUser("not a key", []byte("m"), make([]byte, 64)); err == nil {
-		t.Error("VerifyUser took a string that is not a user public key")
-	}
 	msg := []byte("agentmesh")
 	sig := agent.Sign(msg)
-	if ok, err := keys.VerifyUser(good, msg, sig); err != nil || !ok {
-		t.Errorf("VerifyUser(own key) = %v, %v", ok, err)
+	if k, err := keys.UserKeys().Get(good); err != nil || !k.Verify(msg, sig) {
+		t.Errorf("the shared cache's key for the agent's own public key does not verify its signature: %v", err)
 	}
 	for _, n := range []int{0, 31, 33, 64} {
 		if keys.Verify(make([]byte, n), msg, sig) {

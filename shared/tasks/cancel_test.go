@@ -171,15 +171,7 @@ func TestCancelOvertakesThePerformer(t *testing.T) {
 			t.Fatalf("stats %+v", s)
 		}
 		tk := h.mustGet(id)
-		want := []string{submitted, working, cancelID}
-		if got := strings.Join(states(tk), ","); got != "submitted,working,canceled" || tk.State != "canceled" {
-			t.Fatalf("history %s state %s", got, tk.State)
-		}
-		for i, e := range tk.History {
-			if e.EnvelopeID != want[i] {
-				t.Fatalf("history[%d] = %+v, want envelope %s", i, e, want[i])
-			}
-		}
+		wantHistory(t, tk, "submitted,working,canceled", submitted, working, cancelID)
 		if tk.Requester != h.requester.Public() || tk.Responder != h.responder.Public() || tk.RolesGuessed || tk.Offering != "chat" || tk.Reason != "superseded" {
 			t.Fatalf("record %+v", tk)
 		}

@@ -418,15 +418,7 @@ func TestOvertakenByTheFirstTerminal(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 	tk := h.mustGet(id)
-	want := []string{submitted, working, done}
-	if got := strings.Join(states(tk), ","); got != "submitted,working,completed" || tk.State != "completed" {
-		t.Fatalf("history %s state %s", got, tk.State)
-	}
-	for i, e := range tk.History {
-		if e.EnvelopeID != want[i] {
-			t.Fatalf("history[%d] = %+v, want envelope %s", i, e, want[i])
-		}
-	}
+	wantHistory(t, tk, "submitted,working,completed", submitted, working, done)
 	// A third one finds no implied entry left: a move out of completed.
 	h.play(id, step{responder, toRequester, map[string]any{"status": "working"}, sentAt(-4 * time.Second)})
 	if s := h.settle(); s.Illegal != 1 {

@@ -203,6 +203,20 @@ func states(tk *tasks.Task) []string {
 	return s
 }
 
+// wantHistory checks the record's states (joined by commas), its final
+// state, and the envelope each entry came from.
+func wantHistory(t *testing.T, tk *tasks.Task, want string, ids ...string) {
+	t.Helper()
+	if got := strings.Join(states(tk), ","); got != want || tk.State != tk.History[len(tk.History)-1].State {
+		t.Fatalf("history %s state %s, want %s", got, tk.State, want)
+	}
+	for i, e := range tk.History {
+		if e.EnvelopeID != ids[i] || e.At == "" {
+			t.Fatalf("history[%d] = %+v, want envelope %s", i, e, ids[i])
+		}
+	}
+}
+
 func wantCode(t *testing.T, err error, code errs.Code) {
 	t.Helper()
 	if errs.CodeOf(err) != code {
@@ -281,12 +295,7 @@ func TestLifecycle(t *testing.T) {
 	if tk.History[2].EnvelopeID == e3 {
 		e2, e3 = e3, e2
 	}
-	wantIDs := []string{e1, e1, e2, e3, e4}
-	for i, e := range tk.History {
-		if e.EnvelopeID != wantIDs[i] || e.At == "" {
-			t.Fatalf("history[%d] = %+v, want envelope %s", i, e, wantIDs[i])
-		}
-	}
+	wantHistory(t, tk, "submitted,working,working,working,completed", e1, e1, e2, e3, e4)
 	if string(tk.Output) != `{"n":9007199254740991,"text":"done"}` || tk.Message != "ok" {
 		t.Fatalf("output %s message %q", tk.Output, tk.Message)
 	}
