@@ -184,6 +184,9 @@ type Call struct {
 	recorded bool  // the request is in the journal
 	lost     error // why the handler's last answer was not published
 	task     *Task
+	// acceptCopy publishes the accept's outbox copy unless an answer's
+	// copy goes out first (answerAccept).
+	acceptCopy *time.Timer
 }
 
 func (a *Agent) newCall(dl *protocol.Delivery, o origin) *Call {
@@ -254,10 +257,18 @@ func (c *Call) target() string {
 // the sender's reply subject, which a 0.3 requester ignores.
 func (c *Call) answer(env *protocol.Envelope) error {
 	to := c.target()
+	var also []string
 	if to != c.o.reply && strings.HasPrefix(c.o.reply, protocol.RelayReplyPrefix+".") {
-		return c.a.sendRespond(to, env, c.o.reply)
+		also = []string{c.o.reply}
 	}
-	return c.a.sendRespond(to, env)
+	b, err := c.a.publishRespond(to, env, also...)
+	if err != nil {
+		return err
+	}
+	if c.a.outboxCopy(b) {
+		c.copied()
+	}
+	return nil
 }
 
 // send publishes one respond in reply to the request and journals the
@@ -406,30 +417,89 @@ func (c *Call) abandon(t *Task, why error) {
 // sendRespond signs env, publishes it on subject (and on each of also,
 // whose failures are only logged) and a copy on the agent's outbox.
 func (a *Agent) sendRespond(subject string, env *protocol.Envelope, also ...string) error {
-	if err := env.Sign(a.key); err != nil {
+	b, err := a.publishRespond(subject, env, also...)
+	if err != nil {
 		return err
+	}
+	a.outboxCopy(b)
+	return nil
+}
+
+// publishRespond signs env and publishes it on subject (and on each of
+// also, whose failures are only logged), returning what it published.
+func (a *Agent) publishRespond(subject string, env *protocol.Envelope, also ...string) ([]byte, error) {
+	if err := env.Sign(a.key); err != nil {
+		return nil, err
 	}
 	b, err := env.Marshal()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	// Checked here rather than left to the client, whose refusal would
 	// look like any other failed publish: this one will never succeed.
 	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
-		return err
+		return nil, err
 	}
 	if err := a.n.publish(subject, b, env.ID); err != nil {
-		return err
+		return nil, err
 	}
 	for _, s := range also {
 		if err := a.n.publish(s, b, ""); err != nil {
 			a.n.log.Warn("answer copy", "agent", a.id, "subject", s, "err", err)
 		}
 	}
+	return b, nil
+}
+
+// outboxCopy publishes a sent respond on the agent's outbox, where the
+// activity worker attributes it (a failure is only logged: the answer
+// itself is out). It reports whether the copy went out.
+func (a *Agent) outboxCopy(b []byte) bool {
 	if err := a.n.publish(protocol.OutboxSubject(a.id), b, ""); err != nil {
 		a.n.log.Warn("outbox copy", "agent", a.id, "err", err)
+		return false
 	}
+	return true
+}
+
+// AcceptCopyDelay is how long the outbox copy of an accept waits for the
+// call's first answer. The activity worker learns a request from the
+// outbox copy of any respond to it, and an accept is no record of its own
+// (shared/activity), so the accept's copy matters only for a request not
+// yet answered: a call answered within the delay sends one copy, not two
+// (about a tenth of the mesh's CPU per call: docs/performance.md). A call
+// still unanswered when the delay ends has its request recorded then; one
+// whose node dies within the delay, before any answer, is not recorded.
+const AcceptCopyDelay = time.Second
+
+// answerAccept publishes the accept at target, and its outbox copy only
+// if no answer's copy has gone out within AcceptCopyDelay.
+func (c *Call) answerAccept(env *protocol.Envelope) error {
+	to := c.target()
+	var also []string
+	if to != c.o.reply && strings.HasPrefix(c.o.reply, protocol.RelayReplyPrefix+".") {
+		also = []string{c.o.reply}
+	}
+	b, err := c.a.publishRespond(to, env, also...)
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.acceptCopy = time.AfterFunc(AcceptCopyDelay, func() { c.a.outboxCopy(b) })
+	c.mu.Unlock()
 	return nil
+}
+
+// copied is called once an answer's outbox copy is out: the accept's is
+// no longer needed.
+func (c *Call) copied() {
+	c.mu.Lock()
+	t := c.acceptCopy
+	c.acceptCopy = nil
+	c.mu.Unlock()
+	if t != nil {
+		t.Stop()
+	}
 }
 
 // serve runs admission, the accept, and the handler for one request.
@@ -455,7 +525,7 @@ func (a *Agent) serve(c *Call) (err error) {
 	if live {
 		acc, err := protocol.NewAccept(c.Env, a.id)
 		if err == nil {
-			err = c.answer(acc)
+			err = c.answerAccept(acc)
 		}
 		if err != nil {
 			c.cancel()

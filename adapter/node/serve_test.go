@@ -28,7 +28,7 @@ func newWorker() *worker {
 }
 
 var workerOfferings = []Offering{
-	{ID: "echo", Name: "Echo"}, {ID: "task"}, {ID: "task-wait"}, {ID: "stream"}, {ID: "long"}, {ID: "quick-task"},
+	{ID: "echo", Name: "Echo"}, {ID: "task"}, {ID: "task-wait"}, {ID: "stream"}, {ID: "long"}, {ID: "quick-task"}, {ID: "echo-wait"},
 }
 
 func (w *worker) handle(ctx context.Context, c *Call) error {
@@ -36,6 +36,9 @@ func (w *worker) handle(ctx context.Context, c *Call) error {
 	w.lastCall.Store(c)
 	switch c.Offering {
 	case "echo":
+		return c.Reply(map[string]any{"echo": c.RawInput()})
+	case "echo-wait":
+		<-w.release
 		return c.Reply(map[string]any{"echo": c.RawInput()})
 	case "task":
 		t, err := c.StartTask()
@@ -118,8 +121,11 @@ func TestRequestAcceptThenBareReply(t *testing.T) {
 		t.Fatalf("handler input is not framed and fenced: %q", framed)
 	}
 
-	// On the wire: the accept first, then the bare completed reply; both
-	// copied to the outbox, signed by b, in reply to the request.
+	// On the wire: the accept first, then the bare completed reply, signed
+	// by b, in reply to the request. The outbox has a copy of each answer;
+	// an accept is copied there only when no answer follows within
+	// AcceptCopyDelay (the activity worker learns the request from the
+	// answer's copy).
 	raw := p.tm.rawRequest(t, protocol.InboxSubject(p.b.ID()), requestEnv(t, p.kA, p.b.ID(), "echo", "again"))
 	eventually(t, "two answers", func() bool { return raw.len() == 2 })
 	envs := raw.envelopes(t)
@@ -129,13 +135,33 @@ func TestRequestAcceptThenBareReply(t *testing.T) {
 	if envs[0].TaskID != "" || !protocol.IsAccepted(envs[0]) || envs[0].To != p.a.ID() {
 		t.Fatalf("accept: %+v", envs[0])
 	}
-	eventually(t, "outbox copies", func() bool { return out.len() == 4 })
+	eventually(t, "outbox copies", func() bool { return out.len() == 2 })
+	time.Sleep(AcceptCopyDelay + 500*time.Millisecond) // no accept copy comes later
 	for _, e := range out.envelopes(t) {
 		if e.From != p.b.ID() || e.Type != protocol.TypeRespond || e.InReplyTo == "" {
 			t.Fatalf("outbox copy: %+v", e)
 		}
 	}
-	if got := statuses(out.envelopes(t)); strings.Join(got, ",") != "accepted,completed,accepted,completed" {
+	if got := statuses(out.envelopes(t)); strings.Join(got, ",") != "completed,completed" {
+		t.Fatalf("outbox statuses %v", got)
+	}
+	// A handler still working when the delay ends: the accept's copy goes
+	// out then, and the answer's after it.
+	done := make(chan error, 1)
+	go func() {
+		_, err := p.a.Request(t.Context(), p.b.ID(), "echo-wait", map[string]any{"text": "slow"}, RequestOptions{})
+		done <- err
+	}()
+	eventually(t, "the accept's copy", func() bool { return out.len() == 3 })
+	if got := statuses(out.envelopes(t)); got[2] != "accepted" {
+		t.Fatalf("outbox statuses while the handler works %v", got)
+	}
+	close(w.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "the answer's copy", func() bool { return out.len() == 4 })
+	if got := statuses(out.envelopes(t)); got[3] != "completed" {
 		t.Fatalf("outbox statuses %v", got)
 	}
 

@@ -20,6 +20,7 @@
 package activity
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -117,6 +118,15 @@ type Item struct {
 	Error      string `json:"error,omitempty"` // the error code, when the response carries one
 }
 
+// record is one timeline message: an Item, and for a request learnt from
+// an answer the answer's own Item too, so the usual call (one answer, the
+// accept's copy never sent: adapter/node AcceptCopyDelay) costs the
+// timeline one write, not two. A listing shows them as two items.
+type record struct {
+	Item
+	Answer *Item `json:"response,omitempty"`
+}
+
 // Usage is the value stored under an agent id in mesh_usage and one entry
 // of a mesh.usage.list answer.
 type Usage struct {
@@ -147,7 +157,7 @@ type Entry struct {
 
 // Stats counts what one copy's taps did.
 type Stats struct {
-	Recorded   uint64 // new timeline records
+	Recorded   uint64 // new timeline items (a request and the answer it carries are two)
 	Duplicates uint64 // messages already recorded (by any copy)
 	Dropped    uint64 // undecodable, unsigned, stale, misattributed or not of the tapped kind
 	Accepts    uint64 // accepts seen and not recorded (the answer records the request)
@@ -176,10 +186,14 @@ type Worker struct {
 	// JetStream round trip; acks carries each publish to the goroutine
 	// that reads its acknowledgement and counts it. closing guards acks
 	// against a tap still running while Stop closes it.
-	acks    chan pendingRecord
-	acked   chan struct{}
-	closing sync.RWMutex
-	closed  bool
+	acks  chan pendingRecord
+	acked chan struct{}
+	// answerAcks carries the answers recorded on their own (recordAnswer),
+	// read by a second loop so that the first never waits on itself.
+	answerAcks  chan pendingRecord
+	answerAcked chan struct{}
+	closing     sync.RWMutex
+	closed      bool
 
 	recorded, duplicates, dropped, accepts atomic.Uint64
 }
@@ -205,6 +219,13 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		MaxMsgs:     MaxMsgs,
 		Duplicates:  dedupWindow,
 		Storage:     jetstream.FileStorage,
+		// Records are flushed to the file in batches rather than one write
+		// each (about a tenth of the mesh's CPU per call: docs/
+		// performance.md). The timeline is observability: a record
+		// acknowledged in the last moments before the broker is killed
+		// may be lost, which the mailbox and the control plane's records
+		// never may (docs/bus.md, the stream table).
+		PersistMode: jetstream.AsyncPersistMode,
 	})
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
@@ -219,9 +240,11 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
 		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{}),
-		acks: make(chan pendingRecord, ackQueue), acked: make(chan struct{})}
+		acks: make(chan pendingRecord, ackQueue), acked: make(chan struct{}),
+		answerAcks: make(chan pendingRecord, ackQueue), answerAcked: make(chan struct{})}
 	go w.flushLoop()
-	go w.ackLoop()
+	go w.ackLoop(w.acks, w.acked)
+	go w.ackLoop(w.answerAcks, w.answerAcked)
 	for _, id := range cfg.Official {
 		w.official[id] = true
 	}
@@ -271,6 +294,8 @@ func (w *Worker) Stop() error {
 		close(w.acks)
 		w.closing.Unlock()
 		<-w.acked
+		close(w.answerAcks) // only the first loop sends on it
+		<-w.answerAcked
 		close(w.stop)
 		<-w.flushed
 		err = w.svc.Stop()
@@ -415,13 +440,7 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 			}
 		}
 		it.Status = token(stringOf(payload["status"]))
-		if keys.IsUserPublicKey(env.To) && env.InReplyTo != "" {
-			req := Item{TS: env.TS, ObservedAt: observed, Kind: KindRequest, Type: string(protocol.TypeRequest),
-				From: env.To, To: agent, ID: env.InReplyTo, TraceID: env.Trace.TraceID}
-			if err := w.record(req, delta{in: 1, first: observed, last: observed}, agent, true); err != nil {
-				return err
-			}
-		}
+		var answer *pendingAnswer
 		if it.Status == protocol.StatusAccepted {
 			// An accept records the request it acknowledges (so a request
 			// accepted and never answered is in the timeline), but is no
@@ -429,30 +448,54 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 			// Its own record cost a timeline write a call, about 4% of the
 			// mesh's request throughput (docs/performance.md).
 			w.accepts.Add(1)
+		} else {
+			it.Error = errorCode(payload["error"], env.Extra["error"])
+			d.out = 1
+			if it.Status == errs.StatusFailed {
+				d.errors = 1
+			}
+			answer = &pendingAnswer{it: it, d: d}
+		}
+		if keys.IsUserPublicKey(env.To) && env.InReplyTo != "" {
+			// The request this answers, and the answer with it: a request
+			// already recorded (by its accept, or by an earlier answer of a
+			// task) makes this a duplicate, and the answer is then recorded
+			// on its own once the ack says so (ackLoop).
+			req := record{Item: Item{TS: env.TS, ObservedAt: observed, Kind: KindRequest, Type: string(protocol.TypeRequest),
+				From: env.To, To: agent, ID: env.InReplyTo, TraceID: env.Trace.TraceID}}
+			if answer != nil {
+				req.Answer = &answer.it
+			}
+			return w.record(req, delta{in: 1, first: observed, last: observed}, agent, true, answer)
+		}
+		if answer == nil {
 			return nil
 		}
-		it.Error = errorCode(payload["error"], env.Extra["error"])
-		d.out = 1
-		if it.Status == errs.StatusFailed {
-			d.errors = 1
-		}
-		return w.record(it, d, agent, true)
+		return w.record(record{Item: it}, d, agent, true, nil)
 	case KindTrace:
 		it.SpanID = env.Trace.SpanID
-		return w.record(it, d, agent, false)
+		return w.record(record{Item: it}, d, agent, false, nil)
 	}
 	return errDrop
 }
 
+// pendingAnswer is an answer carried in its request's record, recorded on
+// its own if that record turns out to be a duplicate.
+type pendingAnswer struct {
+	it Item
+	d  delta
+}
+
 // record publishes one timeline record under the message id
 // <kind>:<from>:<id>, and queues its ack so that, unless it was a
-// duplicate, d is counted for agent.
-func (w *Worker) record(it Item, d delta, agent string, counted bool) error {
-	body, err := json.Marshal(it)
+// duplicate, d (and answer's delta) is counted for agent; if it was one,
+// answer is then published as a record of its own.
+func (w *Worker) record(rec record, d delta, agent string, counted bool, answer *pendingAnswer) error {
+	body, err := json.Marshal(rec)
 	if err != nil {
 		return err
 	}
-	fut, err := w.svc.JS.PublishAsync(recordSubject(it.From, it.To), body, jetstream.WithMsgID(it.Kind+":"+it.From+":"+it.ID))
+	fut, err := w.svc.JS.PublishAsync(recordSubject(rec.From, rec.To), body, jetstream.WithMsgID(rec.Kind+":"+rec.From+":"+rec.ID))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
 	}
@@ -461,7 +504,7 @@ func (w *Worker) record(it Item, d delta, agent string, counted bool) error {
 	if w.closed {
 		return nil // stopping: the record is published; its count is lost with the copy
 	}
-	w.acks <- pendingRecord{fut: fut, agent: agent, d: d, counted: counted}
+	w.acks <- pendingRecord{fut: fut, agent: agent, d: d, counted: counted, answer: answer}
 	return nil
 }
 
@@ -490,27 +533,54 @@ type pendingRecord struct {
 	agent   string
 	d       delta
 	counted bool
+	answer  *pendingAnswer // carried by this record; recorded alone if it is a duplicate
 }
 
 // ackLoop reads the acknowledgements in publish order. Only a record that
 // was not a duplicate is counted, so copies never count the same message.
-func (w *Worker) ackLoop() {
-	defer close(w.acked)
-	for p := range w.acks {
+func (w *Worker) ackLoop(acks <-chan pendingRecord, done chan<- struct{}) {
+	defer close(done)
+	for p := range acks {
 		select {
 		case ack := <-p.fut.Ok():
 			if ack.Duplicate {
 				w.duplicates.Add(1)
+				if a := p.answer; a != nil {
+					w.recordAnswer(p.agent, a)
+				}
 				continue
 			}
 			w.recorded.Add(1)
+			if p.answer != nil {
+				w.recorded.Add(1) // the answer it carries is an item of its own
+			}
 			if p.counted {
 				w.add(p.agent, p.d)
+				if a := p.answer; a != nil {
+					w.add(p.agent, a.d)
+				}
 			}
 		case err := <-p.fut.Err():
 			w.svc.Log.Warn("activity record", "agent", p.agent, "err", err)
 		}
 	}
+}
+
+// recordAnswer publishes an answer whose request was already recorded as
+// a record of its own, for the second ack loop to count. It runs on the
+// first ack loop, which it holds back only when the second is 4,096
+// records behind.
+func (w *Worker) recordAnswer(agent string, a *pendingAnswer) {
+	body, err := json.Marshal(record{Item: a.it})
+	if err == nil {
+		var fut jetstream.PubAckFuture
+		fut, err = w.svc.JS.PublishAsync(recordSubject(a.it.From, a.it.To), body, jetstream.WithMsgID(a.it.Kind+":"+a.it.From+":"+a.it.ID))
+		if err == nil {
+			w.answerAcks <- pendingRecord{fut: fut, agent: agent, d: a.d, counted: true}
+			return
+		}
+	}
+	w.svc.Log.Warn("activity record", "agent", agent, "err", err)
 }
 
 // subjectAgent is the agent token of a tapped subject; it must be an agent
@@ -687,49 +757,107 @@ func (w *Worker) listActivity(ctx context.Context, r *bus.Request) (any, error) 
 
 // read scans the timeline up to its last record at the time of the call.
 // Without a filter only the last limit records are read and the total is
-// the stream's count; with one, the whole timeline is read once, keeping
-// the last limit matches.
+// the stream's record count; with one, every record on the subjects that
+// can hold a match is read once (through the broker's filter), keeping the
+// last limit matching items.
+//
+// A request's record may carry its answer (record.Answer), and is kept on
+// the request's pair: an answer from X to Y can be on Y.X. So a filter on
+// from = X reads X.* and *.X, one on to = Y reads *.Y and Y.*, and one on
+// both reads X.Y and Y.X, each subject once, and items are matched one by
+// one.
 func (w *Worker) read(ctx context.Context, from, to string, limit int) ([]Item, int, error) {
 	info, err := w.stream.Info(ctx)
 	if err != nil {
-		return nil, 0, fmt.Errorf("stream %s: %w", Stream, err)
+		return nil, 0, fmt.Errorf("stream %s: info: %w", Stream, err)
 	}
 	st := info.State
 	items := []Item{}
 	if st.Msgs == 0 || st.LastSeq < st.FirstSeq {
 		return items, 0, nil
 	}
-	filtered := from != "" || to != ""
-	start := st.FirstSeq
-	if !filtered && st.LastSeq-st.FirstSeq+1 > uint64(limit) {
-		start = st.LastSeq - uint64(limit) + 1
+	match := func(it *Item) bool { return (from == "" || it.From == from) && (to == "" || it.To == to) }
+	var filters [][2]string // subject tokens <a>.<b>, "*" for any
+	switch {
+	case from != "" && to != "":
+		filters = [][2]string{{from, to}, {to, from}}
+	case from != "":
+		filters = [][2]string{{from, "*"}, {"*", from}}
+	case to != "":
+		filters = [][2]string{{"*", to}, {to, "*"}}
+	default:
+		filters = [][2]string{{"*", "*"}}
 	}
+	var kept []seqItem
+	total := 0
+	for i, f := range filters {
+		start := st.FirstSeq
+		if from == "" && to == "" && st.LastSeq-st.FirstSeq+1 > uint64(limit) {
+			start = st.LastSeq - uint64(limit) + 1
+		}
+		got, n, err := w.scan(ctx, f, filters[:i], start, st.LastSeq, limit, match)
+		if err != nil {
+			return nil, 0, err
+		}
+		kept, total = append(kept, got...), total+n
+	}
+	// The last limit items over every filter, newest first; the items of
+	// one record in their order (the request before its answer).
+	slices.SortFunc(kept, func(a, b seqItem) int {
+		if a.seq != b.seq {
+			return cmp.Compare(b.seq, a.seq)
+		}
+		return cmp.Compare(b.n, a.n)
+	})
+	for _, k := range kept[:min(len(kept), limit)] {
+		items = append(items, k.it)
+	}
+	if from == "" && to == "" {
+		total = int(st.Msgs)
+	}
+	return items, total, nil
+}
+
+// seqItem is a listed item with its record's stream sequence and its place
+// in that record.
+type seqItem struct {
+	seq uint64
+	n   int
+	it  Item
+}
+
+// scan reads the records on subject f from start to last, skipping those
+// an earlier filter (done) already read, and returns the last limit items
+// that match and how many matched.
+func (w *Worker) scan(ctx context.Context, f [2]string, done [][2]string, start, last uint64, limit int, match func(*Item) bool) ([]seqItem, int, error) {
 	cfg := jetstream.OrderedConsumerConfig{DeliverPolicy: jetstream.DeliverByStartSequencePolicy, OptStartSeq: start}
-	if filtered {
+	if f != [2]string{"*", "*"} {
 		// The broker skips every other pair's records.
-		f, t := "*", "*"
-		if from != "" {
-			f = from
-		}
-		if to != "" {
-			t = to
-		}
-		cfg.FilterSubjects = []string{SubjectPrefix + f + "." + t}
+		cfg.FilterSubjects = []string{SubjectPrefix + f[0] + "." + f[1]}
 	}
 	cons, err := w.svc.JS.OrderedConsumer(ctx, Stream, cfg)
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream %s: consumer: %w", Stream, err)
 	}
 	if ci := cons.CachedInfo(); ci != nil && ci.NumPending == 0 {
-		return items, 0, nil // nothing matches: do not wait for a message
+		return nil, 0, nil // nothing matches: do not wait for a message
 	}
 	it, err := cons.Messages(jetstream.PullMaxMessages(500))
 	if err != nil {
 		return nil, 0, fmt.Errorf("stream %s: read: %w", Stream, err)
 	}
 	defer it.Stop()
-	ring := make([]Item, 0, limit) // the last limit matches, oldest first, rotated at next
+	ring := make([]seqItem, 0, limit) // the last limit matches, oldest first, rotated at next
 	next, matched := 0, 0
+	keep := func(si seqItem) {
+		matched++
+		if len(ring) < limit {
+			ring = append(ring, si)
+		} else {
+			ring[next] = si
+			next = (next + 1) % limit
+		}
+	}
 	for {
 		m, err := it.Next(jetstream.NextContext(ctx))
 		if err != nil {
@@ -739,32 +867,39 @@ func (w *Worker) read(ctx context.Context, from, to string, limit int) ([]Item, 
 		if err != nil {
 			return nil, 0, fmt.Errorf("stream %s: metadata: %w", Stream, err)
 		}
-		if meta.Sequence.Stream > st.LastSeq {
+		if meta.Sequence.Stream > last {
 			break
 		}
-		var rec Item
-		if json.Unmarshal(m.Data(), &rec) == nil && (from == "" || rec.From == from) && (to == "" || rec.To == to) {
-			matched++
-			if len(ring) < limit {
-				ring = append(ring, rec)
-			} else {
-				ring[next] = rec
-				next = (next + 1) % limit
+		var rec record
+		if !readBefore(m.Subject(), done) && json.Unmarshal(m.Data(), &rec) == nil {
+			if match(&rec.Item) {
+				keep(seqItem{seq: meta.Sequence.Stream, it: rec.Item})
+			}
+			if a := rec.Answer; a != nil && match(a) {
+				keep(seqItem{seq: meta.Sequence.Stream, n: 1, it: *a})
 			}
 		}
-		if meta.Sequence.Stream >= st.LastSeq || meta.NumPending == 0 {
+		if meta.Sequence.Stream >= last || meta.NumPending == 0 {
 			break
 		}
 	}
-	// Newest first.
-	for i := len(ring) - 1; i >= 0; i-- {
-		items = append(items, ring[(next+i)%len(ring)])
+	return ring, matched, nil
+}
+
+// readBefore reports whether a record's subject matches one of the
+// filters already read.
+func readBefore(subject string, done [][2]string) bool {
+	pair, ok := strings.CutPrefix(subject, SubjectPrefix)
+	if !ok {
+		return false
 	}
-	total := matched
-	if !filtered {
-		total = int(st.Msgs)
+	a, b, _ := strings.Cut(pair, ".")
+	for _, f := range done {
+		if (f[0] == "*" || f[0] == a) && (f[1] == "*" || f[1] == b) {
+			return true
+		}
 	}
-	return items, total, nil
+	return false
 }
 
 // keyFilter reads an optional key filter: absent, null or "" is no filter;

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"strings"
 	"testing"
 	"time"
@@ -419,5 +420,88 @@ func TestCatalogWithoutRegistry(t *testing.T) {
 	rep, err = bus.Call(ctx, bustest.Client(t, m), bustest.Agent(t), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
 	if err != nil || string(rep.Payload) != `{"items":[],"total":0}` {
 		t.Fatalf("empty activity: %s %v", rep.Payload, err)
+	}
+}
+
+// An answer whose request is not yet in the timeline (no accept went out
+// first: adapter/node AcceptCopyDelay) is one record holding both; the
+// listing shows them as two items under every filter that matches either,
+// the counters are exact, and a later answer to the same request (a task's
+// update) is recorded on its own. A call an agent makes to itself is
+// listed once.
+func TestAnswerCarriesItsRequest(t *testing.T) {
+	h := start(t)
+	alice, bob, carol := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	a, b, c := alice.Public(), bob.Public(), carol.Public()
+
+	req, _ := request(t, alice, b)
+	_, answer := response(t, bob, req, map[string]any{"status": "working", "task_id": "t-1"})
+	h.publish(protocol.OutboxSubject(b), answer, 2)
+	if s := h.stats(); s.Recorded != 2 || s.Duplicates != 0 {
+		t.Fatalf("stats after the first answer %+v", s)
+	}
+	if l := h.activity(map[string]any{}); l.Total != 1 || len(l.Items) != 2 {
+		t.Fatalf("one record, two items: total %d items %d", l.Total, len(l.Items))
+	}
+	// The task's final update answers the same request: its own record.
+	_, final := response(t, bob, req, map[string]any{"status": "completed", "task_id": "t-1"})
+	h.publish(protocol.OutboxSubject(b), final, 2) // the request a duplicate, then the answer alone
+	if s := h.stats(); s.Recorded != 3 || s.Duplicates != 1 {
+		t.Fatalf("stats after the second answer %+v", s)
+	}
+
+	selfReq, _ := request(t, carol, c)
+	_, selfAnswer := response(t, carol, selfReq, map[string]any{"status": "completed"})
+	h.publish(protocol.OutboxSubject(c), selfAnswer, 2)
+
+	for _, tc := range []struct {
+		q     map[string]any
+		kinds string // newest first
+	}{
+		{map[string]any{"from": a}, "request"},
+		{map[string]any{"from": b}, "response,response"},
+		{map[string]any{"to": a}, "response,response"},
+		{map[string]any{"to": b}, "request"},
+		{map[string]any{"from": a, "to": b}, "request"},
+		{map[string]any{"from": b, "to": a}, "response,response"},
+		{map[string]any{"from": c}, "response,request"},
+		{map[string]any{"to": c}, "response,request"},
+		{map[string]any{"from": c, "to": c}, "response,request"},
+		{map[string]any{"limit": 3}, "response,request,response"},
+	} {
+		l := h.activity(tc.q)
+		var kinds []string
+		for _, it := range l.Items {
+			kinds = append(kinds, it.Kind)
+			if f, ok := tc.q["from"]; ok && it.From != f {
+				t.Fatalf("%v: item from %s", tc.q, it.From)
+			}
+			if to, ok := tc.q["to"]; ok && it.To != to {
+				t.Fatalf("%v: item to %s", tc.q, it.To)
+			}
+		}
+		if got := strings.Join(kinds, ","); got != tc.kinds {
+			t.Fatalf("%v: items %s, want %s", tc.q, got, tc.kinds)
+		}
+		if _, filtered := tc.q["limit"]; !filtered && l.Total != len(l.Items) {
+			t.Fatalf("%v: total %d for %d items", tc.q, l.Total, len(l.Items))
+		}
+	}
+
+	// bob: one request in, two answers out; carol: one in, one out.
+	want := map[string][2]int64{b: {1, 2}, c: {1, 1}}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		got := map[string][2]int64{}
+		for _, u := range h.usage(map[string]any{}) {
+			got[u.Agent] = [2]int64{u.MessagesIn, u.MessagesOut}
+		}
+		if maps.Equal(got, want) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("counters %v, want %v", got, want)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
