@@ -9,8 +9,9 @@
 //
 // State lives in JetStream: KV mesh_admission (the guard and the roster, per
 // agent) and KV mesh_admission_held (held requests and answers, for the owner). Every
-// copy subscribes the public inboxes in one queue group, so each request is
-// judged and relayed by exactly one copy.
+// copy subscribes the public inbox of every guarded agent, and only those,
+// in one queue group, so each request is judged and relayed by exactly one
+// copy, and the traffic of unguarded agents never reaches the service.
 package admission
 
 import (
@@ -93,6 +94,10 @@ const (
 	guardTTL = time.Second
 	// maxCache bounds the guard cache (it is reset when full).
 	maxCache = 100_000
+	// inboxQueue bounds the guarded inboxes' messages waiting for the
+	// copy's one reader; past it the client drops them as a slow
+	// consumer, as it would for a subscription of its own.
+	inboxQueue = 64 << 10
 )
 
 // Config tunes the worker; zero values take the defaults.
@@ -154,6 +159,7 @@ type Stats struct {
 	Blocked uint64 // blocked requests (and answers) dropped
 	Dropped uint64 // undecodable, unsigned or stale: dropped silently
 	Busy    uint64 // refused for want of a relay slot (retryable error)
+	Seen    uint64 // messages taken at guarded agents' public inboxes
 }
 
 // Worker is one running copy of the admission service.
@@ -163,8 +169,16 @@ type Worker struct {
 	kv       jetstream.KeyValue
 	held     jetstream.KeyValue
 	registry bus.LazyBucket
-	sub      *nats.Subscription
 	watch    jetstream.KeyWatcher
+
+	// The public inboxes this copy takes: one queue subscription per
+	// guarded agent, all feeding inbox, which one goroutine reads (a
+	// subscription of its own per agent would be a goroutine per agent).
+	// subsMu orders changes to subs against Stop.
+	subsMu sync.Mutex
+	subs   map[string]*nats.Subscription
+	inbox  chan *nats.Msg
+	seen   atomic.Uint64
 
 	mu    sync.Mutex
 	cache map[string]cached
@@ -227,7 +241,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
-		cache: map[string]cached{}, perAgent: map[string]int{}, ctx: wctx, cancel: cancel}
+		cache: map[string]cached{}, perAgent: map[string]int{}, ctx: wctx, cancel: cancel,
+		subs: map[string]*nats.Subscription{}, inbox: make(chan *nats.Msg, inboxQueue)}
 	if err := svc.Endpoint("guard", protocol.SubjAdmissionGuard, w.guard); err != nil {
 		cancel()
 		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
@@ -236,18 +251,21 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		cancel()
 		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
 	}
-	// Drop cached guard state the moment any copy writes it.
-	if w.watch, err = kv.WatchAll(ctx, jetstream.UpdatesOnly()); err != nil {
+	// The watch drops cached guard state the moment any copy writes it,
+	// and keeps the inbox subscriptions to the guarded agents: those
+	// guarded now first (the initial values), then every change.
+	if w.watch, err = kv.WatchAll(ctx); err != nil {
 		cancel()
 		return fail(fmt.Errorf("%s: watch %s: %w", Name, Bucket, err))
 	}
 	w.done.Add(1)
-	go w.invalidateLoop()
-	w.sub, err = env.NC.QueueSubscribe(protocol.InboxSubject("*"), bus.QueueGroup(Name), w.onInbox)
-	if err != nil {
+	go w.inboxLoop()
+	if err := w.follow(ctx, true); err != nil {
 		w.Stop()
-		return nil, fmt.Errorf("%s: subscribe inboxes: %w", Name, err)
+		return nil, fmt.Errorf("%s: %w", Name, err)
 	}
+	w.done.Add(1)
+	go w.watchLoop()
 	if err := env.NC.Flush(); err != nil {
 		w.Stop()
 		return nil, fmt.Errorf("%s: flush: %w", Name, err)
@@ -260,9 +278,12 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 func (w *Worker) Stop() error {
 	var err error
 	w.once.Do(func() {
-		if w.sub != nil {
-			_ = w.sub.Unsubscribe()
+		w.subsMu.Lock()
+		for _, sub := range w.subs {
+			_ = sub.Unsubscribe()
 		}
+		w.subs = nil // takes no more
+		w.subsMu.Unlock()
 		err = w.svc.Stop()
 		w.relayMu.Lock()
 		w.stopping = true
@@ -279,22 +300,81 @@ func (w *Worker) Stop() error {
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
 	return Stats{Relayed: w.relayed.Load(), Answers: w.answers.Load(), Queued: w.queued.Load(),
-		Held: w.heldN.Load(), Blocked: w.blocked.Load(), Dropped: w.dropped.Load(), Busy: w.busy.Load()}
+		Held: w.heldN.Load(), Blocked: w.blocked.Load(), Dropped: w.dropped.Load(), Busy: w.busy.Load(), Seen: w.seen.Load()}
 }
 
-func (w *Worker) invalidateLoop() {
+// watchLoop follows the guard records after the initial ones.
+func (w *Worker) watchLoop() {
+	defer w.done.Done()
+	_ = w.follow(w.ctx, false)
+}
+
+// follow applies guard records from the watch: each drops the agent's
+// cached state, and subscribes its public inbox when the record says
+// guarded or unsubscribes it otherwise. With initial it returns at the end
+// of the records stored when the watch began, else when the worker stops.
+func (w *Worker) follow(ctx context.Context, initial bool) error {
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e, ok := <-w.watch.Updates():
+			if !ok {
+				return nil
+			}
+			if e == nil {
+				if initial {
+					return nil
+				}
+				continue
+			}
+			w.forget(e.Key())
+			var rec Record
+			guarded := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &rec) == nil && rec.Guarded
+			if err := w.take(e.Key(), guarded); err != nil {
+				w.svc.Log.Warn("admission inbox", "agent", e.Key(), "err", err)
+			}
+		}
+	}
+}
+
+// take subscribes (on) or unsubscribes agent's public inbox in the
+// worker's queue group.
+func (w *Worker) take(agent string, on bool) error {
+	if !keys.IsUserPublicKey(agent) {
+		return nil
+	}
+	w.subsMu.Lock()
+	defer w.subsMu.Unlock()
+	if w.subs == nil {
+		return nil // stopped
+	}
+	sub, have := w.subs[agent]
+	switch {
+	case on && !have:
+		sub, err := w.svc.NC.ChanQueueSubscribe(protocol.InboxSubject(agent), bus.QueueGroup(Name), w.inbox)
+		if err != nil {
+			return fmt.Errorf("subscribe %s: %w", agent, err)
+		}
+		w.subs[agent] = sub
+	case !on && have:
+		delete(w.subs, agent)
+		return sub.Unsubscribe()
+	}
+	return nil
+}
+
+// inboxLoop hands every message of the guarded inboxes to onInbox, which
+// never waits.
+func (w *Worker) inboxLoop() {
 	defer w.done.Done()
 	for {
 		select {
 		case <-w.ctx.Done():
 			return
-		case e, ok := <-w.watch.Updates():
-			if !ok {
-				return
-			}
-			if e != nil {
-				w.forget(e.Key())
-			}
+		case msg := <-w.inbox:
+			w.seen.Add(1)
+			w.onInbox(msg)
 		}
 	}
 }
@@ -347,6 +427,15 @@ func (w *Worker) guard(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	w.forget(agent)
+	// This copy takes the agent's public inbox before the node hears it is
+	// guarded (and stops taking requests there itself); the other copies
+	// follow from the watch.
+	if err := w.take(agent, true); err != nil {
+		return nil, err
+	}
+	if err := w.svc.NC.FlushWithContext(ctx); err != nil {
+		return nil, fmt.Errorf("%s: subscribe %s: %w", Name, agent, err)
+	}
 	if err := w.applyBox(ctx, agent); err != nil {
 		return nil, err
 	}
@@ -799,9 +888,9 @@ func (w *Worker) classify(ctx context.Context, p policy, sender string) (stance,
 // ---------------------------------------------------------------------------
 // The public-inbox relay
 
-// onInbox sees every message on every public inbox (one copy per message).
-// Messages to agents that are not guarded are left alone: their own node
-// answers. For a guarded agent the message is judged and relayed on a
+// onInbox sees every message on the public inbox of a guarded agent (one
+// copy per message). Messages to agents no longer guarded (the watch has
+// not yet unsubscribed) are left alone: their own node answers. For a guarded agent the message is judged and relayed on a
 // goroutine of its own (relays are concurrent; there is no per-agent order)
 // when a relay slot is free, and refused with a retryable error when not:
 // this callback serves every guarded agent, so it never waits.

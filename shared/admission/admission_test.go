@@ -1059,3 +1059,82 @@ func TestAnswersAtAGuardedInbox(t *testing.T) {
 		t.Fatalf("stats %+v", s)
 	}
 }
+
+// Only guarded agents' public inboxes reach the service: a copy takes an
+// agent's inbox from the guard on (the copy that answers the guard before
+// it answers, the others from the KV watch), a copy started later takes
+// those already guarded, and an unguard gives the inbox back. The traffic
+// of every other agent costs the service nothing.
+func TestOnlyGuardedInboxesReachTheService(t *testing.T) {
+	h := startCopies(t, admission.Config{}, 1)
+	open, guarded := bustest.Agent(t), bustest.Agent(t)
+	h.register(open.Public(), false)
+	h.register(guarded.Public(), false)
+	seen := func(ws ...*admission.Worker) uint64 {
+		var n uint64
+		for _, w := range ws {
+			n += w.Stats().Seen
+		}
+		return n
+	}
+	// send publishes junk on the open inbox and then on the guarded one,
+	// and returns how many of the two the copies ws took: one copy gets
+	// both in publish order, so once the second is counted so is the
+	// first, if it was taken at all.
+	send := func(ws ...*admission.Worker) uint64 {
+		t.Helper()
+		before := seen(ws...)
+		for _, k := range []*keys.Agent{open, guarded} {
+			if err := h.nc.Publish(protocol.InboxSubject(k.Public()), []byte("{}")); err != nil {
+				t.Fatal(err)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for seen(ws...) == before {
+			if time.Now().After(deadline) {
+				t.Fatal("the guarded inbox's message never reached the service")
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+		return seen(ws...) - before
+	}
+
+	h.guard(guarded, map[string]any{})
+	if n := send(h.workers[0]); n != 1 {
+		t.Fatalf("the service took %d messages, want the guarded agent's only", n)
+	}
+	// A copy started now takes the guarded inbox from the stored records.
+	late, err := admission.Start(t.Context(), bustest.Env(t, h.m, "admission-late", nil), admission.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = late.Stop() })
+	_ = h.workers[0].Stop()
+	if n := send(late); n != 1 {
+		t.Fatalf("the late copy took %d messages", n)
+	}
+	// After an unguard the inbox is the node's again.
+	if _, err := h.call(guarded, protocol.SubjAdmissionUnguard, map[string]any{}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		before := seen(late)
+		if err := h.nc.Publish(protocol.InboxSubject(guarded.Public()), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		h.guard(open, map[string]any{}) // a round trip through the copy, which now takes open's inbox
+		if err := h.nc.Publish(protocol.InboxSubject(open.Public()), []byte("{}")); err != nil {
+			t.Fatal(err)
+		}
+		for seen(late) == before && time.Now().Before(deadline) {
+			time.Sleep(2 * time.Millisecond)
+		}
+		if seen(late)-before == 1 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the unguarded inbox still reaches the service")
+		}
+	}
+}
