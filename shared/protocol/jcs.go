@@ -107,7 +107,16 @@ func appendRaw(dst []byte, raw []byte, depth int) ([]byte, error) {
 }
 
 func appendMap(dst []byte, m map[string]any, depth int) ([]byte, error) {
-	keys := sortedKeys(m)
+	// The names of a small object are sorted on the stack.
+	var small [16]string
+	keys := small[:0]
+	if len(m) > len(small) {
+		keys = make([]string, 0, len(m))
+	}
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, CompareUTF16)
 	dst = append(dst, '{')
 	for i, k := range keys {
 		if i > 0 {
