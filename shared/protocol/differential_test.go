@@ -21,6 +21,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"time"
 	"unicode/utf8"
 
 	"agentmesh.dev/mesh/shared/errs"
@@ -130,6 +131,7 @@ func checkDecode(t testing.TB, data []byte) {
 				if ro, wo := refErrorObject(re), ErrorObject(e); !reflect.DeepEqual(ro, wo) {
 					t.Fatalf("error object differs on %q: %v, %v", short(data), ro, wo)
 				}
+				checkPayloadReaders(t, data, e)
 			}
 		}
 	}
@@ -143,6 +145,7 @@ func checkDecode(t testing.TB, data []byte) {
 		if !bytes.Equal(rb.Payload, b.Payload) || !bytes.Equal(rb.Meta, b.Meta) || (rb.Meta == nil) != (b.Meta == nil) {
 			t.Fatalf("broker payload or meta differ on %q:\n reference %s %s\n walker    %s %s", short(data), rb.Payload, rb.Meta, b.Payload, b.Meta)
 		}
+		checkPayloadReaders(t, data, b)
 	}
 }
 
@@ -152,6 +155,64 @@ func short(b []byte) []byte {
 		return append(b[:400:400], "..."...)
 	}
 	return b
+}
+
+// checkPayloadReaders holds the readers that use a decoded envelope's
+// canonical payload (or its kept parse) to what parsing the payload says,
+// and checks that a PayloadValue is the caller's own to modify.
+func checkPayloadReaders(t testing.TB, data []byte, e *Envelope) {
+	t.Helper()
+	v, err := ParseJSON(e.Payload)
+	if err != nil {
+		t.Fatalf("decoded payload %s does not parse: %v", e.Payload, err)
+	}
+	m, isObj := v.(map[string]any)
+	status, _ := m["status"].(string)
+	if got := ResponseStatus(e); got != status {
+		t.Fatalf("ResponseStatus %q, the payload says %q, on %q", got, status, short(data))
+	}
+	wantAck, wantOK := QueuedAck{}, false
+	if e.Type == TypeRespond {
+		if wantAck, wantOK = ParseQueuedAck(m["output"]); !wantOK {
+			wantAck, wantOK = ParseQueuedAck(v)
+		}
+	}
+	if ack, ok := QueuedAckOf(e); ok != wantOK || ack != wantAck {
+		t.Fatalf("QueuedAckOf %v %v, the payload says %v %v, on %q", ack, ok, wantAck, wantOK, short(data))
+	}
+	if got, want := isDescribe(e), isObj && OfferingOf(m) == OfferingDescribe; got != want {
+		t.Fatalf("isDescribe %v, the payload says %v, on %q", got, want, short(data))
+	}
+	// A PayloadValue is a fresh tree: changing it changes neither the
+	// kept parse nor the next PayloadValue.
+	pv, err := e.PayloadValue()
+	if err != nil || !reflect.DeepEqual(pv, v) {
+		t.Fatalf("PayloadValue %v (%v), the payload says %v", pv, err, v)
+	}
+	scribble(pv)
+	if view, _ := e.PayloadView(); !reflect.DeepEqual(view, v) {
+		t.Fatalf("changing a PayloadValue changed the kept parse: %v", view)
+	}
+	if again, _ := e.PayloadValue(); !reflect.DeepEqual(again, v) {
+		t.Fatalf("changing a PayloadValue changed the next one: %v", again)
+	}
+}
+
+// scribble changes every object and array of v in place.
+func scribble(v any) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			scribble(e)
+			x[k] = "scribbled"
+		}
+		x["scribbled"] = true
+	case []any:
+		for i, e := range x {
+			scribble(e)
+			x[i] = "scribbled"
+		}
+	}
 }
 
 // refErrorObject is ErrorObject as it was.
@@ -480,8 +541,27 @@ func genPayload(r *rand.Rand) any {
 	case 2:
 		return map[string]any{"status": pick(r, "completed", "failed", "accepted", 1.0), "output": genValue(r, 3),
 			pick(r, "error", "Error", "ERROR").(string): pick(r, nil, map[string]any{"code": "X", "message": genString(r)}, genValue(r, 2))}
+	case 3:
+		ack := map[string]any{"queued": pick(r, true, true, "true", false, nil), "inbox_id": pick(r, "0198-x", "", 1.0, nil), "text": pick(r, "held", 2.0, nil)}
+		if r.IntN(3) == 0 {
+			delete(ack, pick(r, "queued", "inbox_id", "text").(string))
+		}
+		if r.IntN(2) == 0 {
+			return map[string]any{"status": "completed", "output": pick(r, ack, ack, "x", nil)}
+		}
+		return ack
 	default:
-		return map[string]any{"offering": pick(r, "echo", "describe", "", 5.0), "input": genValue(r, 3)}
+		p := map[string]any{"offering": pick(r, "echo", "describe", "", 5.0, nil), "input": genValue(r, 3)}
+		if r.IntN(3) == 0 {
+			p["skill"] = pick(r, "describe", "echo", 1.0)
+		}
+		if r.IntN(5) == 0 {
+			delete(p, "offering")
+		}
+		if r.IntN(4) == 0 {
+			p["status"] = pick(r, "completed", "working", "weird\u0000", "exhausted", "c\"x")
+		}
+		return p
 	}
 }
 
@@ -821,4 +901,29 @@ func BenchmarkDecodeNonCrypto(b *testing.B) {
 			u.e.Payload = append([]byte(nil), msg[spans.payload[0]:spans.payload[1]]...)
 		}
 	})
+}
+
+// TestFrameMatchesReference holds Fence and FrameText to the versions they
+// replaced, on text full of what fencing rewrites.
+func TestFrameMatchesReference(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 4))
+	parts := []string{"a", "hello", "-", "--", "---", "=", "===", "\r", "\n", "\r\n", "\t", "\x00", "\x7f", "\u0085",
+		"\u2028", "\u2029", "\xff", "\xc2", "é", "\U0001F600", " ", "--- BEGIN SENDER MESSAGE ---"}
+	for range 20000 {
+		var sb strings.Builder
+		for range r.IntN(10) {
+			sb.WriteString(parts[r.IntN(len(parts))])
+		}
+		text := sb.String()
+		if got, want := Fence(text), refFence(text); got != want {
+			t.Fatalf("Fence(%q) = %q, was %q", text, got, want)
+		}
+		p := Provenance{From: "UBMBH4BK6EIHQFVMHLSABFSQXB3JXUFZOXVZQTIERO33AD4HHAI3D7QP",
+			ReceivedAt: time.Unix(r.Int64N(1<<34), r.Int64N(1e9)).In(time.FixedZone("x", 3600)),
+			TraceID:    pick(r, "", "4bf92f3577b34da6a3ce929d0e0e4736", "abc").(string),
+			Handle:     pick(r, "", "alice.example").(string), Operator: pick(r, "", "Acme").(string)}
+		if got, want := FrameText(text, p), refFrameText(text, p); got != want {
+			t.Fatalf("FrameText(%q, %+v) =\n%s\nwas\n%s", text, p, got, want)
+		}
+	}
 }

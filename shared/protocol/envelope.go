@@ -125,7 +125,10 @@ func (e *Envelope) decodedPayload() bool {
 // code that hands the value on uses PayloadValue.
 func (e *Envelope) PayloadView() (any, error) {
 	if !e.decodedPayload() {
-		return e.PayloadValue()
+		if len(e.Payload) == 0 {
+			return nil, nil
+		}
+		return ParseJSON(e.Payload)
 	}
 	if v := e.view.v.Load(); v != nil {
 		return *v, nil
@@ -315,11 +318,44 @@ func (e *Envelope) DecodePayload(dst any) error {
 }
 
 // PayloadValue parses the payload into the generic value model.
+//
+// For a decoded envelope it is a copy of the kept parse (PayloadView): new
+// objects and arrays, the same immutable strings, numbers and booleans. A
+// receiver reads a payload several times (the handler's input, the
+// offering and config, the result's fields), and copying the containers
+// costs a fraction of parsing again.
 func (e *Envelope) PayloadValue() (any, error) {
 	if len(e.Payload) == 0 {
 		return nil, nil
 	}
+	if e.decodedPayload() {
+		v, err := e.PayloadView()
+		if err != nil {
+			return nil, err
+		}
+		return cloneValue(v), nil
+	}
 	return ParseJSON(e.Payload)
+}
+
+// cloneValue copies the objects and arrays of a generic value; the leaves
+// (strings, float64, bool, nil) are immutable and shared.
+func cloneValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[k] = cloneValue(e)
+		}
+		return m
+	case []any:
+		a := make([]any, len(x))
+		for i, e := range x {
+			a[i] = cloneValue(e)
+		}
+		return a
+	}
+	return v
 }
 
 // Raw is the exact wire form an envelope was decoded from (nil for one built

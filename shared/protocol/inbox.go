@@ -142,7 +142,12 @@ func HandlerInput(e *Envelope) (any, error) {
 	if e.Type != TypeRequest {
 		return v, nil
 	}
-	m, ok := v.(map[string]any)
+	return requestInput(v)
+}
+
+// requestInput is payload.input of a request's parsed payload.
+func requestInput(payload any) (any, error) {
+	m, ok := payload.(map[string]any)
 	if !ok {
 		return nil, errs.New(errs.InvalidEnvelope, "a request payload must be an object {offering, input, config?}")
 	}
