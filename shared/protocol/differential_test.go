@@ -664,7 +664,7 @@ func genValue(r *rand.Rand, depth int) any {
 
 // genKey draws names whose UTF-16 and UTF-8 orders differ.
 func genKey(r *rand.Rand) string {
-	return pick(r, "a", "b", "A", "status", "error", "\uFB00", "\U0001F600", "\uFFFF", "\U00010000", "a\U0001F600", "a\uE000", "", "é", "e\u0301", "\u0000", "k1", genString(r)).(string)
+	return pick(r, "a", "b", "A", "status", "error", "\uFB00", "\U0001F600", "\U0001F601", "a\U0001F601", "\uFFFF", "\U00010000", "a\U0001F600", "a\uE000", "", "é", "e\u0301", "\u0000", "k1", genString(r)).(string)
 }
 
 // --- loose writing ---

@@ -175,13 +175,22 @@ func (c *rawCanon) object(depth int) error {
 		}
 		name := c.names[ns:]
 		n := len(c.recs) - base
-		if n < smallObject {
+		// While names arrive in strictly increasing order, as canonical
+		// senders write them, none can repeat an earlier one; past the
+		// first out of order, each is looked for among all earlier ones.
+		if n > 0 && sorted {
+			last := c.recs[len(c.recs)-1]
+			sorted = compareUTF16Bytes(c.names[last.nameStart:last.nameEnd], name) < 0
+		}
+		switch {
+		case sorted:
+		case n < smallObject:
 			for _, r := range c.recs[base:] {
 				if bytes.Equal(c.names[r.nameStart:r.nameEnd], name) {
 					return c.errorf("duplicate member name %q", name)
 				}
 			}
-		} else {
+		default:
 			if set == nil {
 				set = make(map[string]struct{}, 2*n)
 				for _, r := range c.recs[base:] {
@@ -192,10 +201,6 @@ func (c *rawCanon) object(depth int) error {
 				return c.errorf("duplicate member name %q", name)
 			}
 			set[string(name)] = struct{}{}
-		}
-		if n > 0 && sorted {
-			last := c.recs[len(c.recs)-1]
-			sorted = compareUTF16Bytes(c.names[last.nameStart:last.nameEnd], name) < 0
 		}
 		c.skipSpace()
 		if c.pos >= len(c.data) || c.data[c.pos] != ':' {
@@ -304,20 +309,16 @@ func (c *rawCanon) str(dst []byte, canonical bool) ([]byte, error) {
 	}
 	start := c.pos
 	// Fast path: printable ASCII without escapes is its own canonical form.
-	for c.pos < len(c.data) {
-		ch := c.data[c.pos]
-		if ch == '"' {
-			dst = append(dst, c.data[start:c.pos]...)
-			c.pos++
-			if canonical {
-				dst = append(dst, '"')
-			}
-			return dst, nil
-		}
-		if ch == '\\' || ch < 0x20 || ch >= 0x80 {
-			break
-		}
+	for c.pos < len(c.data) && plainASCII[c.data[c.pos]] {
 		c.pos++
+	}
+	if c.pos < len(c.data) && c.data[c.pos] == '"' {
+		dst = append(dst, c.data[start:c.pos]...)
+		c.pos++
+		if canonical {
+			dst = append(dst, '"')
+		}
+		return dst, nil
 	}
 	dst = append(dst, c.data[start:c.pos]...)
 	for {
@@ -534,7 +535,7 @@ func compareUTF16Bytes(a, b []byte) int {
 	}
 	ra, _ := utf8.DecodeRune(a[i:])
 	rb, _ := utf8.DecodeRune(b[i:])
-	return int(utf16Unit(ra)) - int(utf16Unit(rb))
+	return compareRunesUTF16(ra, rb, bytes.Compare(a[i:], b[i:]))
 }
 
 // canonObject iterates over the members of a canonical JSON object (the
