@@ -12,6 +12,10 @@ import (
 // StatusAccepted is payload.status of the accept. It is not a task state.
 const StatusAccepted = "accepted"
 
+// acceptPayload is the accept's payload, {"status":"accepted"}, already
+// canonical: newEnvelope copies it rather than canonicalising a map.
+var acceptPayload = canonicalPayload(`{"status":"` + StatusAccepted + `"}`)
+
 // OfferingDescribe is the reserved pre-admission read; like register and
 // discover it never carries an accept.
 const OfferingDescribe = "describe"
@@ -37,7 +41,7 @@ func NewAccept(req *Envelope, from string) (*Envelope, error) {
 	if isDescribe(req) {
 		return nil, fmt.Errorf("accept: describe is answered without an accept")
 	}
-	e, err := NewReply(req, from, map[string]any{"status": StatusAccepted})
+	e, err := newEnvelope(TypeRespond, from, acceptPayload, req)
 	if err != nil {
 		return nil, fmt.Errorf("accept: %w", err)
 	}

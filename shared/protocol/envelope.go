@@ -188,7 +188,9 @@ func newEnvelope(typ Type, from string, payload any, req *Envelope) (*Envelope, 
 		b.parent = req.Trace.SpanID
 		e.Trace.ParentSpanID = &b.parent
 	}
-	if err := e.SetPayload(payload); err != nil {
+	if c, ok := payload.(canonicalPayload); ok {
+		e.Payload = json.RawMessage(c)
+	} else if err := e.SetPayload(payload); err != nil {
 		return nil, err
 	}
 	if typ == TypeRespond {
@@ -204,6 +206,10 @@ func newEnvelope(typ Type, from string, payload any, req *Envelope) (*Envelope, 
 	}
 	return e, nil
 }
+
+// canonicalPayload is a payload the package already holds in canonical
+// form; newEnvelope copies it as it is.
+type canonicalPayload string
 
 // canonError is the error object of a respond's canonical payload
 // (payload.error, beside payload.status: spec §7.1), which New copies to the

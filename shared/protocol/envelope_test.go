@@ -3,6 +3,7 @@ package protocol_test
 import (
 	"crypto/ed25519"
 	"encoding/base64"
+	"fmt"
 	"regexp"
 	"slices"
 	"strings"
@@ -338,5 +339,49 @@ func TestDecodeBrokerAttributed(t *testing.T) {
 		if _, err := protocol.Parse([]byte(data)); err == nil {
 			t.Errorf("%s: Parse accepted it", name)
 		}
+	}
+}
+
+// New and NewReply draw the id, timestamp and trace from one random read
+// and one string: each must still be well formed, ids must stay unique and
+// ordered, and a reply must be a child span carrying the trace state.
+func TestNewEnvelopeFields(t *testing.T) {
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	hex32, hex16 := regexp.MustCompile(`^[0-9a-f]{32}$`), regexp.MustCompile(`^[0-9a-f]{16}$`)
+	k := freshKey(t)
+	var ids []string
+	before := time.Now().Add(-time.Second)
+	for range 500 {
+		e, err := protocol.New(protocol.TypeEmit, k.Public(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := protocol.ParseTime(e.TS)
+		if !uuid.MatchString(e.ID) || err != nil || e.TS != protocol.FormatTime(ts) || ts.Before(before) || ts.After(time.Now().Add(time.Second)) ||
+			!hex32.MatchString(e.Trace.TraceID) || !hex16.MatchString(e.Trace.SpanID) || e.Trace.ParentSpanID != nil || e.Trace.OmitParent ||
+			e.V != protocol.Version || e.From != k.Public() || string(e.Payload) != "{}" {
+			t.Fatalf("malformed envelope: %+v", e)
+		}
+		ids = append(ids, e.ID)
+
+		req := *e
+		req.Trace.TraceState = "congo=t61rcWkgMzE"
+		rep, err := protocol.NewReply(&req, "UAKQRYZBYFOC65OQZVJ3QPCIERDTRNNZPMOJUYXC3DGPRCDWSKD4HV5A",
+			map[string]any{"status": "failed", "error": map[string]any{"code": "X"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !uuid.MatchString(rep.ID) || rep.ID == e.ID || rep.Trace.TraceID != e.Trace.TraceID || rep.Trace.TraceState != req.Trace.TraceState ||
+			!hex16.MatchString(rep.Trace.SpanID) || rep.Trace.SpanID == e.Trace.SpanID || rep.Trace.ParentSpanID == nil ||
+			*rep.Trace.ParentSpanID != e.Trace.SpanID || rep.InReplyTo != e.ID || rep.To != k.Public() || rep.Type != protocol.TypeRespond {
+			t.Fatalf("reply does not continue %+v: %+v", e, rep)
+		}
+		if got := fmt.Sprint(rep.Extra["error"]); got != "map[code:X]" {
+			t.Fatalf("the respond's error is not mirrored: %v", rep.Extra)
+		}
+		ids = append(ids, rep.ID)
+	}
+	if !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != len(ids) {
+		t.Error("ids are not unique and in creation order")
 	}
 }
