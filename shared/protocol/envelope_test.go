@@ -4,9 +4,11 @@ import (
 	"crypto/ed25519"
 	"encoding/base64"
 	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -384,4 +386,42 @@ func TestNewEnvelopeFields(t *testing.T) {
 	if !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != len(ids) {
 		t.Error("ids are not unique and in creation order")
 	}
+}
+
+// A decoded envelope is read from several goroutines (the handler, the
+// call's bookkeeping, the activity tap): its payload parse is made once,
+// on first use, and every reader sees the same payload (run with -race).
+func TestPayloadViewConcurrent(t *testing.T) {
+	k := seedKey(t)
+	e := fixedEnvelope(t, k.Public(), "")
+	if err := e.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	wire, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := protocol.Decode(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := protocol.ParseJSON(d.Payload)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			v, err := d.PayloadView()
+			if err != nil || !reflect.DeepEqual(v, want) {
+				t.Errorf("PayloadView = %v, %v", v, err)
+			}
+			c, err := d.PayloadValue()
+			if err != nil || !reflect.DeepEqual(c, want) {
+				t.Errorf("PayloadValue = %v, %v", c, err)
+			}
+			c.(map[string]any)["offering"] = "changed"
+			if protocol.ResponseStatus(d) != "" || protocol.IsAccepted(d) {
+				t.Error("a request read as an answer")
+			}
+		})
+	}
+	wg.Wait()
 }
