@@ -183,6 +183,23 @@ func checkPayloadReaders(t testing.TB, data []byte, e *Envelope) {
 	if got, want := isDescribe(e), isObj && OfferingOf(m) == OfferingDescribe; got != want {
 		t.Fatalf("isDescribe %v, the payload says %v, on %q", got, want, short(data))
 	}
+	// HandlerInput: payload.input of a request, the payload otherwise, the
+	// caller's own.
+	var wantIn any = v
+	var wantErr error
+	if e.Type == TypeRequest {
+		if isObj {
+			wantIn = m["input"]
+		} else {
+			wantIn, wantErr = nil, errs.New(errs.InvalidEnvelope, "a request payload must be an object {offering, input, config?}")
+		}
+	}
+	in, err := HandlerInput(e)
+	sameErr(t, "HandlerInput", data, wantErr, err)
+	if !reflect.DeepEqual(in, wantIn) {
+		t.Fatalf("HandlerInput %v, the payload says %v, on %q", in, wantIn, short(data))
+	}
+	scribble(in)
 	// A PayloadValue is a fresh tree: changing it changes neither the
 	// kept parse nor the next PayloadValue.
 	pv, err := e.PayloadValue()

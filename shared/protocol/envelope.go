@@ -389,7 +389,16 @@ func (e *Envelope) Marshal() ([]byte, error) {
 	if e.Sig == "" {
 		return nil, errs.New(errs.IdentityMismatch, "envelope is not signed")
 	}
-	return e.appendCanonical(make([]byte, 0, 256+len(e.Payload)), true)
+	return e.appendCanonical(make([]byte, 0, e.wireSizeHint()), true)
+}
+
+// wireSizeHint is about the size of the wire form, so Marshal allocates
+// its buffer once: the members' text and the names and punctuation around
+// them.
+func (e *Envelope) wireSizeHint() int {
+	return 256 + len(e.V) + len(e.ID) + len(e.TS) + len(e.From) + len(e.To) + len(e.TaskID) + len(e.InReplyTo) +
+		len(e.ContextID) + len(e.Sig) + len(e.Trace.TraceID) + len(e.Trace.SpanID) + len(e.Trace.TraceState) +
+		len(e.Payload) + len(e.Meta)
 }
 
 // AppendMarshal appends the wire form (Marshal) to dst, so a sender can
@@ -404,7 +413,7 @@ func (e *Envelope) AppendMarshal(dst []byte) ([]byte, error) {
 // CanonicalUnsigned is the canonical JSON of the envelope without sig: the
 // bytes (after the domain tag) that the signature covers.
 func (e *Envelope) CanonicalUnsigned() ([]byte, error) {
-	return e.appendCanonical(make([]byte, 0, 256+len(e.Payload)), false)
+	return e.appendCanonical(make([]byte, 0, e.wireSizeHint()), false)
 }
 
 // AppendCanonicalUnsigned appends the canonical unsigned form to dst.

@@ -135,6 +135,19 @@ func (in *Inbox) refuse(r *Refusal) *Refusal {
 // HandlerInput is the value a handler receives: payload.input for a request
 // (null when absent), the whole payload for every other type.
 func HandlerInput(e *Envelope) (any, error) {
+	if e.decodedPayload() {
+		// Copy only what the handler gets out of the kept parse.
+		v, err := e.PayloadView()
+		if err != nil {
+			return nil, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err)
+		}
+		if e.Type == TypeRequest {
+			if v, err = requestInput(v); err != nil {
+				return nil, err
+			}
+		}
+		return cloneValue(v), nil
+	}
 	v, err := e.PayloadValue()
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err)

@@ -184,20 +184,16 @@ func (p *parser) str() (string, error) {
 	p.pos++ // opening quote
 	start := p.pos
 	// Fast path: no escapes, ASCII only.
-	for p.pos < len(p.data) {
-		c := p.data[p.pos]
-		if c == '"' {
-			s, ok := wellKnown(p.data[start:p.pos])
-			if !ok {
-				s = string(p.data[start:p.pos])
-			}
-			p.pos++
-			return s, nil
-		}
-		if c == '\\' || c < 0x20 || c >= 0x80 {
-			break
+	for p.pos < len(p.data) && plainASCII[p.data[p.pos]] {
+		p.pos++
+	}
+	if p.pos < len(p.data) && p.data[p.pos] == '"' {
+		s, ok := wellKnown(p.data[start:p.pos])
+		if !ok {
+			s = string(p.data[start:p.pos])
 		}
 		p.pos++
+		return s, nil
 	}
 	// Slow path: escapes or non-ASCII.
 	b := append(p.buf[:0], p.data[start:p.pos]...)
