@@ -341,6 +341,8 @@ func (p *parser) number() (any, error) {
 				return 0.0, nil // -0 is 0 in canonical JSON
 			}
 			v = -v
+		} else if v < int64(len(smallNumbers)) {
+			return smallNumbers[v], nil
 		}
 		return float64(v), nil
 	}
@@ -350,6 +352,16 @@ func (p *parser) number() (any, error) {
 	}
 	return f, nil
 }
+
+// smallNumbers are the small whole numbers payloads carry most (counts,
+// revisions, codes), boxed once: a float64 in an interface is immutable, so
+// every parse can share them instead of allocating its own.
+var smallNumbers = func() (t [1024]any) {
+	for i := range t {
+		t[i] = float64(i)
+	}
+	return t
+}()
 
 // wellKnown returns the envelope's member names and most frequent values as
 // constants, so parsing them allocates nothing: every envelope carries the
