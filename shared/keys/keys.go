@@ -26,6 +26,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"syscall"
 
 	"github.com/nats-io/nkeys"
@@ -341,8 +342,74 @@ type Signer interface {
 
 // IsUserPublicKey reports whether s is a well-formed user public key: `U`
 // plus 55 base32 characters with a valid checksum. A seed ("SU...") is not.
+//
+// It allocates nothing (the nkeys check it matches allocates the decoded
+// key): services call it on every subject token and envelope member they
+// read. The base32 is decoded into a stack array and the CRC-16/XMODEM
+// checked there. The standard base32 decoder skips line breaks, with which
+// a 56-character string can hold a shorter key; such a string goes to nkeys
+// itself, so the answer is nkeys's on every input.
 func IsUserPublicKey(s string) bool {
-	return len(s) == 56 && s[0] == 'U' && nkeys.IsValidPublicUserKey(s)
+	if len(s) != 56 || s[0] != 'U' {
+		return false
+	}
+	var raw [35]byte // prefix byte, 32-byte key, checksum
+	for g := range 7 {
+		var v uint64
+		for _, c := range []byte(s[g*8 : g*8+8]) {
+			d := base32Value[c]
+			if d == 0xFF {
+				if strings.ContainsAny(s, "\r\n") {
+					return nkeys.IsValidPublicUserKey(s)
+				}
+				return false
+			}
+			v = v<<5 | uint64(d)
+		}
+		for i := range 5 {
+			raw[g*5+i] = byte(v >> (32 - 8*i))
+		}
+	}
+	if nkeys.PrefixByte(raw[0]&0xF8) != nkeys.PrefixByteUser {
+		return false
+	}
+	return crc16(raw[:33]) == uint16(raw[33])|uint16(raw[34])<<8
+}
+
+// base32Value maps RFC 4648 base32 characters to their values, and every
+// other byte to 0xFF.
+var base32Value = func() (t [256]byte) {
+	for i := range t {
+		t[i] = 0xFF
+	}
+	for i, c := range "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567" {
+		t[c] = byte(i)
+	}
+	return t
+}()
+
+// crc16Table drives crc16, the CRC-16/XMODEM of nkeys (polynomial 0x1021).
+var crc16Table = func() (t [256]uint16) {
+	for i := range t {
+		crc := uint16(i) << 8
+		for range 8 {
+			if crc&0x8000 != 0 {
+				crc = crc<<1 ^ 0x1021
+			} else {
+				crc <<= 1
+			}
+		}
+		t[i] = crc
+	}
+	return t
+}()
+
+func crc16(data []byte) uint16 {
+	var crc uint16
+	for _, b := range data {
+		crc = crc<<8 ^ crc16Table[byte(crc>>8)^b]
+	}
+	return crc
 }
 
 // DecodeUserPublicKey returns the raw Ed25519 key behind a user public key.

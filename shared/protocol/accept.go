@@ -12,6 +12,10 @@ import (
 // StatusAccepted is payload.status of the accept. It is not a task state.
 const StatusAccepted = "accepted"
 
+// acceptPayload is the accept's payload, {"status":"accepted"}, already
+// canonical: newEnvelope copies it rather than canonicalising a map.
+var acceptPayload = canonicalPayload(`{"status":"` + StatusAccepted + `"}`)
+
 // OfferingDescribe is the reserved pre-admission read; like register and
 // discover it never carries an accept.
 const OfferingDescribe = "describe"
@@ -34,12 +38,10 @@ func NewAccept(req *Envelope, from string) (*Envelope, error) {
 	if req.ID == "" {
 		return nil, fmt.Errorf("accept: request has no id to reply to")
 	}
-	if v, err := req.PayloadView(); err == nil {
-		if m, ok := v.(map[string]any); ok && OfferingOf(m) == OfferingDescribe {
-			return nil, fmt.Errorf("accept: describe is answered without an accept")
-		}
+	if isDescribe(req) {
+		return nil, fmt.Errorf("accept: describe is answered without an accept")
 	}
-	e, err := NewReply(req, from, map[string]any{"status": StatusAccepted})
+	e, err := newEnvelope(TypeRespond, from, acceptPayload, req)
 	if err != nil {
 		return nil, fmt.Errorf("accept: %w", err)
 	}
@@ -47,11 +49,40 @@ func NewAccept(req *Envelope, from string) (*Envelope, error) {
 	return e, nil
 }
 
+// isDescribe reports whether req's payload is an object whose offering
+// (OfferingOf) is describe. A decoded payload is read off its canonical
+// bytes without parsing it.
+func isDescribe(req *Envelope) bool {
+	if !req.decodedPayload() {
+		v, err := req.PayloadView()
+		m, ok := v.(map[string]any)
+		return err == nil && ok && OfferingOf(m) == OfferingDescribe
+	}
+	if req.Payload[0] != '{' {
+		return false
+	}
+	const describe = `"` + OfferingDescribe + `"`
+	if v, ok := canonMember(req.Payload, "offering"); ok && v[0] == '"' && len(v) > 2 {
+		return string(v) == describe
+	}
+	v, ok := canonMember(req.Payload, "skill")
+	return ok && string(v) == describe
+}
+
 // ResponseStatus is payload.status of e, or "" when the payload is not an
 // object with a string status.
 func ResponseStatus(e *Envelope) string {
 	if e == nil {
 		return ""
+	}
+	if e.decodedPayload() {
+		// Read off the canonical bytes: no parse, and no allocation for the
+		// statuses the protocol defines.
+		v, ok := canonMember(e.Payload, "status")
+		if !ok || v[0] != '"' {
+			return ""
+		}
+		return canonStatus(v)
 	}
 	v, err := e.PayloadView()
 	if err != nil {
@@ -103,10 +134,43 @@ func ParseQueuedAck(v any) (QueuedAck, bool) {
 	return QueuedAck{Queued: true, InboxID: id, Text: text}, true
 }
 
+// canonStatus is the text of a canonical JSON string, the protocol's own
+// statuses without allocating.
+func canonStatus(v []byte) string {
+	switch string(v[1 : len(v)-1]) {
+	case StatusAccepted:
+		return StatusAccepted
+	case StateSubmitted:
+		return StateSubmitted
+	case StateWorking:
+		return StateWorking
+	case StateInputRequired:
+		return StateInputRequired
+	case StateAuthRequired:
+		return StateAuthRequired
+	case StateCompleted:
+		return StateCompleted
+	case StateFailed:
+		return StateFailed
+	case StateCanceled:
+		return StateCanceled
+	case StateRejected:
+		return StateRejected
+	case StateExhausted:
+		return StateExhausted
+	}
+	return string(appendUnquoted(nil, v))
+}
+
 // QueuedAckOf finds a queued ack in a reply: at payload.output, where an
 // attended node puts it, or as the payload itself.
 func QueuedAckOf(e *Envelope) (QueuedAck, bool) {
 	if e == nil || e.Type != TypeRespond {
+		return QueuedAck{}, false
+	}
+	if e.decodedPayload() && !canonQueued(e.Payload) {
+		// Most answers are not queued acks: their canonical bytes say so
+		// without a parse.
 		return QueuedAck{}, false
 	}
 	v, err := e.PayloadView()
@@ -119,4 +183,19 @@ func QueuedAckOf(e *Envelope) (QueuedAck, bool) {
 		}
 	}
 	return ParseQueuedAck(v)
+}
+
+// canonQueued reports whether a canonical payload may hold a queued ack:
+// queued is true in it or in its output object. ParseQueuedAck refuses
+// every other payload.
+func canonQueued(payload []byte) bool {
+	if v, ok := canonMember(payload, "queued"); ok && string(v) == "true" {
+		return true
+	}
+	out, ok := canonMember(payload, "output")
+	if !ok {
+		return false
+	}
+	v, ok := canonMember(out, "queued")
+	return ok && string(v) == "true"
 }

@@ -130,3 +130,74 @@ func BenchmarkReceive(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkNewRequest builds a request as a caller does: New, then the
+// sender's pre-flight.
+func BenchmarkNewRequest(b *testing.B) {
+	from := seedKey(b).Public()
+	b.ReportAllocs()
+	for b.Loop() {
+		e, err := protocol.New(protocol.TypeRequest, from, map[string]any{"offering": "echo", "input": map[string]any{"text": "hello mesh"}})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := protocol.Preflight(e, protocol.RecipientLimits{}, 0); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkAnswer is what a responder builds for a decoded request: the
+// accept and the reply.
+func BenchmarkAnswer(b *testing.B) {
+	_, wire := benchEnvelope(b)
+	req, err := protocol.Decode(wire)
+	if err != nil {
+		b.Fatal(err)
+	}
+	from := freshKey(b).Public()
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := protocol.NewAccept(req, from); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := protocol.NewReply(req, from, map[string]any{"status": "completed", "output": map[string]any{"text": "ok"}}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// BenchmarkReadAnswer is what a caller reads of a decoded answer: whether it
+// is an accept or a queued ack, its status, its payload.
+func BenchmarkReadAnswer(b *testing.B) {
+	k := seedKey(b)
+	req, _ := benchEnvelope(b)
+	rep, err := protocol.NewReply(req, k.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "ok"}})
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := rep.Sign(k); err != nil {
+		b.Fatal(err)
+	}
+	wire, err := rep.Marshal()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		e, err := protocol.DecodeBrokerAttributed(wire) // the decode without Ed25519
+		if err != nil {
+			b.Fatal(err)
+		}
+		if _, queued := protocol.QueuedAckOf(e); queued || protocol.IsAccepted(e) || protocol.ResponseStatus(e) != "completed" {
+			b.Fatal("misread")
+		}
+		if _, err := protocol.HandlerInput(e); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := e.PayloadValue(); err != nil {
+			b.Fatal(err)
+		}
+		_ = protocol.ErrorObject(e)
+	}
+}

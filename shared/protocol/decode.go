@@ -3,8 +3,9 @@ package protocol
 import (
 	"crypto/ed25519"
 	"encoding/base64"
-	"encoding/json"
 	"fmt"
+	"math"
+	"strconv"
 
 	"agentmesh.dev/mesh/shared/errs"
 )
@@ -55,16 +56,30 @@ func (d *Decoder) Decode(data []byte) (*Envelope, error) {
 // verification, without parsing twice.
 type Unverified struct {
 	e *Envelope
-	m map[string]any
+	// msg is the tag, a line feed and the canonical JSON of the envelope
+	// without sig: the bytes the signature must cover. Payload and Meta
+	// are slices of it.
+	msg []byte
+}
+
+// decoded is everything decoding one envelope allocates besides its
+// strings and canonical bytes, in one allocation.
+type decoded struct {
+	u      Unverified
+	e      Envelope
+	parent string
+	view   payloadView
+	budget Budget
+	money  Money
 }
 
 // Parse runs steps 1 and 2 of the decode order.
 func Parse(data []byte) (*Unverified, error) {
-	e, m, err := parseEnvelope(data)
+	d, err := decodeEnvelope(data, false)
 	if err != nil {
 		return nil, err
 	}
-	return &Unverified{e: e, m: m}, nil
+	return &d.u, nil
 }
 
 // From, ID, InReplyTo, TS and To are the claimed members.
@@ -83,17 +98,60 @@ func (u *Unverified) IsAccept() bool {
 	if u.e.Type != TypeRespond {
 		return false
 	}
-	p, _ := u.m["payload"].(map[string]any)
-	return p["status"] == StatusAccepted
+	v, ok := canonMember(u.e.Payload, "status")
+	return ok && string(v) == `"`+StatusAccepted+`"`
 }
 
 // Verify runs step 3, the signature check, and returns the verified
 // envelope. Call it at most once per Unverified.
 func (d *Decoder) Verify(u *Unverified) (*Envelope, error) {
-	if err := d.verify(u.e, u.m); err != nil {
-		return nil, err
+	e := u.e
+	if e.Sig == "" {
+		return nil, errs.New(errs.IdentityMismatch, "envelope is not signed")
 	}
-	return u.e, nil
+	var sig [ed25519.SignatureSize]byte
+	if !decodeSig(sig[:], e.Sig) {
+		return nil, errs.New(errs.IdentityMismatch, "envelope sig is not a base64url Ed25519 signature")
+	}
+	cache := d.Keys
+	if cache == nil {
+		cache = defaultKeys
+	}
+	key, err := cache.Get(e.From)
+	if err != nil {
+		return nil, errs.Newf(errs.IdentityMismatch, "envelope from is not an agent public key: %v", err)
+	}
+	if !key.Verify(u.msg, sig[:]) {
+		if d.RefuseUntagged || !key.Verify(u.msg[envelopeTagLen:], sig[:]) {
+			return nil, errs.New(errs.IdentityMismatch, "envelope signature does not verify against from")
+		}
+	}
+	return e, nil
+}
+
+// envelopeTagLen is the length of the tag and line feed before the
+// canonical JSON in the signed bytes.
+const envelopeTagLen = len(TagEnvelope) + 1
+
+// decodeSig decodes a base64url signature (strictly, as
+// base64.RawURLEncoding.Strict().DecodeString does) into dst, which it must
+// fill exactly, without allocating.
+func decodeSig(dst []byte, s string) bool {
+	var in [128]byte
+	var out [96]byte // base64.RawURLEncoding.DecodedLen(128)
+	if len(s) > len(in) {
+		// Longer than any signature, but line feeds are ignored by the
+		// decoder: decide exactly as it would.
+		b, err := base64.RawURLEncoding.Strict().DecodeString(s)
+		return err == nil && len(b) == len(dst) && copy(dst, b) == len(dst)
+	}
+	n := copy(in[:], s)
+	m, err := base64.RawURLEncoding.Strict().Decode(out[:], in[:n])
+	if err != nil || m != len(dst) {
+		return false
+	}
+	copy(dst, out[:m])
+	return true
 }
 
 // DecodeBrokerAttributed runs steps 1 and 2 of the decode order but not the
@@ -105,248 +163,439 @@ func (d *Decoder) Verify(u *Unverified) (*Envelope, error) {
 // check that from equals the subject's agent. Anything an agent acts on, and
 // anything read from an inbox, goes through Decode.
 func DecodeBrokerAttributed(data []byte) (*Envelope, error) {
-	e, m, err := parseEnvelope(data)
+	d, err := decodeEnvelope(data, true)
 	if err != nil {
 		return nil, err
 	}
-	for _, f := range []struct {
-		name string
-		dst  *json.RawMessage
-	}{{"payload", &e.Payload}, {"meta", &e.Meta}} {
-		if v, ok := m[f.name]; ok {
-			c, err := Canonical(v)
-			if err != nil {
-				return nil, errs.Wrap(errs.InvalidEnvelope, "envelope cannot be canonicalised", err)
-			}
-			*f.dst = c
-		}
-	}
-	e.keepView(m["payload"])
-	return e, nil
+	return &d.e, nil
 }
 
-// parseEnvelope is steps 1 (JSON and structure) and 2 (version major).
-func parseEnvelope(data []byte) (*Envelope, map[string]any, error) {
-	v, err := ParseJSON(data)
-	if err != nil {
-		return nil, nil, errs.Wrap(errs.InvalidEnvelope, "envelope is not valid JSON", err)
+// The members of an envelope this version knows, as indexes of the
+// decoder's table.
+const (
+	mV = iota
+	mID
+	mType
+	mTS
+	mFrom
+	mTo
+	mTaskID
+	mInReplyTo
+	mContextID
+	mTrace
+	mBudget
+	mPayload
+	mMeta
+	mSig
+	nMembers
+)
+
+func memberIndex(name []byte) int {
+	switch string(name) {
+	case "v":
+		return mV
+	case "id":
+		return mID
+	case "type":
+		return mType
+	case "ts":
+		return mTS
+	case "from":
+		return mFrom
+	case "to":
+		return mTo
+	case "task_id":
+		return mTaskID
+	case "in_reply_to":
+		return mInReplyTo
+	case "context_id":
+		return mContextID
+	case "trace":
+		return mTrace
+	case "budget":
+		return mBudget
+	case "payload":
+		return mPayload
+	case "meta":
+		return mMeta
+	case "sig":
+		return mSig
 	}
-	m, ok := v.(map[string]any)
-	if !ok {
-		return nil, nil, invalid("envelope must be a JSON object")
-	}
-	e, err := structure(m)
-	if err != nil {
-		return nil, nil, err
-	}
-	e.raw = data
-	major, ok := versionMajor(e.V)
-	if !ok {
-		return nil, nil, errs.Newf(errs.InvalidVersion, "envelope version %q is not a version", e.V)
-	}
-	if major != VersionMajor {
-		return nil, nil, errs.Newf(errs.InvalidVersion, "envelope version %s has major %d; this mesh speaks major %d", e.V, major, VersionMajor)
-	}
-	return e, m, nil
+	return -1
 }
 
-// structure checks member types and fills the typed fields. Optional string
-// members may be absent or null (the specification's "null" is an API
-// normalisation of absent); required ones must be non-empty strings.
-func structure(m map[string]any) (*Envelope, error) {
-	e := &Envelope{}
-	req := func(name string, dst *string) error {
-		s, ok := m[name].(string)
-		if !ok || s == "" {
-			if _, present := m[name]; !present {
-				return invalid("envelope is missing " + name)
-			}
-			return invalid("envelope " + name + " must be a non-empty string")
-		}
-		*dst = s
-		return nil
+// maxSharedStrings bounds the decoded string members that share one
+// allocation: past it each gets its own, so that a long member (a huge
+// "to") is not kept alive by a short one (the id) that outlives it.
+const maxSharedStrings = 1024
+
+// decodeEnvelope is steps 1 (JSON and structure) and 2 (version major) in
+// one walk over data: the walker checks the JSON and writes its canonical
+// form after the envelope tag, the structure is read off the top-level
+// members, and the canonical bytes without sig become what the signature
+// must cover. broker selects DecodeBrokerAttributed's reading of payload
+// and meta. The checks and their order, and so every refusal, are those of
+// the map-based decoder this replaced (reference_test.go holds it).
+func decodeEnvelope(data []byte, broker bool) (*decoded, error) {
+	bp := getBuf()
+	defer putBuf(bp)
+	out := append((*bp)[:0], TagEnvelope...)
+	out = append(out, '\n')
+	c := getCanon(data, out)
+	defer putCanon(c)
+	c.keepTop = true
+	err := c.document()
+	out = c.out
+	*bp = out
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidEnvelope, "envelope is not valid JSON", err)
 	}
-	opt := func(name string, dst *string) error {
-		switch x := m[name].(type) {
-		case nil:
+	if out[envelopeTagLen] != '{' {
+		return nil, invalid("envelope must be a JSON object")
+	}
+
+	var at [nMembers]int // 1 + index into c.recs; 0 when absent
+	extra := 0
+	for i, r := range c.recs {
+		if k := memberIndex(c.names[r.nameStart:r.nameEnd]); k >= 0 {
+			at[k] = i + 1
+		} else {
+			extra++
+		}
+	}
+	value := func(k int) []byte {
+		if at[k] == 0 {
 			return nil
-		case string:
-			*dst = x
-			return nil
 		}
-		return invalid("envelope " + name + " must be a string")
+		r := c.recs[at[k]-1]
+		return out[r.val:r.end]
 	}
-	var typ string
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"v", &e.V}, {"id", &e.ID}, {"type", &typ}, {"ts", &e.TS}, {"from", &e.From}} {
-		if err := req(f.name, f.dst); err != nil {
-			return nil, err
+
+	// The string members are unescaped into hb and become strings at the
+	// end, in one allocation.
+	var hbArr [512]byte
+	hb := hbArr[:0]
+	var strs [nMembers]span
+	str := func(v []byte) span {
+		a := len(hb)
+		hb = appendUnquoted(hb, v)
+		return span{a, len(hb)}
+	}
+	for _, k := range [...]int{mV, mID, mType, mTS, mFrom} {
+		v := value(k)
+		if v == nil {
+			return nil, invalid("envelope is missing " + memberNames[k])
+		}
+		if v[0] != '"' || len(v) == 2 {
+			return nil, invalid("envelope " + memberNames[k] + " must be a non-empty string")
+		}
+		strs[k] = str(v)
+	}
+	if n := strs[mID].b - strs[mID].a; n > MaxIDBytes {
+		return nil, invalid(fmt.Sprintf("envelope id is %d bytes; at most %d are allowed", n, MaxIDBytes))
+	}
+	typ := envelopeType(hb[strs[mType].a:strs[mType].b])
+	if typ == "" {
+		return nil, invalid("envelope type " + string(hb[strs[mType].a:strs[mType].b]) + " is not one of register, discover, request, respond, emit, subscribe")
+	}
+	for _, k := range [...]int{mTo, mTaskID, mInReplyTo, mContextID} {
+		switch v := value(k); {
+		case v == nil || v[0] == 'n':
+		case v[0] == '"':
+			strs[k] = str(v)
+		default:
+			return nil, invalid("envelope " + memberNames[k] + " must be a string")
 		}
 	}
-	if len(e.ID) > MaxIDBytes {
-		return nil, invalid(fmt.Sprintf("envelope id is %d bytes; at most %d are allowed", len(e.ID), MaxIDBytes))
+	if n := strs[mInReplyTo].b - strs[mInReplyTo].a; n > MaxIDBytes {
+		return nil, invalid(fmt.Sprintf("envelope in_reply_to is %d bytes; no envelope id is longer than %d", n, MaxIDBytes))
 	}
-	e.Type = Type(typ)
-	if !e.Type.Valid() {
-		return nil, invalid("envelope type " + typ + " is not one of register, discover, request, respond, emit, subscribe")
-	}
-	for _, f := range []struct {
-		name string
-		dst  *string
-	}{{"to", &e.To}, {"task_id", &e.TaskID}, {"in_reply_to", &e.InReplyTo}, {"context_id", &e.ContextID}} {
-		if err := opt(f.name, f.dst); err != nil {
-			return nil, err
-		}
-	}
-	if len(e.InReplyTo) > MaxIDBytes {
-		return nil, invalid(fmt.Sprintf("envelope in_reply_to is %d bytes; no envelope id is longer than %d", len(e.InReplyTo), MaxIDBytes))
-	}
-	tr, ok := m["trace"].(map[string]any)
-	if !ok {
+
+	tr := value(mTrace)
+	if tr == nil || tr[0] != '{' {
 		return nil, invalid("envelope trace must be an object {trace_id, span_id}")
 	}
-	if e.Trace.TraceID, ok = tr["trace_id"].(string); !ok || e.Trace.TraceID == "" {
+	var traceID, spanID, parentID, traceState []byte
+	for it := (canonObject{b: tr}); ; {
+		name, v, ok := it.next()
+		if !ok {
+			break
+		}
+		switch string(name) {
+		case "trace_id":
+			traceID = v
+		case "span_id":
+			spanID = v
+		case "parent_span_id":
+			parentID = v
+		case "tracestate":
+			traceState = v
+		}
+	}
+	var traceSpans [4]span // trace_id, span_id, parent_span_id, tracestate
+	if traceID == nil || traceID[0] != '"' || len(traceID) == 2 {
 		return nil, invalid("envelope trace.trace_id must be a non-empty string")
 	}
-	if e.Trace.SpanID, ok = tr["span_id"].(string); !ok || e.Trace.SpanID == "" {
+	traceSpans[0] = str(traceID)
+	if spanID == nil || spanID[0] != '"' || len(spanID) == 2 {
 		return nil, invalid("envelope trace.span_id must be a non-empty string")
 	}
-	switch p := tr["parent_span_id"].(type) {
-	case nil:
-		_, present := tr["parent_span_id"]
-		e.Trace.OmitParent = !present
-	case string:
-		e.Trace.ParentSpanID = &p
+	traceSpans[1] = str(spanID)
+	hasParent, omitParent := false, parentID == nil
+	switch {
+	case parentID == nil || parentID[0] == 'n':
+	case parentID[0] == '"':
+		hasParent = true
+		traceSpans[2] = str(parentID)
 	default:
 		return nil, invalid("envelope trace.parent_span_id must be a string or null")
 	}
-	if ts, present := tr["tracestate"]; present {
-		s, ok := ts.(string)
-		if !ok {
+	if traceState != nil {
+		if traceState[0] != '"' {
 			return nil, invalid("envelope trace.tracestate must be a string")
 		}
-		e.Trace.TraceState = s
+		traceSpans[3] = str(traceState)
 	}
-	if _, ok := m["payload"]; !ok {
+
+	if at[mPayload] == 0 {
 		return nil, invalid("envelope is missing payload")
 	}
-	if bv, present := m["budget"]; present && bv != nil {
-		b, err := BudgetFromValue(bv)
-		if err != nil {
+	var budget canonBudget
+	bv := value(mBudget)
+	hasBudget := bv != nil && bv[0] != 'n'
+	if hasBudget {
+		var err error
+		if budget, err = budgetFromCanon(bv, &hb); err != nil {
 			return nil, err
 		}
-		e.Budget = &b
 	}
-	if mv, present := m["meta"]; present && mv != nil {
-		if _, ok := mv.(map[string]any); !ok {
-			return nil, invalid("envelope meta must be an object")
-		}
+	if mv := value(mMeta); mv != nil && mv[0] != 'n' && mv[0] != '{' {
+		return nil, invalid("envelope meta must be an object")
 	}
-	if sv, present := m["sig"]; present {
-		s, ok := sv.(string)
-		if !ok {
+	if sv := value(mSig); sv != nil {
+		if sv[0] != '"' {
 			return nil, errs.New(errs.IdentityMismatch, "envelope sig must be a string")
 		}
-		e.Sig = s
+		strs[mSig] = str(sv)
 	}
-	for k, v := range m {
-		if !knownMember[k] {
-			if e.Extra == nil {
-				e.Extra = map[string]any{}
+	var extras map[string]any
+	if extra > 0 {
+		extras = make(map[string]any, extra)
+		for _, r := range c.recs {
+			name := c.names[r.nameStart:r.nameEnd]
+			if memberIndex(name) >= 0 {
+				continue
 			}
-			e.Extra[k] = v
+			v, err := ParseJSON(out[r.val:r.end])
+			if err != nil {
+				return nil, errs.Wrap(errs.InvalidEnvelope, "envelope is not valid JSON", err)
+			}
+			extras[string(name)] = v
 		}
-	}
-	return e, nil
-}
-
-var knownMember = map[string]bool{
-	"v": true, "id": true, "type": true, "ts": true, "from": true, "to": true, "trace": true,
-	"task_id": true, "in_reply_to": true, "context_id": true, "budget": true, "payload": true,
-	"meta": true, "sig": true,
-}
-
-// verify checks the signature over the canonical form of exactly what
-// arrived (every member but sig, unknown ones included), and on the way
-// captures the canonical payload and meta for the typed envelope.
-func (d *Decoder) verify(e *Envelope, m map[string]any) error {
-	if e.Sig == "" {
-		return errs.New(errs.IdentityMismatch, "envelope is not signed")
-	}
-	sig, err := base64.RawURLEncoding.Strict().DecodeString(e.Sig)
-	if err != nil || len(sig) != ed25519.SignatureSize {
-		return errs.New(errs.IdentityMismatch, "envelope sig is not a base64url Ed25519 signature")
-	}
-	cache := d.Keys
-	if cache == nil {
-		cache = defaultKeys
-	}
-	key, err := cache.Get(e.From)
-	if err != nil {
-		return errs.Newf(errs.IdentityMismatch, "envelope from is not an agent public key: %v", err)
 	}
 
-	bp := getBuf()
-	defer putBuf(bp)
-	msg := append((*bp)[:0], TagEnvelope...)
-	msg = append(msg, '\n')
-	tagLen := len(msg)
-	msg, spans, err := appendEnvelopeMap(msg, m)
-	*bp = msg
-	if err != nil {
-		return errs.Wrap(errs.InvalidEnvelope, "envelope cannot be canonicalised", err)
+	// Everything is checked but the version: build the envelope.
+	d := &decoded{}
+	e := &d.e
+	d.u.e = e
+	shared := len(hb) <= maxSharedStrings
+	var hs string
+	if shared {
+		hs = string(hb)
 	}
-	if !key.Verify(msg, sig) {
-		if d.RefuseUntagged || !key.Verify(msg[tagLen:], sig) {
-			return errs.New(errs.IdentityMismatch, "envelope signature does not verify against from")
+	get := func(s span) string {
+		if s.a == s.b {
+			return ""
 		}
+		if shared {
+			return hs[s.a:s.b]
+		}
+		return string(hb[s.a:s.b])
 	}
-	if spans.payload[1] > 0 {
-		e.Payload = json.RawMessage(append([]byte(nil), msg[spans.payload[0]:spans.payload[1]]...))
-		e.keepView(m["payload"])
+	e.V, e.ID, e.Type, e.TS, e.From = get(strs[mV]), get(strs[mID]), typ, get(strs[mTS]), get(strs[mFrom])
+	e.To, e.TaskID, e.InReplyTo, e.ContextID = get(strs[mTo]), get(strs[mTaskID]), get(strs[mInReplyTo]), get(strs[mContextID])
+	e.Sig = get(strs[mSig])
+	e.Trace.TraceID, e.Trace.SpanID, e.Trace.TraceState = get(traceSpans[0]), get(traceSpans[1]), get(traceSpans[3])
+	if hasParent {
+		d.parent = get(traceSpans[2])
+		e.Trace.ParentSpanID = &d.parent
 	}
-	if spans.meta[1] > 0 {
-		e.Meta = json.RawMessage(append([]byte(nil), msg[spans.meta[0]:spans.meta[1]]...))
+	e.Trace.OmitParent = omitParent
+	if hasBudget {
+		d.budget.Revision = budget.revision
+		d.budget.Deadline = get(span(budget.deadline))
+		if budget.hasCeiling {
+			d.money = Money{AmountMicro: budget.amount, Currency: get(span(budget.currency))}
+			d.budget.CostCeiling = &d.money
+		}
+		e.Budget = &d.budget
 	}
-	return nil
-}
+	e.Extra = extras
+	e.raw = data
 
-type memberSpans struct{ payload, meta [2]int }
+	major, ok := versionMajor(e.V)
+	if !ok {
+		return nil, errs.Newf(errs.InvalidVersion, "envelope version %q is not a version", e.V)
+	}
+	if major != VersionMajor {
+		return nil, errs.Newf(errs.InvalidVersion, "envelope version %s has major %d; this mesh speaks major %d", e.V, major, VersionMajor)
+	}
 
-// appendEnvelopeMap canonicalises a decoded envelope without sig and
-// records where the payload and meta values landed in dst.
-func appendEnvelopeMap(dst []byte, m map[string]any) ([]byte, memberSpans, error) {
-	var spans memberSpans
-	keys := sortedKeys(m)
-	dst = append(dst, '{')
-	first := true
-	for _, k := range keys {
-		if k == "sig" {
-			continue
+	// The signed bytes: the canonical form without the sig member (and
+	// the comma that joined it), in a buffer of their own that Payload and
+	// Meta share.
+	pay := c.recs[at[mPayload]-1]
+	var meta memberRec
+	if at[mMeta] != 0 {
+		meta = c.recs[at[mMeta]-1]
+	}
+	if at[mSig] != 0 && !broker {
+		r := c.recs[at[mSig]-1]
+		cut0, cut1 := r.start, r.end
+		if out[cut0-1] == ',' {
+			cut0--
+		} else {
+			cut1++ // the first member: its following comma goes
 		}
-		if !first {
-			dst = append(dst, ',')
-		}
-		first = false
-		var err error
-		if dst, err = appendString(dst, k); err != nil {
-			return dst, spans, err
-		}
-		dst = append(dst, ':')
-		start := len(dst)
-		if dst, err = appendValue(dst, m[k], 1); err != nil {
-			return dst, spans, err
-		}
-		switch k {
-		case "payload":
-			spans.payload = [2]int{start, len(dst)}
-		case "meta":
-			if m[k] != nil {
-				spans.meta = [2]int{start, len(dst)}
+		n := cut1 - cut0
+		out = append(out[:cut0], out[cut1:]...)
+		for _, m := range []*memberRec{&pay, &meta} {
+			if m.start >= cut1 {
+				m.start, m.val, m.end = m.start-n, m.val-n, m.end-n
 			}
 		}
 	}
-	return append(dst, '}'), spans, nil
+	msg := make([]byte, len(out))
+	copy(msg, out)
+	d.u.msg = msg
+	e.Payload = msg[pay.val:pay.end:pay.end]
+	if meta.end > 0 && (broker || msg[meta.val] != 'n') {
+		e.Meta = msg[meta.val:meta.end:meta.end]
+	}
+	d.view.of, d.view.n = &e.Payload[0], len(e.Payload)
+	e.view = &d.view
+	return d, nil
+}
+
+var memberNames = [nMembers]string{
+	mV: "v", mID: "id", mType: "type", mTS: "ts", mFrom: "from", mTo: "to", mTaskID: "task_id",
+	mInReplyTo: "in_reply_to", mContextID: "context_id", mTrace: "trace", mBudget: "budget",
+	mPayload: "payload", mMeta: "meta", mSig: "sig",
+}
+
+// envelopeType is the Type named by b, or "" when b names none.
+func envelopeType(b []byte) Type {
+	switch string(b) {
+	case string(TypeRegister):
+		return TypeRegister
+	case string(TypeDiscover):
+		return TypeDiscover
+	case string(TypeRequest):
+		return TypeRequest
+	case string(TypeRespond):
+		return TypeRespond
+	case string(TypeEmit):
+		return TypeEmit
+	case string(TypeSubscribe):
+		return TypeSubscribe
+	}
+	return ""
+}
+
+// span is where a decoded string lies in the decoder's string buffer.
+type span struct{ a, b int }
+
+// canonBudget is a budget block read off its canonical bytes, its strings
+// still in the decoder's string buffer.
+type canonBudget struct {
+	revision   int64
+	deadline   span
+	hasCeiling bool
+	amount     int64
+	currency   span
+}
+
+// budgetFromCanon is BudgetFromValue on the canonical bytes of a non-null
+// budget member: the same checks in the same order, the same refusals.
+// The deadline and currency are unescaped into *hb.
+func budgetFromCanon(b []byte, hb *[]byte) (canonBudget, error) {
+	var out canonBudget
+	if b[0] != '{' {
+		return out, budgetErr("must be an object")
+	}
+	var rev, deadline, ceiling []byte
+	for it := (canonObject{b: b}); ; {
+		name, v, ok := it.next()
+		if !ok {
+			break
+		}
+		switch string(name) {
+		case "revision":
+			rev = v
+		case "deadline":
+			deadline = v
+		case "cost_ceiling":
+			ceiling = v
+		}
+	}
+	if rev == nil {
+		return out, budgetErr("revision is required")
+	}
+	var ok bool
+	if out.revision, ok = canonNonNegInt(rev); !ok {
+		return out, budgetErr("revision must be a non-negative integer")
+	}
+	if deadline != nil {
+		if deadline[0] != '"' {
+			return out, budgetErr("deadline must be an RFC 3339 instant string")
+		}
+		a := len(*hb)
+		*hb = appendUnquoted(*hb, deadline)
+		out.deadline = span{a, len(*hb)}
+		if _, err := ParseTime(string((*hb)[a:])); err != nil {
+			return out, budgetErr("deadline %q is not a full RFC 3339 instant", (*hb)[a:])
+		}
+	}
+	if ceiling != nil {
+		if ceiling[0] != '{' {
+			return out, budgetErr("cost_ceiling: %v", "must be an object {amount_micro, currency}")
+		}
+		amount, ok := canonMember(ceiling, "amount_micro")
+		if !ok {
+			return out, budgetErr("cost_ceiling: %v", "amount_micro is required")
+		}
+		if out.amount, ok = canonNonNegInt(amount); !ok {
+			return out, budgetErr("cost_ceiling: %v", "amount_micro must be a non-negative integer of micro-units")
+		}
+		a := len(*hb)
+		if cur, ok := canonMember(ceiling, "currency"); ok && cur[0] == '"' {
+			*hb = appendUnquoted(*hb, cur)
+		}
+		out.currency = span{a, len(*hb)}
+		if !isCurrencyBytes((*hb)[a:]) {
+			return out, budgetErr("cost_ceiling: %v", "currency is required, as an ISO 4217 code such as USD")
+		}
+		out.hasCeiling = true
+	}
+	if deadline == nil && ceiling == nil {
+		return out, budgetErr("at least one of deadline and cost_ceiling is required")
+	}
+	return out, nil
+}
+
+// canonNonNegInt is nonNegInt on a canonical value.
+func canonNonNegInt(v []byte) (int64, bool) {
+	if v[0] != '-' && (v[0] < '0' || v[0] > '9') {
+		return 0, false // not a number
+	}
+	f, err := strconv.ParseFloat(string(v), 64)
+	if err != nil || f < 0 || f != math.Trunc(f) || f > MaxSafeInteger {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// isCurrencyBytes is IsCurrency on bytes.
+func isCurrencyBytes(b []byte) bool {
+	return len(b) == 3 && b[0] >= 'A' && b[0] <= 'Z' && b[1] >= 'A' && b[1] <= 'Z' && b[2] >= 'A' && b[2] <= 'Z'
 }

@@ -6,10 +6,14 @@
 package protocol
 
 import (
+	"bytes"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
@@ -91,83 +95,167 @@ type Envelope struct {
 	Extra     map[string]any
 
 	raw []byte
-	// view is the payload as the decoder parsed it, kept for the
-	// protocol's own read-only looks at it (status, the queued ack, the
-	// offering) so they do not parse it again; it belongs to the Payload
-	// bytes whose first byte viewOf points at.
-	view   any
-	viewOf *byte
+	// view is the payload's parse, for the protocol's own read-only looks
+	// at it (status, the queued ack, the offering), made on first use and
+	// kept; set by the decoder, it belongs to the Payload bytes the decoder
+	// produced, and to no other.
+	view *payloadView
 }
 
-// keepView records v as the parsed form of the current Payload.
-func (e *Envelope) keepView(v any) {
-	if len(e.Payload) > 0 {
-		e.view, e.viewOf = v, &e.Payload[0]
-	}
+// payloadView is the lazily parsed payload of a decoded envelope: of and n
+// identify the decoder's Payload bytes, v is their parse once made. Several
+// goroutines may look at one envelope, so v is set atomically; two racing
+// first looks each parse, and one parse wins.
+type payloadView struct {
+	of *byte
+	n  int
+	v  atomic.Pointer[any]
 }
 
-// PayloadView is the payload's value for reading only: the decoder's
-// parse when Payload is still the bytes it was parsed from, else a fresh
-// parse. Callers must not modify it; code that hands the value on uses
-// PayloadValue.
+// decodedPayload reports whether Payload is still the canonical bytes the
+// decoder produced (which are valid JSON, parse without error and can be
+// read by the canonical scanners).
+func (e *Envelope) decodedPayload() bool {
+	return e.view != nil && len(e.Payload) == e.view.n && len(e.Payload) > 0 && &e.Payload[0] == e.view.of
+}
+
+// PayloadView is the payload's value for reading only: for a decoded
+// envelope whose Payload is still the bytes it was decoded to, one parse
+// kept for every look; else a fresh parse. Callers must not modify it;
+// code that hands the value on uses PayloadValue.
 func (e *Envelope) PayloadView() (any, error) {
-	if e.viewOf != nil && len(e.Payload) > 0 && &e.Payload[0] == e.viewOf {
-		return e.view, nil
+	if !e.decodedPayload() {
+		if len(e.Payload) == 0 {
+			return nil, nil
+		}
+		return ParseJSON(e.Payload)
 	}
-	return e.PayloadValue()
+	if v := e.view.v.Load(); v != nil {
+		return *v, nil
+	}
+	v, err := ParseJSON(e.Payload)
+	if err != nil {
+		return nil, err
+	}
+	if !e.view.v.CompareAndSwap(nil, &v) {
+		return *e.view.v.Load(), nil
+	}
+	return v, nil
 }
 
 // New starts an envelope of type typ from the key from, with a fresh id, the
 // current time, a new root trace and payload (any Go or decoded JSON value).
 func New(typ Type, from string, payload any) (*Envelope, error) {
-	e := &Envelope{
-		V:     Version,
-		ID:    NewID(),
-		Type:  typ,
-		TS:    FormatTime(time.Now()),
-		From:  from,
-		Trace: NewRootTrace(),
+	return newEnvelope(typ, from, payload, nil)
+}
+
+// built is what building one envelope allocates besides its payload and
+// strings, in one allocation.
+type built struct {
+	e      Envelope
+	parent string
+}
+
+// newEnvelope builds an envelope on a new root trace, or, with req, on a
+// child span of req's trace. The id, the timestamp and the trace ids come
+// from one read of the random source and share one string.
+func newEnvelope(typ Type, from string, payload any, req *Envelope) (*Envelope, error) {
+	var rnd [34]byte // id tail and sequence start, span id, trace id
+	_, _ = rand.Read(rnd[:])
+	now := time.Now()
+	var sb [128]byte
+	s := sb[:0]
+	s = ids.appendNext(s, now, [10]byte(rnd[:10]))
+	idEnd := len(s)
+	s = now.UTC().AppendFormat(s, TimeFormat)
+	tsEnd := len(s)
+	s = hex.AppendEncode(s, rnd[10:18])
+	spanEnd := len(s)
+	if req == nil {
+		s = hex.AppendEncode(s, rnd[18:34])
 	}
-	if err := e.SetPayload(payload); err != nil {
+	str := string(s)
+
+	b := &built{}
+	e := &b.e
+	e.V, e.Type, e.From = Version, typ, from
+	e.ID, e.TS = str[:idEnd], str[idEnd:tsEnd]
+	e.Trace.SpanID = str[tsEnd:spanEnd]
+	if req == nil {
+		e.Trace.TraceID = str[spanEnd:]
+	} else {
+		e.Trace.TraceID, e.Trace.TraceState = req.Trace.TraceID, req.Trace.TraceState
+		b.parent = req.Trace.SpanID
+		e.Trace.ParentSpanID = &b.parent
+	}
+	if c, ok := payload.(canonicalPayload); ok {
+		e.Payload = json.RawMessage(c)
+	} else if err := e.SetPayload(payload); err != nil {
 		return nil, err
 	}
 	if typ == TypeRespond {
-		e.mirrorError()
+		// SetPayload wrote canonical JSON: the scanner reads it.
+		if v, ok := canonError(e.Payload); ok {
+			e.Extra = map[string]any{"error": v}
+		}
+	}
+	if req != nil {
+		e.InReplyTo = req.ID
+		e.To = req.From
+		e.ContextID = req.ContextID
 	}
 	return e, nil
 }
 
-// mirrorError copies the error object of a respond's payload (payload.error,
-// beside payload.status: spec §7.1) to the envelope member error, where a
-// protocol 0.3 reader looks for it (upstream-notes §15). Both places carry
-// the same object, so readers of either form understand the answer.
-func (e *Envelope) mirrorError() {
-	var p struct {
-		Error json.RawMessage `json:"error"`
+// canonicalPayload is a payload the package already holds in canonical
+// form; newEnvelope copies it as it is.
+type canonicalPayload string
+
+// canonError is the error object of a respond's canonical payload
+// (payload.error, beside payload.status: spec §7.1), which New copies to the
+// envelope member error, where a protocol 0.3 reader looks for it
+// (upstream-notes §15); both places then carry the same object. The member
+// is found as encoding/json, which this replaced, found it: its name
+// compared without regard to ASCII case, the last such member winning, and
+// null meaning none.
+func canonError(payload []byte) (any, bool) {
+	var val []byte
+	it := canonObject{b: payload}
+	for {
+		name, v, ok := it.next()
+		if !ok {
+			break
+		}
+		if bytes.EqualFold(name, []byte("error")) {
+			val = v
+		}
 	}
-	if json.Unmarshal(e.Payload, &p) != nil || len(p.Error) == 0 || string(p.Error) == "null" {
-		return
+	if val == nil || string(val) == "null" {
+		return nil, false
 	}
-	v, err := ParseJSON(p.Error)
+	v, err := ParseJSON(val)
 	if err != nil {
-		return
+		return nil, false
 	}
-	if e.Extra == nil {
-		e.Extra = map[string]any{}
-	}
-	e.Extra["error"] = v
+	return v, true
 }
 
 // ErrorObject is the error object an envelope carries, from payload.error
 // (this mesh, protocol 0.2) or the envelope member error (protocol 0.3),
 // or nil.
 func ErrorObject(e *Envelope) any {
-	var p struct {
-		Error json.RawMessage `json:"error"`
-	}
-	if json.Unmarshal(e.Payload, &p) == nil && len(p.Error) > 0 && string(p.Error) != "null" {
-		if v, err := ParseJSON(p.Error); err == nil {
+	if e.decodedPayload() {
+		if v, ok := canonError(e.Payload); ok {
 			return v
+		}
+	} else {
+		var p struct {
+			Error json.RawMessage `json:"error"`
+		}
+		if json.Unmarshal(e.Payload, &p) == nil && len(p.Error) > 0 && string(p.Error) != "null" {
+			if v, err := ParseJSON(p.Error); err == nil {
+				return v
+			}
 		}
 	}
 	if v, ok := e.Extra["error"]; ok && v != nil {
@@ -201,15 +289,7 @@ func AnswersAtInbox(v string) bool {
 // NewReply starts a respond to req from the key from: same trace (a child
 // span), in_reply_to the request id, addressed to the requester.
 func NewReply(req *Envelope, from string, payload any) (*Envelope, error) {
-	e, err := New(TypeRespond, from, payload)
-	if err != nil {
-		return nil, err
-	}
-	e.Trace = req.Trace.Child()
-	e.InReplyTo = req.ID
-	e.To = req.From
-	e.ContextID = req.ContextID
-	return e, nil
+	return newEnvelope(TypeRespond, from, payload, req)
 }
 
 // SetPayload canonicalises v into the payload. The signature is cleared:
@@ -220,11 +300,14 @@ func (e *Envelope) SetPayload(v any) error {
 		e.Sig = ""
 		return nil
 	}
-	b, err := Canonical(v)
+	bp := getBuf()
+	defer putBuf(bp)
+	b, err := AppendCanonical((*bp)[:0], v)
+	*bp = b
 	if err != nil {
 		return fmt.Errorf("envelope payload: %w", err)
 	}
-	e.Payload = b
+	e.Payload = bytes.Clone(b)
 	e.Sig = ""
 	return nil
 }
@@ -241,11 +324,44 @@ func (e *Envelope) DecodePayload(dst any) error {
 }
 
 // PayloadValue parses the payload into the generic value model.
+//
+// For a decoded envelope it is a copy of the kept parse (PayloadView): new
+// objects and arrays, the same immutable strings, numbers and booleans. A
+// receiver reads a payload several times (the handler's input, the
+// offering and config, the result's fields), and copying the containers
+// costs a fraction of parsing again.
 func (e *Envelope) PayloadValue() (any, error) {
 	if len(e.Payload) == 0 {
 		return nil, nil
 	}
+	if e.decodedPayload() {
+		v, err := e.PayloadView()
+		if err != nil {
+			return nil, err
+		}
+		return cloneValue(v), nil
+	}
 	return ParseJSON(e.Payload)
+}
+
+// cloneValue copies the objects and arrays of a generic value; the leaves
+// (strings, float64, bool, nil) are immutable and shared.
+func cloneValue(v any) any {
+	switch x := v.(type) {
+	case map[string]any:
+		m := make(map[string]any, len(x))
+		for k, e := range x {
+			m[k] = cloneValue(e)
+		}
+		return m
+	case []any:
+		a := make([]any, len(x))
+		for i, e := range x {
+			a[i] = cloneValue(e)
+		}
+		return a
+	}
+	return v
 }
 
 // Raw is the exact wire form an envelope was decoded from (nil for one built
@@ -273,13 +389,31 @@ func (e *Envelope) Marshal() ([]byte, error) {
 	if e.Sig == "" {
 		return nil, errs.New(errs.IdentityMismatch, "envelope is not signed")
 	}
-	return e.appendCanonical(make([]byte, 0, 256+len(e.Payload)), true)
+	return e.appendCanonical(make([]byte, 0, e.wireSizeHint()), true)
+}
+
+// wireSizeHint is about the size of the wire form, so Marshal allocates
+// its buffer once: the members' text and the names and punctuation around
+// them.
+func (e *Envelope) wireSizeHint() int {
+	return 256 + len(e.V) + len(e.ID) + len(e.TS) + len(e.From) + len(e.To) + len(e.TaskID) + len(e.InReplyTo) +
+		len(e.ContextID) + len(e.Sig) + len(e.Trace.TraceID) + len(e.Trace.SpanID) + len(e.Trace.TraceState) +
+		len(e.Payload) + len(e.Meta)
+}
+
+// AppendMarshal appends the wire form (Marshal) to dst, so a sender can
+// reuse one buffer for every envelope it publishes.
+func (e *Envelope) AppendMarshal(dst []byte) ([]byte, error) {
+	if e.Sig == "" {
+		return dst, errs.New(errs.IdentityMismatch, "envelope is not signed")
+	}
+	return e.appendCanonical(dst, true)
 }
 
 // CanonicalUnsigned is the canonical JSON of the envelope without sig: the
 // bytes (after the domain tag) that the signature covers.
 func (e *Envelope) CanonicalUnsigned() ([]byte, error) {
-	return e.appendCanonical(make([]byte, 0, 256+len(e.Payload)), false)
+	return e.appendCanonical(make([]byte, 0, e.wireSizeHint()), false)
 }
 
 // AppendCanonicalUnsigned appends the canonical unsigned form to dst.

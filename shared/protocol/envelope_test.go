@@ -3,9 +3,12 @@ package protocol_test
 import (
 	"crypto/ed25519"
 	"encoding/base64"
+	"fmt"
+	"reflect"
 	"regexp"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -339,4 +342,86 @@ func TestDecodeBrokerAttributed(t *testing.T) {
 			t.Errorf("%s: Parse accepted it", name)
 		}
 	}
+}
+
+// New and NewReply draw the id, timestamp and trace from one random read
+// and one string: each must still be well formed, ids must stay unique and
+// ordered, and a reply must be a child span carrying the trace state.
+func TestNewEnvelopeFields(t *testing.T) {
+	uuid := regexp.MustCompile(`^[0-9a-f]{8}-[0-9a-f]{4}-7[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$`)
+	hex32, hex16 := regexp.MustCompile(`^[0-9a-f]{32}$`), regexp.MustCompile(`^[0-9a-f]{16}$`)
+	k := freshKey(t)
+	var ids []string
+	before := time.Now().Add(-time.Second)
+	for range 500 {
+		e, err := protocol.New(protocol.TypeEmit, k.Public(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ts, err := protocol.ParseTime(e.TS)
+		if !uuid.MatchString(e.ID) || err != nil || e.TS != protocol.FormatTime(ts) || ts.Before(before) || ts.After(time.Now().Add(time.Second)) ||
+			!hex32.MatchString(e.Trace.TraceID) || !hex16.MatchString(e.Trace.SpanID) || e.Trace.ParentSpanID != nil || e.Trace.OmitParent ||
+			e.V != protocol.Version || e.From != k.Public() || string(e.Payload) != "{}" {
+			t.Fatalf("malformed envelope: %+v", e)
+		}
+		ids = append(ids, e.ID)
+
+		req := *e
+		req.Trace.TraceState = "congo=t61rcWkgMzE"
+		rep, err := protocol.NewReply(&req, "UAKQRYZBYFOC65OQZVJ3QPCIERDTRNNZPMOJUYXC3DGPRCDWSKD4HV5A",
+			map[string]any{"status": "failed", "error": map[string]any{"code": "X"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !uuid.MatchString(rep.ID) || rep.ID == e.ID || rep.Trace.TraceID != e.Trace.TraceID || rep.Trace.TraceState != req.Trace.TraceState ||
+			!hex16.MatchString(rep.Trace.SpanID) || rep.Trace.SpanID == e.Trace.SpanID || rep.Trace.ParentSpanID == nil ||
+			*rep.Trace.ParentSpanID != e.Trace.SpanID || rep.InReplyTo != e.ID || rep.To != k.Public() || rep.Type != protocol.TypeRespond {
+			t.Fatalf("reply does not continue %+v: %+v", e, rep)
+		}
+		if got := fmt.Sprint(rep.Extra["error"]); got != "map[code:X]" {
+			t.Fatalf("the respond's error is not mirrored: %v", rep.Extra)
+		}
+		ids = append(ids, rep.ID)
+	}
+	if !slices.IsSorted(ids) || len(slices.Compact(slices.Clone(ids))) != len(ids) {
+		t.Error("ids are not unique and in creation order")
+	}
+}
+
+// A decoded envelope is read from several goroutines (the handler, the
+// call's bookkeeping, the activity tap): its payload parse is made once,
+// on first use, and every reader sees the same payload (run with -race).
+func TestPayloadViewConcurrent(t *testing.T) {
+	k := seedKey(t)
+	e := fixedEnvelope(t, k.Public(), "")
+	if err := e.Sign(k); err != nil {
+		t.Fatal(err)
+	}
+	wire, err := e.Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := protocol.Decode(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := protocol.ParseJSON(d.Payload)
+	var wg sync.WaitGroup
+	for range 8 {
+		wg.Go(func() {
+			v, err := d.PayloadView()
+			if err != nil || !reflect.DeepEqual(v, want) {
+				t.Errorf("PayloadView = %v, %v", v, err)
+			}
+			c, err := d.PayloadValue()
+			if err != nil || !reflect.DeepEqual(c, want) {
+				t.Errorf("PayloadValue = %v, %v", c, err)
+			}
+			c.(map[string]any)["offering"] = "changed"
+			if protocol.ResponseStatus(d) != "" || protocol.IsAccepted(d) {
+				t.Error("a request read as an answer")
+			}
+		})
+	}
+	wg.Wait()
 }

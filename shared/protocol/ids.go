@@ -28,18 +28,24 @@ type idSource struct {
 var ids idSource // guarded by its mutex; the only process-wide state, like crypto/rand's
 
 // NewID returns a fresh UUIDv7 in RFC 9562 text form.
-func NewID() string { return ids.next(time.Now()) }
+func NewID() string {
+	var rnd [10]byte
+	_, _ = rand.Read(rnd[:])
+	var b [36]byte
+	return string(ids.appendNext(b[:0], time.Now(), rnd))
+}
 
-func (s *idSource) next(now time.Time) string {
+// appendNext appends a fresh UUIDv7 to dst. rnd is the caller's randomness:
+// eight bytes for the id's random tail, two for where the sequence of a new
+// millisecond starts, so no random read happens under the lock.
+func (s *idSource) appendNext(dst []byte, now time.Time, rnd [10]byte) []byte {
 	ms := now.UnixMilli()
 	s.mu.Lock()
 	if ms > s.lastMS {
 		s.lastMS = ms
-		var r [2]byte
-		_, _ = rand.Read(r[:])
 		// Start each millisecond at a random point in the lower half so the
 		// sequence has room to climb before it must borrow the next ms.
-		s.seq = binary.BigEndian.Uint16(r[:]) & 0x7FF
+		s.seq = binary.BigEndian.Uint16(rnd[8:]) & 0x7FF
 	} else {
 		s.seq++
 		if s.seq > 0xFFF { // exhausted this ms: borrow the next one
@@ -60,23 +66,21 @@ func (s *idSource) next(now time.Time) string {
 	u[5] = byte(ms)
 	u[6] = 0x70 | byte(seq>>8) // version 7
 	u[7] = byte(seq)
-	_, _ = rand.Read(u[8:])
+	copy(u[8:], rnd[:8])
 	u[8] = u[8]&0x3F | 0x80 // variant 10
-	return formatUUID(u)
+	return appendUUID(dst, u)
 }
 
-func formatUUID(u [16]byte) string {
-	var b [36]byte
-	hex.Encode(b[0:8], u[0:4])
-	b[8] = '-'
-	hex.Encode(b[9:13], u[4:6])
-	b[13] = '-'
-	hex.Encode(b[14:18], u[6:8])
-	b[18] = '-'
-	hex.Encode(b[19:23], u[8:10])
-	b[23] = '-'
-	hex.Encode(b[24:], u[10:])
-	return string(b[:])
+func appendUUID(dst []byte, u [16]byte) []byte {
+	dst = hex.AppendEncode(dst, u[0:4])
+	dst = append(dst, '-')
+	dst = hex.AppendEncode(dst, u[4:6])
+	dst = append(dst, '-')
+	dst = hex.AppendEncode(dst, u[6:8])
+	dst = append(dst, '-')
+	dst = hex.AppendEncode(dst, u[8:10])
+	dst = append(dst, '-')
+	return hex.AppendEncode(dst, u[10:])
 }
 
 // NewTraceID returns 32 lowercase hex characters (W3C trace-id).
@@ -88,7 +92,9 @@ func NewSpanID() string { return randomHex(8) }
 func randomHex(n int) string {
 	var b [16]byte
 	_, _ = rand.Read(b[:n])
-	return hex.EncodeToString(b[:n])
+	var h [32]byte
+	hex.Encode(h[:], b[:n])
+	return string(h[:2*n])
 }
 
 // TimeFormat is the protocol's timestamp form: RFC 3339, UTC, milliseconds.

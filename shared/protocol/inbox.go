@@ -135,6 +135,19 @@ func (in *Inbox) refuse(r *Refusal) *Refusal {
 // HandlerInput is the value a handler receives: payload.input for a request
 // (null when absent), the whole payload for every other type.
 func HandlerInput(e *Envelope) (any, error) {
+	if e.decodedPayload() {
+		// Copy only what the handler gets out of the kept parse.
+		v, err := e.PayloadView()
+		if err != nil {
+			return nil, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err)
+		}
+		if e.Type == TypeRequest {
+			if v, err = requestInput(v); err != nil {
+				return nil, err
+			}
+		}
+		return cloneValue(v), nil
+	}
 	v, err := e.PayloadValue()
 	if err != nil {
 		return nil, errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err)
@@ -142,7 +155,12 @@ func HandlerInput(e *Envelope) (any, error) {
 	if e.Type != TypeRequest {
 		return v, nil
 	}
-	m, ok := v.(map[string]any)
+	return requestInput(v)
+}
+
+// requestInput is payload.input of a request's parsed payload.
+func requestInput(payload any) (any, error) {
+	m, ok := payload.(map[string]any)
 	if !ok {
 		return nil, errs.New(errs.InvalidEnvelope, "a request payload must be an object {offering, input, config?}")
 	}

@@ -107,7 +107,16 @@ func appendRaw(dst []byte, raw []byte, depth int) ([]byte, error) {
 }
 
 func appendMap(dst []byte, m map[string]any, depth int) ([]byte, error) {
-	keys := sortedKeys(m)
+	// The names of a small object are sorted on the stack.
+	var small [16]string
+	keys := small[:0]
+	if len(m) > len(small) {
+		keys = make([]string, 0, len(m))
+	}
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, CompareUTF16)
 	dst = append(dst, '{')
 	for i, k := range keys {
 		if i > 0 {
@@ -157,7 +166,21 @@ func CompareUTF16(a, b string) int {
 	}
 	ra, _ := utf8.DecodeRuneInString(a[i:])
 	rb, _ := utf8.DecodeRuneInString(b[i:])
-	return int(utf16Unit(ra)) - int(utf16Unit(rb))
+	return compareRunesUTF16(ra, rb, strings.Compare(a[i:], b[i:]))
+}
+
+// compareRunesUTF16 orders two different runes by their UTF-16 code units.
+// Two astral runes with the same high surrogate differ in the low one,
+// whose order is theirs. tie decides between runes that decode alike
+// (invalid UTF-8, which canonical JSON never holds).
+func compareRunesUTF16(ra, rb rune, tie int) int {
+	if d := int(utf16Unit(ra)) - int(utf16Unit(rb)); d != 0 {
+		return d
+	}
+	if ra != rb {
+		return int(ra - rb)
+	}
+	return tie
 }
 
 // utf16Unit is the first UTF-16 code unit of r.
@@ -170,16 +193,35 @@ func utf16Unit(r rune) rune {
 
 const hexDigits = "0123456789abcdef"
 
+// plainASCII marks the bytes JCS writes as they are and that never need a
+// UTF-8 check: printable ASCII but '"' and '\\'.
+var plainASCII = func() (t [256]bool) {
+	for c := 0x20; c < 0x80; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
+
 // appendString writes s with JCS escaping: only '"', '\\' and U+0000-U+001F
 // are escaped (short forms where JSON has them, lowercase \u00hh otherwise);
 // everything else, including '/', DEL, U+2028 and U+2029, is raw UTF-8.
 func appendString(dst []byte, s string) ([]byte, error) {
-	if !utf8.ValidString(s) {
+	// Fast path: printable ASCII without '"' or '\\' is its own form.
+	i := 0
+	for i < len(s) && plainASCII[s[i]] {
+		i++
+	}
+	if i == len(s) {
+		dst = append(dst, '"')
+		dst = append(dst, s...)
+		return append(dst, '"'), nil
+	}
+	if !utf8.ValidString(s[i:]) {
 		return dst, canonErr("string is not valid UTF-8")
 	}
 	dst = append(dst, '"')
 	start := 0
-	for i := 0; i < len(s); i++ {
+	for ; i < len(s); i++ {
 		c := s[i]
 		if c >= 0x20 && c != '"' && c != '\\' {
 			continue

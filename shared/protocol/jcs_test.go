@@ -141,6 +141,11 @@ func TestCompareUTF16(t *testing.T) {
 		{"\U0001F600", "\uFB00", true}, // astral (surrogate D83D) before U+FB00
 		{"\uFB00", "\U0001F600", false},
 		{"\u00e9", "\u20ac", true}, {"ab", "abc", true}, {"\r", "1", true},
+		// Astral characters sharing a high surrogate (D83D) differ in the
+		// low one; they used to compare equal, leaving their order to the
+		// sort (and to a map's iteration order).
+		{"\U0001F600", "\U0001F601", true}, {"\U0001F601", "\U0001F600", false},
+		{"a\U0001F600b", "a\U0001F601a", true}, {"\U0001F600", "\U0001F600", false},
 	} {
 		if got := protocol.CompareUTF16(c.a, c.b) < 0; got != c.less {
 			t.Errorf("CompareUTF16(%q, %q) < 0 = %v, want %v", c.a, c.b, got, c.less)

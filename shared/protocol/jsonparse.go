@@ -184,20 +184,16 @@ func (p *parser) str() (string, error) {
 	p.pos++ // opening quote
 	start := p.pos
 	// Fast path: no escapes, ASCII only.
-	for p.pos < len(p.data) {
-		c := p.data[p.pos]
-		if c == '"' {
-			s, ok := wellKnown(p.data[start:p.pos])
-			if !ok {
-				s = string(p.data[start:p.pos])
-			}
-			p.pos++
-			return s, nil
-		}
-		if c == '\\' || c < 0x20 || c >= 0x80 {
-			break
+	for p.pos < len(p.data) && plainASCII[p.data[p.pos]] {
+		p.pos++
+	}
+	if p.pos < len(p.data) && p.data[p.pos] == '"' {
+		s, ok := wellKnown(p.data[start:p.pos])
+		if !ok {
+			s = string(p.data[start:p.pos])
 		}
 		p.pos++
+		return s, nil
 	}
 	// Slow path: escapes or non-ASCII.
 	b := append(p.buf[:0], p.data[start:p.pos]...)
@@ -345,6 +341,8 @@ func (p *parser) number() (any, error) {
 				return 0.0, nil // -0 is 0 in canonical JSON
 			}
 			v = -v
+		} else if v < int64(len(smallNumbers)) {
+			return smallNumbers[v], nil
 		}
 		return float64(v), nil
 	}
@@ -354,6 +352,16 @@ func (p *parser) number() (any, error) {
 	}
 	return f, nil
 }
+
+// smallNumbers are the small whole numbers payloads carry most (counts,
+// revisions, codes), boxed once: a float64 in an interface is immutable, so
+// every parse can share them instead of allocating its own.
+var smallNumbers = func() (t [1024]any) {
+	for i := range t {
+		t[i] = float64(i)
+	}
+	return t
+}()
 
 // wellKnown returns the envelope's member names and most frequent values as
 // constants, so parsing them allocates nothing: every envelope carries the

@@ -25,7 +25,10 @@ const sigMemberLen = len(`,"sig":""`) + 86
 // WireSize is the size in bytes the envelope will have on the wire once
 // signed, computed without signing it.
 func (e *Envelope) WireSize() (int, error) {
-	b, err := e.CanonicalUnsigned()
+	bp := getBuf()
+	defer putBuf(bp)
+	b, err := e.appendCanonical((*bp)[:0], false)
+	*bp = b
 	if err != nil {
 		return 0, err
 	}
@@ -42,7 +45,13 @@ func (e *Envelope) WireSize() (int, error) {
 // with; the caller must then publish, sign and retry nothing.
 func Preflight(e *Envelope, lim RecipientLimits, maxPayload int) error {
 	if e.Type == TypeRequest {
-		input, err := HandlerInput(e)
+		// One parse serves the size cap and the content types; neither
+		// changes it.
+		payload, err := e.PayloadView()
+		if err != nil {
+			return errs.Wrap(errs.InvalidEnvelope, "payload is not valid JSON", err)
+		}
+		input, err := requestInput(payload)
 		if err != nil {
 			return err
 		}
@@ -53,7 +62,7 @@ func Preflight(e *Envelope, lim RecipientLimits, maxPayload int) error {
 		if err := CheckSize(input, limit); err != nil {
 			return err
 		}
-		if err := checkContentType(e, lim); err != nil {
+		if err := checkContentType(payload, lim); err != nil {
 			return err
 		}
 	}
@@ -93,11 +102,7 @@ func CheckAcceptedOutput(outputModes, accepted []string) error {
 		WithDetails(map[string]any{"output_modes": outputModes, "accepted_output": accepted})
 }
 
-func checkContentType(e *Envelope, lim RecipientLimits) error {
-	v, err := e.PayloadValue()
-	if err != nil {
-		return err
-	}
+func checkContentType(v any, lim RecipientLimits) error {
 	p, _ := v.(map[string]any)
 	cfg, _ := p["config"].(map[string]any)
 	if err := CheckAcceptedOutput(lim.OutputModes, stringList(cfg["accepted_output"])); err != nil {

@@ -137,7 +137,13 @@ func (e *Envelope) Sign(k keys.Signer) error {
 	if err != nil {
 		return fmt.Errorf("sign envelope: %w", err)
 	}
-	e.Sig = base64.RawURLEncoding.EncodeToString(k.Sign(msg))
+	var sig [86]byte // base64.RawURLEncoding.EncodedLen(ed25519.SignatureSize)
+	raw := k.Sign(msg)
+	if len(raw) != ed25519.SignatureSize {
+		return fmt.Errorf("sign envelope: signature is %d bytes, want %d", len(raw), ed25519.SignatureSize)
+	}
+	base64.RawURLEncoding.Encode(sig[:], raw)
+	e.Sig = string(sig[:])
 	return nil
 }
 
