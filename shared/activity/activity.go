@@ -433,13 +433,8 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 		if env.Type != protocol.TypeRespond {
 			return errDrop
 		}
-		payload := map[string]any{}
-		if v, err := env.PayloadView(); err == nil {
-			if m, ok := v.(map[string]any); ok {
-				payload = m
-			}
-		}
-		it.Status = token(stringOf(payload["status"]))
+		// Read off the signed bytes, without parsing the payload.
+		it.Status = token(protocol.ResponseStatus(env))
 		var answer *pendingAnswer
 		if it.Status == protocol.StatusAccepted {
 			// An accept records the request it acknowledges (so a request
@@ -449,7 +444,7 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 			// mesh's request throughput (docs/performance.md).
 			w.accepts.Add(1)
 		} else {
-			it.Error = errorCode(payload["error"], env.Extra["error"])
+			it.Error = errorCode(protocol.ErrorObject(env), env.Extra["error"])
 			d.out = 1
 			if it.Status == errs.StatusFailed {
 				d.errors = 1
