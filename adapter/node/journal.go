@@ -32,14 +32,18 @@ type Journal interface {
 // seven days, so nothing older can come back.
 const JournalRetention = 7 * 24 * time.Hour
 
-func journalKey(from, id string) string { return from + "\x00" + id }
+// journalEntry is a journal's key: a struct rather than a joined string, so
+// a lookup allocates nothing.
+type journalEntry struct{ from, id string }
+
+func journalKey(from, id string) journalEntry { return journalEntry{from, id} }
 
 // MemJournal is an in-memory Journal: it covers one process only. It is the
 // default when Config.Journal is nil.
 type MemJournal struct {
 	mu      sync.Mutex
 	now     func() time.Time
-	entries map[string]time.Time
+	entries map[journalEntry]time.Time
 	adds    int
 }
 
@@ -48,7 +52,7 @@ func NewMemJournal(now func() time.Time) *MemJournal {
 	if now == nil {
 		now = time.Now
 	}
-	return &MemJournal{now: now, entries: map[string]time.Time{}}
+	return &MemJournal{now: now, entries: map[journalEntry]time.Time{}}
 }
 
 // Answered implements Journal.
@@ -92,7 +96,7 @@ type FileJournal struct {
 	path    string
 	now     func() time.Time
 	f       *os.File
-	entries map[string]time.Time
+	entries map[journalEntry]time.Time
 	lines   int
 }
 
@@ -104,7 +108,7 @@ func OpenFileJournal(path string, now func() time.Time) (*FileJournal, error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return nil, fmt.Errorf("journal: %w", err)
 	}
-	j := &FileJournal{path: path, now: now, entries: map[string]time.Time{}}
+	j := &FileJournal{path: path, now: now, entries: map[journalEntry]time.Time{}}
 	data, err := os.ReadFile(path)
 	if err != nil && !errors.Is(err, os.ErrNotExist) {
 		return nil, fmt.Errorf("journal: %w", err)
@@ -200,8 +204,7 @@ func (j *FileJournal) pruneLocked(now time.Time) {
 func (j *FileJournal) compactLocked() error {
 	var b strings.Builder
 	for k, at := range j.entries {
-		from, id, _ := strings.Cut(k, "\x00")
-		b.WriteString(strconv.FormatInt(at.UnixMilli(), 10) + " " + from + " " + id + "\n")
+		b.WriteString(strconv.FormatInt(at.UnixMilli(), 10) + " " + k.from + " " + k.id + "\n")
 	}
 	tmp, err := os.CreateTemp(filepath.Dir(j.path), ".journal-*")
 	if err != nil {

@@ -46,17 +46,21 @@ const (
 // id-only memory would let one sender mute another.
 type DedupMemory struct {
 	mu   sync.Mutex
-	seen map[string]struct{}
-	ring []string
+	seen map[dedupKey]struct{}
+	ring []dedupKey
 	next int
 }
+
+// dedupKey is a (from, id) pair: a struct rather than a joined string, so
+// remembering one allocates nothing.
+type dedupKey struct{ from, id string }
 
 // NewDedupMemory holds at least n pairs (DefaultDedupEntries when n <= 0).
 func NewDedupMemory(n int) *DedupMemory {
 	if n <= 0 {
 		n = DefaultDedupEntries
 	}
-	return &DedupMemory{seen: make(map[string]struct{}, n), ring: make([]string, n)}
+	return &DedupMemory{seen: make(map[dedupKey]struct{}, n), ring: make([]dedupKey, n)}
 }
 
 // Seen records (from, id) and reports whether it was already remembered.
@@ -64,13 +68,13 @@ func NewDedupMemory(n int) *DedupMemory {
 // step refuses: a stale copy refused on the live path must still be a
 // duplicate when the mailbox delivers it.
 func (d *DedupMemory) Seen(from, id string) bool {
-	key := from + "\x00" + id
+	key := dedupKey{from, id}
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if _, ok := d.seen[key]; ok {
 		return true
 	}
-	if old := d.ring[d.next]; old != "" {
+	if old := d.ring[d.next]; old != (dedupKey{}) {
 		delete(d.seen, old)
 	}
 	d.ring[d.next] = key
