@@ -98,6 +98,8 @@ const (
 	// copy's one reader; past it the client drops them as a slow
 	// consumer, as it would for a subscription of its own.
 	inboxQueue = 64 << 10
+	// relayQueue bounds the answers one relay holds unread.
+	relayQueue = 8
 )
 
 // Config tunes the worker; zero values take the defaults.
@@ -1106,7 +1108,12 @@ func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
 	// random, not a nuid (whose next values two observed ones give away),
 	// since any client may publish under the prefix.
 	out.Reply = protocol.RelayReplyPrefix + "." + protocol.RandomToken()
-	sub, err := nc.SubscribeSync(out.Reply)
+	// A relay forwards an accept and one answer: a small channel, not
+	// SubscribeSync's 64K slots (half a megabyte for each of up to
+	// MaxRelays relays). A node flooding the relay subject overflows it
+	// and loses its own excess.
+	ch := make(chan *nats.Msg, relayQueue)
+	sub, err := nc.ChanSubscribe(out.Reply, ch)
 	if err != nil {
 		w.svc.Log.Warn("admission relay", "agent", agent, "err", err)
 		w.ack(msg, env)
@@ -1122,10 +1129,15 @@ func (w *Worker) relay(agent string, env *protocol.Envelope, msg *nats.Msg) {
 	}
 	wait, answered := w.cfg.RelayTimeout, false
 	for {
-		ctx, cancel := context.WithTimeout(w.ctx, wait)
-		m, err := sub.NextMsgWithContext(ctx)
-		cancel()
-		if err != nil {
+		var m *nats.Msg
+		t := time.NewTimer(wait)
+		select {
+		case m = <-ch:
+		case <-t.C:
+		case <-w.ctx.Done():
+		}
+		t.Stop()
+		if m == nil || (len(m.Data) == 0 && m.Header.Get("Status") == "503") {
 			if !answered && w.ctx.Err() == nil {
 				w.ack(msg, env) // offline (no responders or silence)
 			}
