@@ -55,5 +55,5 @@ func (a *Agent) emit(subject string, payload map[string]any) error {
 	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
 		return err
 	}
-	return a.n.publish(subject, b, "")
+	return a.n.publish(subject, b)
 }

@@ -17,7 +17,6 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -475,7 +474,7 @@ func (n *Node) heartbeat(availability string) {
 		b, err = e.Marshal()
 	}
 	if err == nil {
-		err = n.publish(protocol.HeartbeatSubject(n.id), b, "")
+		err = n.publish(protocol.HeartbeatSubject(n.id), b)
 	}
 	if err != nil {
 		n.log.Warn("heartbeat", "err", err)
@@ -547,15 +546,10 @@ func (n *Node) Close() error {
 	return nil
 }
 
-// publish sends data on subject. Envelopes published on an inbox carry
-// Nats-Msg-Id = their id, so the mailbox stream drops a republished copy.
-func (n *Node) publish(subject string, data []byte, envID string) error {
-	m := &nats.Msg{Subject: subject, Data: data}
-	if envID != "" && strings.HasPrefix(subject, "mesh.agent.") && strings.HasSuffix(subject, ".inbox") {
-		m.Header = nats.Header{}
-		m.Header.Set(nats.MsgIdHdr, envID)
-	}
-	return n.publishMsg(m)
+// publish sends data on subject. (A request carries a Nats-Msg-Id for the
+// mailbox's dedupe and is published by Agent.Request itself.)
+func (n *Node) publish(subject string, data []byte) error {
+	return n.publishMsg(&nats.Msg{Subject: subject, Data: data})
 }
 
 // publishMsg publishes m, and remembers it while a forced reconnect is in

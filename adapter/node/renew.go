@@ -264,7 +264,8 @@ func (n *Node) renewLocked(ctx context.Context, ks []*keys.Agent, own bool) erro
 // confirms everything before it reached the broker, and once the
 // connection is back the recorded messages are published again. Receivers
 // drop the copies that did arrive by their (from, id) dedup, and the
-// mailbox stream by Nats-Msg-Id. Inbound messages lost in the gap are the
+// mailbox stream a republished request by its Nats-Msg-Id (an answer stored
+// twice is dropped when drained, by the same dedup). Inbound messages lost in the gap are the
 // mailbox's: it is drained after the reconnect.
 func (n *Node) reconnect(ctx context.Context) error {
 	n.startRecording()

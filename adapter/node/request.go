@@ -339,8 +339,9 @@ func (a *Agent) Request(ctx context.Context, to, offering string, input any, opt
 		}
 		defer f.close()
 	}
-	msg := &nats.Msg{Subject: protocol.InboxSubject(to), Reply: a.n.respPrefix + env.ID, Data: data, Header: nats.Header{}}
-	msg.Header.Set(nats.MsgIdHdr, env.ID) // the mailbox's dedupe of a retried publish
+	// Nats-Msg-Id: the mailbox's dedupe of a retried publish.
+	msg := &nats.Msg{Subject: protocol.InboxSubject(to), Reply: a.n.respPrefix + env.ID, Data: data,
+		Header: nats.Header{nats.MsgIdHdr: []string{env.ID}}}
 	if err := a.n.publishMsg(msg); err != nil {
 		return nil, err
 	}

@@ -440,11 +440,16 @@ func (a *Agent) publishRespond(subject string, env *protocol.Envelope, also ...s
 	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
 		return nil, err
 	}
-	if err := a.n.publish(subject, b, env.ID); err != nil {
+	// No Nats-Msg-Id: the mailbox's dedupe is for requests. An answer
+	// stored twice (republished after a forced reconnect) is dropped by
+	// its receiver's (from, id) memory and journal, and leaving the header
+	// off saves every answer a header to write, to parse at the broker and
+	// at the receiver, and a slot in the stream's duplicate window.
+	if err := a.n.publish(subject, b); err != nil {
 		return nil, err
 	}
 	for _, s := range also {
-		if err := a.n.publish(s, b, ""); err != nil {
+		if err := a.n.publish(s, b); err != nil {
 			a.n.log.Warn("answer copy", "agent", a.id, "subject", s, "err", err)
 		}
 	}
@@ -455,7 +460,7 @@ func (a *Agent) publishRespond(subject string, env *protocol.Envelope, also ...s
 // activity worker attributes it (a failure is only logged: the answer
 // itself is out). It reports whether the copy went out.
 func (a *Agent) outboxCopy(b []byte) bool {
-	if err := a.n.publish(protocol.OutboxSubject(a.id), b, ""); err != nil {
+	if err := a.n.publish(protocol.OutboxSubject(a.id), b); err != nil {
 		a.n.log.Warn("outbox copy", "agent", a.id, "err", err)
 		return false
 	}
