@@ -269,10 +269,10 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 
 	// Subscriptions.
 	for _, s := range p.SubAllow {
-		if !validPattern(s) {
+		t, ok := validSplit(s, buf[:0])
+		if !ok {
 			return refuse(RuleAllowLists, s, "is not a valid subscribe subject")
 		}
-		t := splitInto(s, buf[:0])
 		if anyOverlaps(inboxSpacesT, t) && !ownInbox(t) {
 			switch {
 			case hasWildcard(t):
@@ -307,10 +307,10 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 
 	// Publishes.
 	for _, s := range p.PubAllow {
-		if !validPattern(s) {
+		t, ok := validSplit(s, buf[:0])
+		if !ok {
 			return refuse(RuleAllowLists, s, "is not a valid publish subject")
 		}
-		t := splitInto(s, buf[:0])
 		if anyOverlaps(streamSpacesT, t) {
 			return refuse(RuleStreamSubjects, s, "reaches JetStream; clients read their mail through the mailbox worker")
 		}
@@ -479,6 +479,15 @@ var patternByte = [256]uint8{'.': 1, ' ': 2, '\t': 2, '\r': 2, '\n': 2, '*': 3, 
 // broker would read as one: non-empty tokens without white space, wildcards
 // only as whole tokens, > only last.
 func validPattern(s string) bool {
+	var buf [16]string
+	_, ok := validSplit(s, buf[:0])
+	return ok
+}
+
+// validSplit is validPattern and splitInto in one pass over s; the
+// subject is only meaningful when ok.
+func validSplit(s string, buf []string) (t subject, ok bool) {
+	t = buf[:0]
 	start, wild := 0, false
 	for i := 0; i <= len(s); i++ {
 		if i < len(s) {
@@ -486,7 +495,7 @@ func validPattern(s string) bool {
 			case 0:
 				continue
 			case 2:
-				return false
+				return nil, false
 			case 3:
 				wild = true
 				continue
@@ -495,15 +504,16 @@ func validPattern(s string) bool {
 		tok := s[start:i]
 		switch {
 		case tok == "":
-			return false
+			return nil, false
 		case tok == ">" && i != len(s):
-			return false
+			return nil, false
 		case wild && tok != "*" && tok != ">":
-			return false
+			return nil, false
 		}
+		t = append(t, tok)
 		start, wild = i+1, false
 	}
-	return true
+	return t, true
 }
 
 // subjectCovers reports whether pattern matches every subject that subject

@@ -238,3 +238,20 @@ func FuzzGuardAgreesWithReference(f *testing.F) {
 		}
 	})
 }
+
+func TestValidSplitIsValidPatternAndSplit(t *testing.T) {
+	ag := agentKeys(t, 2)
+	toks := guardTokens(ag, ag[1])
+	r := rand.New(rand.NewPCG(5, 6))
+	for range 20000 {
+		s := randomSubject(r, toks, nil)
+		var buf [4]string
+		got, ok := validSplit(s, buf[:0])
+		if ok != refValidPattern(s) {
+			t.Fatalf("validSplit(%q) ok = %v, reference validPattern %v", s, ok, !ok)
+		}
+		if ok && !slices.Equal(got, strings.Split(s, ".")) {
+			t.Fatalf("validSplit(%q) = %q", s, got)
+		}
+	}
+}

@@ -376,13 +376,25 @@ func (t *tx) Get(coll, id string, dst any) error {
 		v = b.Get([]byte(id))
 	}
 	if v == nil {
-		return fmt.Errorf("boltstore: get %s/%s: %w", coll, id, store.ErrNotFound)
+		return &notFound{coll: coll, id: id}
 	}
 	if err := json.Unmarshal(v, dst); err != nil {
 		return fmt.Errorf("boltstore: get %s/%s: decode: %w", coll, id, err)
 	}
 	return nil
 }
+
+// notFound is Get's answer for an absent document: the error
+// fmt.Errorf("boltstore: get %s/%s: %w", coll, id, store.ErrNotFound) would
+// make, with its text built only when it is read. Transactions that look
+// for what is usually absent (tombstones, revocations) meet it often.
+type notFound struct{ coll, id string }
+
+func (e *notFound) Error() string {
+	return "boltstore: get " + e.coll + "/" + e.id + ": " + store.ErrNotFound.Error()
+}
+
+func (e *notFound) Unwrap() error { return store.ErrNotFound }
 
 type hit struct {
 	id  []byte
