@@ -192,7 +192,7 @@ func standing(tx store.Tx, ids []string) (string, []hosts, error) {
 			return "", nil, errs.Newf(errs.Forbidden, "agent %s… retired or revoked: %s; re-link to an account to restore", id[:12], t.Reason).
 				WithDetails(map[string]any{"agent_prefix": id[:12], "reason": t.Reason})
 		}
-		var a Agent
+		var a agentOwner
 		known, err := getOptional(tx, CollAgents, id, &a)
 		if err != nil {
 			return "", nil, err
@@ -221,6 +221,11 @@ func standing(tx store.Tx, ids []string) (string, []hosts, error) {
 		}
 	}
 	return owner, hs, nil
+}
+
+// agentOwner is the one member of an Agent record standing reads.
+type agentOwner struct {
+	AccountID string `json:"account_id"`
 }
 
 // classOf is the fence class of a node credential: unowned when a key of

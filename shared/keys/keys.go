@@ -350,7 +350,14 @@ type Signer interface {
 // IsUserPublicKey reports whether s is a well-formed user public key: `U`
 // plus 55 base32 characters with a valid checksum. A seed ("SU...") is not.
 func IsUserPublicKey(s string) bool {
-	return len(s) == 56 && s[0] == 'U' && nkeys.IsValidPublicUserKey(s)
+	if len(s) != 56 || s[0] != 'U' {
+		return false
+	}
+	// Every key the shared verification cache holds passed
+	// DecodeUserPublicKey, whose test is this one, so a key found there is
+	// well formed without a base32 decode and checksum (and their two
+	// allocations): a node credential's keys are checked four times a mint.
+	return userKeys.has(s) || nkeys.IsValidPublicUserKey(s)
 }
 
 // DecodeUserPublicKey returns the raw Ed25519 key behind a user public key.

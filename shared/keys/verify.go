@@ -275,6 +275,17 @@ func (c *KeyCache) put(pub string, k *VerifyingKey) {
 	c.cur[pub] = k
 }
 
+// has reports whether pub is held, leaving the generations as they are.
+func (c *KeyCache) has(pub string) bool {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	if _, ok := c.cur[pub]; ok {
+		return true
+	}
+	_, ok := c.old[pub]
+	return ok
+}
+
 // Len is the number of keys held, for tests and metrics.
 func (c *KeyCache) Len() int {
 	c.mu.RLock()

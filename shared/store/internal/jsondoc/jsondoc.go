@@ -23,8 +23,12 @@ const MaxNameBytes = store.MaxIDBytes
 // (store.CheckID). A bad name is a bug in the caller's code, so it is a
 // plain ErrInvalid, not the caller's-input *store.IDError.
 func CheckName(kind, name string) error {
-	var ie *store.IDError
-	if err := store.CheckID(name); errors.As(err, &ie) {
+	err := store.CheckID(name)
+	if err == nil {
+		return nil
+	}
+	var ie *store.IDError // only on a refusal: errors.As makes it escape
+	if errors.As(err, &ie) {
 		return fmt.Errorf("%w: %s %s", store.ErrInvalid, kind, ie.Reason)
 	}
 	return nil
