@@ -481,7 +481,7 @@ func (t *tx) Create(coll, id string, doc any) error {
 	if err := jsondoc.CheckPath(coll, id); err != nil {
 		return fmt.Errorf("boltstore: create: %w", err)
 	}
-	raw, _, err := jsondoc.Encode(doc)
+	raw, err := jsondoc.EncodeRaw(doc)
 	if err != nil {
 		return fmt.Errorf("boltstore: create %s/%s: %w", coll, id, err)
 	}
@@ -502,7 +502,7 @@ func (t *tx) Set(coll, id string, doc any) error {
 	if err := jsondoc.CheckPath(coll, id); err != nil {
 		return fmt.Errorf("boltstore: set: %w", err)
 	}
-	raw, _, err := jsondoc.Encode(doc)
+	raw, err := jsondoc.EncodeRaw(doc)
 	if err != nil {
 		return fmt.Errorf("boltstore: set %s/%s: %w", coll, id, err)
 	}
