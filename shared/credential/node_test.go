@@ -2,13 +2,16 @@ package credential
 
 import (
 	"context"
+	"errors"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/store"
@@ -146,5 +149,55 @@ func TestRenewalLeavesHostRecordsAsTheyAre(t *testing.T) {
 	}
 	if want := []string{n1.Public(), n2.Public()}; !slices.Equal(rv.keys, want) {
 		t.Fatalf("retire revoked %v, want %v", rv.keys, want)
+	}
+}
+
+// TestRosterRefusalIsTheFirstInOrder: however the roster's verifications
+// are shared out, a request is refused for the first signature that fails
+// in the order node, then agents as listed, and nothing is recorded.
+func TestRosterRefusalIsTheFirstInOrder(t *testing.T) {
+	ctx := context.Background()
+	s, cs, _ := newTestService(t)
+	node := mustGen[keys.NodeRole](t)
+	agents := make([]*keys.Agent, MaxRoster)
+	for i := range agents {
+		agents[i] = mustGen[keys.AgentRole](t)
+	}
+	other := mustGen[keys.AgentRole](t)
+	spoil := func(r NodeRequest, i int) NodeRequest {
+		r.Agents = slices.Clone(r.Agents)
+		r.Agents[i].Sig = protocol.SignNodeAgent(other, *r.TS, r.NodeID) // valid base64, wrong key
+		return r
+	}
+	good := nodeRequest(t, node, agents...)
+	badNode := good
+	badNode.NodeSig = good.Agents[0].Sig
+	for _, c := range []struct {
+		name   string
+		req    NodeRequest
+		prefix string // agent_prefix of the refusal; "" for node_sig
+	}{
+		{"node and an agent", spoil(badNode, 9), ""},
+		{"node", badNode, ""},
+		{"first agent", spoil(good, 0), agents[0].Public()[:12]},
+		{"last agent", spoil(good, MaxRoster-1), agents[MaxRoster-1].Public()[:12]},
+		{"two agents", spoil(spoil(good, 11), 3), agents[3].Public()[:12]},
+		{"two agents far apart", spoil(spoil(good, 15), 1), agents[1].Public()[:12]},
+	} {
+		_, err := s.NodeCredential(ctx, c.req)
+		var e *errs.Error
+		if !errors.As(err, &e) || e.Code != errs.IdentityMismatch {
+			t.Fatalf("%s: err = %v, want IDENTITY_MISMATCH", c.name, err)
+		}
+		got, _ := e.Details["agent_prefix"].(string)
+		if got != c.prefix || (c.prefix == "") != strings.Contains(e.Message, "node_sig") {
+			t.Fatalf("%s: refused %q (agent_prefix %q), want agent_prefix %q", c.name, e.Message, got, c.prefix)
+		}
+	}
+	if n := cs.count(CollMints) + cs.count(CollHosts); n != 0 {
+		t.Fatalf("refused requests wrote %d records", n)
+	}
+	if _, err := s.NodeCredential(ctx, good); err != nil {
+		t.Fatalf("the unspoiled request: %v", err)
 	}
 }
