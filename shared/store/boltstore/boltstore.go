@@ -378,7 +378,7 @@ func (t *tx) Get(coll, id string, dst any) error {
 	if v == nil {
 		return &notFound{coll: coll, id: id}
 	}
-	if err := json.Unmarshal(v, dst); err != nil {
+	if err := jsondoc.Unmarshal(v, dst); err != nil {
 		return fmt.Errorf("boltstore: get %s/%s: decode: %w", coll, id, err)
 	}
 	return nil
