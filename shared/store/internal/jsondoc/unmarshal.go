@@ -3,6 +3,7 @@ package jsondoc
 import (
 	"encoding/json"
 	"reflect"
+	"strings"
 	"sync"
 )
 
@@ -32,6 +33,10 @@ func Unmarshal(raw []byte, dst any) error {
 // plan is how a plain struct's members are found and stored.
 type plan struct {
 	fields map[string]planField
+	// folded holds the fields' names in lower case: encoding/json stores
+	// a member whose name matches a field's only under case folding in
+	// that field, which decode leaves to it.
+	folded map[string]bool
 }
 
 type planField struct {
@@ -58,7 +63,7 @@ func makePlan(t reflect.Type) *plan {
 	if ownDecoding(t) {
 		return nil
 	}
-	p := &plan{fields: map[string]planField{}}
+	p := &plan{fields: map[string]planField{}, folded: map[string]bool{}}
 	for i := range t.NumField() {
 		f := t.Field(i)
 		if f.Anonymous {
@@ -101,6 +106,7 @@ func makePlan(t reflect.Type) *plan {
 			return nil
 		}
 		p.fields[name] = planField{index: i, kind: k}
+		p.folded[strings.ToLower(name)] = true
 	}
 	return p
 }
@@ -152,38 +158,13 @@ func (p *plan) decode(raw []byte, dst reflect.Value) bool {
 		}
 		f, ok := p.fields[string(name)] // no allocation for the look-up
 		if !ok {
-			return false // unknown, or a name json matches by case folding
-		}
-		fv := dst.Field(f.index)
-		switch f.kind {
-		case reflect.String:
-			s, ok := d.str()
-			if !ok {
+			// A member no field has: encoding/json skips it, unless its
+			// name matches one under case folding.
+			if p.foldsToField(name) || !d.skip() {
 				return false
 			}
-			fv.SetString(s)
-		case reflect.Bool:
-			b, ok := d.boolean()
-			if !ok {
-				return false
-			}
-			fv.SetBool(b)
-		case reflect.Slice:
-			l, ok := d.strings()
-			if !ok {
-				return false
-			}
-			if p, ok := fv.Addr().Interface().(*[]string); ok {
-				*p = l // a pointer in an interface: no allocation
-			} else {
-				fv.Set(reflect.ValueOf(l).Convert(fv.Type()))
-			}
-		default: // an integer
-			n, ok := d.integer(fv.Type().Bits())
-			if !ok {
-				return false
-			}
-			fv.SetInt(n)
+		} else if !d.member(f, dst.Field(f.index)) {
+			return false
 		}
 		if d.byte('}') {
 			return d.end()
@@ -192,6 +173,109 @@ func (p *plan) decode(raw []byte, dst reflect.Value) bool {
 			return false
 		}
 	}
+}
+
+// foldsToField reports whether name (printable ASCII) matches a field's
+// name under ASCII case folding.
+func (p *plan) foldsToField(name []byte) bool {
+	var buf [64]byte
+	if len(name) > len(buf) {
+		return true // no field's name is this long; let encoding/json decide
+	}
+	for i, c := range name {
+		if c >= 'A' && c <= 'Z' {
+			c += 'a' - 'A'
+		}
+		buf[i] = c
+	}
+	return p.folded[string(buf[:len(name)])]
+}
+
+// member reads one member's value into the field fv of kind f.kind.
+func (d *scan) member(f planField, fv reflect.Value) bool {
+	switch f.kind {
+	case reflect.String:
+		s, ok := d.str()
+		if !ok {
+			return false
+		}
+		fv.SetString(s)
+	case reflect.Bool:
+		b, ok := d.boolean()
+		if !ok {
+			return false
+		}
+		fv.SetBool(b)
+	case reflect.Slice:
+		l, ok := d.strings()
+		if !ok {
+			return false
+		}
+		if p, ok := fv.Addr().Interface().(*[]string); ok {
+			*p = l // a pointer in an interface: no allocation
+		} else {
+			fv.Set(reflect.ValueOf(l).Convert(fv.Type()))
+		}
+	default: // an integer
+		n, ok := d.integer(fv.Type().Bits())
+		if !ok {
+			return false
+		}
+		fv.SetInt(n)
+	}
+	return true
+}
+
+// skip passes over a member value no field takes: a plain string, a
+// number, true, false or null; anything else is left to encoding/json.
+func (d *scan) skip() bool {
+	if d.pos >= len(d.b) {
+		return false
+	}
+	switch c := d.b[d.pos]; {
+	case c == '"':
+		_, ok := d.span()
+		return ok
+	case c == '-' || c >= '0' && c <= '9':
+		return d.number()
+	}
+	for _, lit := range []string{"true", "false", "null"} {
+		if len(d.b)-d.pos >= len(lit) && string(d.b[d.pos:d.pos+len(lit)]) == lit {
+			d.pos += len(lit)
+			return true
+		}
+	}
+	return false
+}
+
+// number passes over a JSON number: -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+func (d *scan) number() bool {
+	d.byte('-')
+	start := d.pos
+	d.digits()
+	if n := d.pos - start; n == 0 || n > 1 && d.b[start] == '0' {
+		return false
+	}
+	if d.byte('.') && d.digits() == 0 {
+		return false
+	}
+	if d.byte('e') || d.byte('E') {
+		if !d.byte('+') {
+			d.byte('-')
+		}
+		if d.digits() == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+func (d *scan) digits() int {
+	start := d.pos
+	for d.pos < len(d.b) && d.b[d.pos] >= '0' && d.b[d.pos] <= '9' {
+		d.pos++
+	}
+	return d.pos - start
 }
 
 // scan reads the plain shape: no white space, strings of printable ASCII

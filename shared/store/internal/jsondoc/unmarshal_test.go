@@ -17,6 +17,9 @@ type (
 		CreatedAt int64  `json:"created_at"`
 		Enabled   bool   `json:"enabled"`
 	}
+	udOwner struct {
+		AccountID string `json:"account_id"`
+	}
 	udHosts struct {
 		AgentID string   `json:"agent_id"`
 		Keys    []string `json:"keys"`
@@ -58,7 +61,7 @@ type (
 )
 
 func udTypes() []any {
-	return []any{&udAgent{}, &udHosts{}, &udSmall{}, &udNamed{}, &udFloat{}, &udPtr{}, &udMap{}, &udQuoted{}, &udEmbed{}, &udDash{}}
+	return []any{&udAgent{}, &udOwner{}, &udHosts{}, &udSmall{}, &udNamed{}, &udFloat{}, &udPtr{}, &udMap{}, &udQuoted{}, &udEmbed{}, &udDash{}}
 }
 
 // sameAsJSON fails t unless Unmarshal and json.Unmarshal leave fresh
@@ -113,6 +116,17 @@ var udSeeds = []string{
 	`{"id":"a"`,
 	`{"id":"tab	in"}`,
 	`{"keys":["a",1]}`,
+	`{"ACCOUNT_ID":"x","account_id":"y"}`,
+	`{"account_id":"y","Account_Id":"x"}`,
+	`{"other":1.5e-3,"more":[1],"x":{"a":1},"account_id":"y"}`,
+	`{"other":-0.0,"n2":true,"n3":null,"s":"\u00e9","account_id":"y"}`,
+	`{"other":1.,"account_id":"y"}`,
+	`{"other":1e,"account_id":"y"}`,
+	`{"other":-,"account_id":"y"}`,
+	`{"other":tru,"account_id":"y"}`,
+	`{"other":nulll,"account_id":"y"}`,
+	`{"other":1E+2,"account_id":"y"}`,
+	`{"other":0123,"account_id":"y"}`,
 }
 
 func TestUnmarshalIsJSONUnmarshal(t *testing.T) {
@@ -124,7 +138,7 @@ func TestUnmarshalIsJSONUnmarshal(t *testing.T) {
 	for _, c := range []struct {
 		doc   any
 		plain bool
-	}{{&udAgent{}, true}, {&udHosts{}, true}, {&udSmall{}, true}, {&udNamed{}, true},
+	}{{&udAgent{}, true}, {&udOwner{}, true}, {&udHosts{}, true}, {&udSmall{}, true}, {&udNamed{}, true},
 		{&udFloat{}, false}, {&udPtr{}, false}, {&udMap{}, false}, {&udQuoted{}, false}, {&udEmbed{}, false}, {&udDash{}, false}} {
 		if got := planOf(reflect.TypeOf(c.doc).Elem()) != nil; got != c.plain {
 			t.Errorf("%T plain = %v, want %v", c.doc, got, c.plain)
@@ -138,6 +152,11 @@ func TestUnmarshalIsJSONUnmarshal(t *testing.T) {
 	var back udAgent
 	if !planOf(reflect.TypeFor[udAgent]()).decode(raw, reflect.ValueOf(&back).Elem()) || back != a {
 		t.Fatalf("the encoder's own document %s did not take the fast path: %+v", raw, back)
+	}
+	// A narrower type skips the members it has no field for.
+	var owner udOwner
+	if !planOf(reflect.TypeFor[udOwner]()).decode(raw, reflect.ValueOf(&owner).Elem()) || owner.AccountID != "acc" {
+		t.Fatalf("%s into a narrower type did not take the fast path: %+v", raw, owner)
 	}
 }
 
