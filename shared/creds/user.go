@@ -1,6 +1,7 @@
 package creds
 
 import (
+	"bytes"
 	"crypto/sha512"
 	"encoding/base32"
 	"encoding/base64"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -133,10 +135,12 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	uc := jwt.NewUserClaims(spec.PublicKey)
 	uc.Name = spec.Name
 	uc.IssuerAccount = t.mesh.Public()
-	uc.Pub.Allow = append(jwt.StringList(nil), p.PubAllow...)
-	uc.Pub.Deny = append(jwt.StringList(nil), p.PubDeny...)
-	uc.Sub.Allow = append(jwt.StringList(nil), p.SubAllow...)
-	uc.Sub.Deny = append(jwt.StringList(nil), p.SubDeny...)
+	// The claims share the caller's lists: encoding only reads them, and
+	// the claims do not outlive this call.
+	uc.Pub.Allow = jwt.StringList(p.PubAllow)
+	uc.Pub.Deny = jwt.StringList(p.PubDeny)
+	uc.Sub.Allow = jwt.StringList(p.SubAllow)
+	uc.Sub.Deny = jwt.StringList(p.SubDeny)
 	if !spec.Expires.IsZero() {
 		uc.Expires = spec.Expires.Unix()
 	}
@@ -305,20 +309,34 @@ func encodeUserAt(uc *jwt.UserClaims, signer *keys.Account, iat int64) (string, 
 	}
 	uc.ID = id
 	uc.Version = jwtLibVersion
-	payload, err := json.Marshal(uc)
-	if err != nil {
+	// The payload's JSON and the token are built in pooled buffers: only
+	// the token's string is new memory (a node credential's is 9 KB).
+	bufs := tokenBufs.Get().(*tokenBuf)
+	defer tokenBufs.Put(bufs)
+	bufs.json.Reset()
+	je := json.NewEncoder(&bufs.json) // json.Marshal's bytes, and a newline
+	if err := je.Encode(uc); err != nil {
 		return "", fmt.Errorf("mint user: %w", err)
 	}
+	payload := bytes.TrimSuffix(bufs.json.Bytes(), []byte("\n"))
 	enc := base64.RawURLEncoding
-	tok := make([]byte, 0, len(jwtHeader)+1+enc.EncodedLen(len(payload))+1+enc.EncodedLen(64))
-	tok = append(tok, jwtHeader...)
+	tok := append(bufs.tok[:0], jwtHeader...)
 	tok = append(tok, '.')
 	tok = enc.AppendEncode(tok, payload)
 	sig := signer.Sign(tok)
 	tok = append(tok, '.')
 	tok = enc.AppendEncode(tok, sig)
+	bufs.tok = tok
 	return string(tok), nil
 }
+
+// tokenBuf is encodeUserAt's scratch space.
+type tokenBuf struct {
+	json bytes.Buffer
+	tok  []byte
+}
+
+var tokenBufs = sync.Pool{New: func() any { return new(tokenBuf) }}
 
 // jwtLibVersion is the claims version the jwt library writes (its
 // libVersion), and jwtHeader the header it writes for nkey-signed JWTs,
