@@ -172,34 +172,24 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 // verifyRoster checks node_sig over the request and every agent's
 // consent, and refuses as the first failure in that order (the node's,
 // then the agents' in request order) is refused. The checks are
-// independent, so they are shared between up to GOMAXPROCS goroutines: a
-// mint's latency on a server with a processor to spare is its share of the
-// seventeen verifications rather than all of them, and the work done is
-// the same. Nothing is read or written before it returns.
+// independent, so a verifier goroutine that is idle takes a share of them
+// (shareChecks): a mint's latency on a server with a processor to spare is
+// its share of the seventeen verifications rather than all of them, and
+// the work done is the same. Nothing is read or written before it returns.
 func verifyRoster(r NodeRequest, ids []string) error {
 	n := len(r.Agents) + 1 // check 0 is the node's
 	ok := make([]bool, n)
-	check := func(i int) {
-		if i == 0 {
-			ok[0] = protocol.VerifyNodeCred(*r.TS, r.NodeID, ids, r.NodeSig) == nil
-			return
-		}
-		a := r.Agents[i-1]
-		ok[i] = protocol.VerifyNodeAgent(*r.TS, r.NodeID, a.ID, a.Sig) == nil
-	}
-	parts := min(runtime.GOMAXPROCS(0), (n+minChecksPerPart-1)/minChecksPerPart)
-	var wg sync.WaitGroup
-	for p := 1; p < parts; p++ {
-		wg.Go(func() {
-			for i := p * n / parts; i < (p+1)*n/parts; i++ {
-				check(i)
+	check := func(from, to int) {
+		for i := from; i < to; i++ {
+			if i == 0 {
+				ok[0] = protocol.VerifyNodeCred(*r.TS, r.NodeID, ids, r.NodeSig) == nil
+				continue
 			}
-		})
+			a := r.Agents[i-1]
+			ok[i] = protocol.VerifyNodeAgent(*r.TS, r.NodeID, a.ID, a.Sig) == nil
+		}
 	}
-	for i := range n / parts {
-		check(i)
-	}
-	wg.Wait()
+	shareChecks(n, check)
 	if !ok[0] {
 		return unauth(errs.IdentityMismatch, "node_sig does not verify against node_id")
 	}
@@ -212,10 +202,58 @@ func verifyRoster(r NodeRequest, ids []string) error {
 	return nil
 }
 
-// minChecksPerPart is the least share of a roster's verifications worth a
-// goroutine of its own (a verification is some 25 µs; starting and
-// joining a goroutine about 1).
-const minChecksPerPart = 4
+// shareChecks runs check over [0, n) in contiguous shares, handing shares
+// to verifier goroutines that are waiting for work and running the rest
+// itself; it returns when every share is done. A share is at least
+// minChecksPerShare checks (a verification is some 25 µs; handing one
+// over about 1).
+//
+// The verifiers are long-lived (GOMAXPROCS-1 of them): a goroutine started
+// per request would grow its stack to the verifier's depth every time. A
+// share is only handed to one already waiting, never queued, so a busy
+// server verifies in the requests' own goroutines as before.
+func shareChecks(n int, check func(from, to int)) {
+	parts := min(runtime.GOMAXPROCS(0), n/minChecksPerShare)
+	if parts <= 1 {
+		check(0, n)
+		return
+	}
+	startVerifiers.Do(func() {
+		for range max(runtime.GOMAXPROCS(0)-1, 1) {
+			go func() {
+				for job := range verifierWork {
+					job()
+				}
+			}()
+		}
+	})
+	var wg sync.WaitGroup
+	offer := func(from, to int) bool {
+		wg.Add(1)
+		select {
+		case verifierWork <- func() { defer wg.Done(); check(from, to) }:
+			return true
+		default:
+			wg.Done()
+			return false
+		}
+	}
+	end := n // this goroutine runs [0, end): the first share, and any share no verifier took
+	for p := parts - 1; p >= 1 && offer(p*n/parts, (p+1)*n/parts); p-- {
+		end = p * n / parts
+	}
+	check(0, end)
+	wg.Wait()
+}
+
+// minChecksPerShare is the least share of a roster's verifications worth
+// handing to another goroutine.
+const minChecksPerShare = 4
+
+var (
+	verifierWork   = make(chan func()) // unbuffered: taken only by a waiting verifier
+	startVerifiers sync.Once
+)
 
 // standing reads the roster's standing inside tx: every agent not retired,
 // every owning account live, at most one owning account. Keys no account

@@ -201,3 +201,32 @@ func TestRosterRefusalIsTheFirstInOrder(t *testing.T) {
 		t.Fatalf("the unspoiled request: %v", err)
 	}
 }
+
+// TestShareChecksRunsEachOnce: however the shares fall between the
+// verifiers and the caller, every check runs exactly once before
+// shareChecks returns, from many callers at once.
+func TestShareChecksRunsEachOnce(t *testing.T) {
+	var wg sync.WaitGroup
+	for caller := range 8 {
+		wg.Go(func() {
+			for n := range 40 {
+				counts := make([]int32, n)
+				var mu sync.Mutex
+				shareChecks(n, func(from, to int) {
+					mu.Lock()
+					defer mu.Unlock()
+					for i := from; i < to; i++ {
+						counts[i]++
+					}
+				})
+				for i, c := range counts {
+					if c != 1 {
+						t.Errorf("caller %d, n %d: check %d ran %d times", caller, n, i, c)
+						return
+					}
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
