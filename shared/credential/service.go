@@ -157,7 +157,17 @@ func isoOrNil(msec int64) any {
 
 // rememberHost records that key carried agent, for revocation on retire.
 // Reads must come first in a transaction, so callers pass what they read.
+//
+// A record that already names the agent and holds key is left as it is:
+// writing it again would store what is stored (a renewal by the same node
+// is the common case, and sixteen identical writes a mint were most of its
+// store work). What a retire must find is then durable already, and the
+// record was read in this transaction, so a concurrent change to it still
+// conflicts with this one as it did when it was written.
 func rememberHost(tx store.Tx, agentID string, h hosts, key string) error {
+	if h.AgentID == agentID && slices.Contains(h.Keys, key) {
+		return nil
+	}
 	h.AgentID = agentID
 	if !slices.Contains(h.Keys, key) {
 		h.Keys = append(h.Keys, key)

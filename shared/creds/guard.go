@@ -150,12 +150,51 @@ var (
 	heartbeatSpace = protocol.HeartbeatSubject("*")
 )
 
+// The same spaces split at their dots, for Guard's token comparisons.
+var (
+	inboxSpacesT       = splitAll(inboxSpaces)
+	streamSpacesT      = splitAll(streamSpaces)
+	mailboxSpaceT      = split(mailboxSpace)
+	replySpacesT       = splitAll(replySpaces)
+	feedSpaceT         = split(feedSpace)
+	outboxSpaceT       = split(outboxSpace)
+	traceSpaceT        = split(traceSpace)
+	guardedInboxSpaceT = split(guardedInboxSpace)
+	sandboxSpacesT     = splitAll(sandboxSpaces)
+	registerSpacesT    = splitAll(registerSpaces)
+	heartbeatSpaceT    = split(heartbeatSpace)
+	serviceInboxSpaceT = split(protocol.ServiceInboxSpace)
+	denyInternalT      = split(denyInternal)
+	taskAllT           = split(subjTaskAll)
+
+	// The deny entries every set must carry, in the order they are
+	// reported missing.
+	pubDeniesRequired  = MeshDenies()
+	pubDeniesRequiredT = splitAll(pubDeniesRequired)
+	subDeniesRequired  = subDenies()
+	subDeniesRequiredT = splitAll(subDeniesRequired)
+
+	// The per-agent subjects of a credential, as forms over the agent's key.
+	inboxForm        = formOf(protocol.InboxSubject)
+	guardedInboxForm = formOf(protocol.GuardedInboxSubject)
+	outboxForm       = formOf(protocol.OutboxSubject)
+	traceForm        = formOf(protocol.TraceSubject)
+	registerForm     = formOf(registerBound)
+)
+
 // Guard checks a permission set against the rules of spec §4.6 rule 4 for a
 // credential of kind, issued to the credential key key and hosting the
 // agents in hosted, and returns a *GuardError
 // naming the first broken rule and the offending subject. Only guarded kinds
 // (Kind.Guarded) have a guard; the others are refused. Subjects are compared
 // as NATS subjects, token by token, with * and > as the broker reads them.
+//
+// Each subject is split at its dots once and compared with the watched
+// spaces, split once at start-up, token by token; a hosted agent's own
+// subjects are recognised by their form (ownForm) rather than built for
+// every agent and searched. guard_diff_test.go proves it refuses exactly
+// what the string-by-string guard it replaced refused, with the same
+// rule, subject and reason.
 func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 	prof, ok := profileOf(kind)
 	if !ok {
@@ -180,6 +219,8 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 			return refuse(RuleRoster, h, "is on the roster twice")
 		}
 	}
+	// From here on every hosted key is a user public key: one subject
+	// token, without dots or wildcards, which is what ownForm needs.
 
 	// Allow lists.
 	if len(p.PubAllow) == 0 {
@@ -190,147 +231,211 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 	}
 
 	// Denies.
-	for _, d := range MeshDenies() {
+	for i, d := range pubDeniesRequiredT {
 		if !anyCovers(p.PubDeny, d) {
-			return refuse(RuleDenies, d, "is missing from the publish deny list")
+			return refuse(RuleDenies, pubDeniesRequired[i], "is missing from the publish deny list")
 		}
 	}
-	for _, d := range subDenies() {
+	for i, d := range subDeniesRequiredT {
 		if !anyCovers(p.SubDeny, d) {
-			return refuse(RuleDenies, d, "is missing from the subscribe deny list")
+			return refuse(RuleDenies, subDeniesRequired[i], "is missing from the subscribe deny list")
 		}
 	}
 	if !keys.IsUserPublicKey(key) {
 		return refuse(RuleReplySubscribe, key, "is not a credential public key, so it names no reply prefix")
 	}
-	ownReplies := []string{protocol.PrivateInboxPrefix(key) + ".>"}
-	if prof.sharedInbox {
-		ownReplies = append(ownReplies, protocol.SharedInboxSpace)
+	ownReplies := protocol.PrivateInboxPrefix(key) + ".>"
+	ownReply := func(s string) bool {
+		return s == ownReplies || prof.sharedInbox && s == protocol.SharedInboxSpace
 	}
-	var ownMailbox []string
-	if prof.mailbox {
-		ownMailbox = []string{protocol.SubjMailboxFetch, protocol.SubjMailboxAck}
+	ownMailbox := func(s string) bool {
+		return prof.mailbox && (s == protocol.SubjMailboxFetch || s == protocol.SubjMailboxAck)
 	}
 
-	// The hosted agents' own subjects, by what this kind may do with them.
-	ownRegister := []string{protocol.SubjRegister}
-	var ownInboxes, ownFeeds, ownOutboxes, ownTraces []string
-	for _, h := range hosted {
-		if prof.inboxes {
-			ownInboxes = append(ownInboxes, protocol.InboxSubject(h))
-			if !prof.sandbox {
-				ownInboxes = append(ownInboxes, protocol.GuardedInboxSubject(h))
-			}
-		}
-		if prof.feeds {
-			ownFeeds = append(ownFeeds, h)
-		}
-		ownOutboxes = append(ownOutboxes, protocol.OutboxSubject(h))
-		ownTraces = append(ownTraces, protocol.TraceSubject(h))
-		ownRegister = append(ownRegister, registerBound(h))
+	// The hosted agents' own subjects, by what this kind may do with them
+	// (hosted is never empty here).
+	ownInbox := func(t subject) bool {
+		return prof.inboxes && (inboxForm.matches(t, hosted) || !prof.sandbox && guardedInboxForm.matches(t, hosted))
 	}
+	var ownFeeds []string
+	if prof.feeds {
+		ownFeeds = hosted
+	}
+	ownRegister := func(s string, t subject) bool {
+		return s == protocol.SubjRegister || registerForm.matches(t, hosted)
+	}
+
+	var buf [16]string
 
 	// Subscriptions.
 	for _, s := range p.SubAllow {
-		if !validPattern(s) {
+		t, ok := validSplit(s, buf[:0])
+		if !ok {
 			return refuse(RuleAllowLists, s, "is not a valid subscribe subject")
 		}
-		if anyOverlaps(inboxSpaces, s) && !slices.Contains(ownInboxes, s) {
+		if anyOverlaps(inboxSpacesT, t) && !ownInbox(t) {
 			switch {
-			case hasWildcard(s):
+			case hasWildcard(t):
 				return refuse(RuleInboxSubscribe, s, "subscribes to agent inboxes through a wildcard")
-			case len(ownInboxes) == 0:
+			case !prof.inboxes:
 				return refuse(RuleInboxSubscribe, s, "subscribes to an inbox; a %s credential subscribes to none", kind)
 			default:
 				return refuse(RuleInboxSubscribe, s, "subscribes to an inbox outside the hosted agents' own")
 			}
 		}
-		if anyOverlaps(streamSpaces, s) {
+		if anyOverlaps(streamSpacesT, t) {
 			return refuse(RuleStreamSubjects, s, "subscribes to a JetStream subject")
 		}
-		if anyOverlaps(replySpaces, s) && !slices.Contains(ownReplies, s) {
+		if anyOverlaps(replySpacesT, t) && !ownReply(s) {
 			if s == protocol.SharedInboxSpace {
 				return refuse(RuleReplySubscribe, s, "is the shared reply space, which a %s credential never gets", kind)
 			}
 			return refuse(RuleReplySubscribe, s, "reaches replies outside the credential's own prefix %s.>", protocol.PrivateInboxPrefix(key))
 		}
-		if !prof.heartbeats && patternsOverlap(heartbeatSpace, s) {
+		if !prof.heartbeats && overlaps(heartbeatSpaceT, t) {
 			return refuse(RuleHeartbeatSubscribe, s, "subscribes to node heartbeats; a %s credential follows none", kind)
 		}
 		if prof.job {
-			if err := jobScope(s); err != "" {
+			if err := jobScope(t); err != "" {
 				return refuse(RuleJobScope, s, "%s", err)
 			}
 		}
-		if patternsOverlap(denyInternal, s) {
+		if overlaps(denyInternalT, t) {
 			return refuse(RuleInternal, s, "reaches the internal service subjects")
 		}
 	}
 
 	// Publishes.
 	for _, s := range p.PubAllow {
-		if !validPattern(s) {
+		t, ok := validSplit(s, buf[:0])
+		if !ok {
 			return refuse(RuleAllowLists, s, "is not a valid publish subject")
 		}
-		if anyOverlaps(streamSpaces, s) {
+		if anyOverlaps(streamSpacesT, t) {
 			return refuse(RuleStreamSubjects, s, "reaches JetStream; clients read their mail through the mailbox worker")
 		}
-		if patternsOverlap(mailboxSpace, s) && !slices.Contains(ownMailbox, s) {
-			if len(ownMailbox) == 0 {
+		if overlaps(mailboxSpaceT, t) && !ownMailbox(s) {
+			if !prof.mailbox {
 				return refuse(RuleMailbox, s, "reaches the mailbox; a %s credential has none", kind)
 			}
 			return refuse(RuleMailbox, s, "reaches mailbox subjects other than fetch and ack")
 		}
-		if patternsOverlap(protocol.ServiceInboxSpace, s) {
+		if overlaps(serviceInboxSpaceT, t) {
 			return refuse(RuleReplyPublish, s, "publishes into the services' reply prefix")
 		}
-		if patternsOverlap(feedSpace, s) && !ownFeed(s, ownFeeds) {
+		if overlaps(feedSpaceT, t) && !ownFeed(t, ownFeeds) {
 			if len(ownFeeds) == 0 {
 				return refuse(RuleFeedPublish, s, "publishes on a feed; a %s credential publishes none", kind)
 			}
 			return refuse(RuleFeedPublish, s, "publishes on a feed outside mesh.feed.<hosted agent>.*")
 		}
-		if patternsOverlap(guardedInboxSpace, s) {
+		if overlaps(guardedInboxSpaceT, t) {
 			return refuse(RuleGuardedPublish, s, "publishes to guarded inboxes, which only the admission service may do")
 		}
-		if patternsOverlap(outboxSpace, s) && !slices.Contains(ownOutboxes, s) {
+		if overlaps(outboxSpaceT, t) && !outboxForm.matches(t, hosted) {
 			return refuse(RuleOwnerPublish, s, "publishes on an outbox that is not a hosted agent's")
 		}
-		if patternsOverlap(traceSpace, s) && !slices.Contains(ownTraces, s) {
+		if overlaps(traceSpaceT, t) && !traceForm.matches(t, hosted) {
 			return refuse(RuleOwnerPublish, s, "publishes on a trace subject that is not a hosted agent's")
 		}
-		if prof.sandbox && anyOverlaps(sandboxSpaces, s) {
+		if prof.sandbox && anyOverlaps(sandboxSpacesT, t) {
 			return refuse(RuleSandbox, s, "is outside the sandbox (no admission, rooms, artifacts or board)")
 		}
-		if prof.sandbox && anyOverlaps(registerSpaces, s) && !slices.Contains(ownRegister, s) {
-			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the plain one and the guest's own bound one (%s)", strings.Join(ownRegister, ", "))
+		if prof.sandbox && anyOverlaps(registerSpacesT, t) && !ownRegister(s, t) {
+			own := []string{protocol.SubjRegister}
+			for _, h := range hosted {
+				own = append(own, registerBound(h))
+			}
+			return refuse(RuleSandboxRegister, s, "reaches a register subject other than the plain one and the guest's own bound one (%s)", strings.Join(own, ", "))
 		}
 		if prof.job {
-			if err := jobScope(s); err != "" {
+			if err := jobScope(t); err != "" {
 				return refuse(RuleJobScope, s, "%s", err)
 			}
 		}
-		if patternsOverlap(denyInternal, s) {
+		if overlaps(denyInternalT, t) {
 			return refuse(RuleInternal, s, "reaches the internal service subjects")
 		}
 	}
 	return nil
 }
 
-// ownFeed reports whether s is mesh.feed.<owner>.<topic or *> for one of owners.
-func ownFeed(s string, owners []string) bool {
-	t := strings.Split(s, ".")
+// subject is a subject or a pattern split at its dots: "a.b" is [a b], ""
+// is [""], "a..b" is [a "" b]. Only a subject that passed validPattern
+// (or a watched space) holds wildcards as whole tokens.
+type subject []string
+
+// split splits s at its dots.
+func split(s string) subject { return splitInto(s, nil) }
+
+// splitInto splits s at its dots into buf's storage, growing it only when
+// s has more tokens than buf holds.
+func splitInto(s string, buf []string) subject {
+	t := buf[:0]
+	for {
+		tok, rest, more := strings.Cut(s, ".")
+		t = append(t, tok)
+		if !more {
+			return t
+		}
+		s = rest
+	}
+}
+
+func splitAll(list []string) []subject {
+	out := make([]subject, len(list))
+	for i, s := range list {
+		out[i] = split(s)
+	}
+	return out
+}
+
+// ownForm is a per-agent subject (protocol.InboxSubject and the like) as
+// tokens, the agent's key at token at. A subject is the form of one of the
+// hosted agents when it has the form's length, every other token is the
+// form's, and token at is a hosted key. For keys of one token (user public
+// keys, which the guard checks first) that is exactly "the subject equals
+// form(h) for some hosted h".
+type ownForm struct {
+	toks subject
+	at   int
+}
+
+// formOf finds the agent's token in what form builds for a marker key.
+func formOf(form func(agent string) string) ownForm {
+	const marker = "\x00agent\x00"
+	t := split(form(marker))
+	at := slices.Index(t, marker)
+	if at < 0 {
+		panic("creds: subject form without its agent token: " + form(marker))
+	}
+	return ownForm{toks: t, at: at}
+}
+
+func (f ownForm) matches(t subject, hosted []string) bool {
+	if len(t) != len(f.toks) {
+		return false
+	}
+	for i, x := range f.toks {
+		if i != f.at && t[i] != x {
+			return false
+		}
+	}
+	return slices.Contains(hosted, t[f.at])
+}
+
+// ownFeed reports whether t is mesh.feed.<owner>.<topic or *> for one of owners.
+func ownFeed(t subject, owners []string) bool {
 	return len(t) == 4 && t[0] == "mesh" && t[1] == "feed" && t[3] != ">" &&
 		slices.Contains(owners, t[2])
 }
 
-// jobScope explains why s, in a job credential, reaches more than one task,
+// jobScope explains why t, in a job credential, reaches more than one task,
 // or returns "".
-func jobScope(s string) string {
-	if !patternsOverlap(subjTaskAll, s) {
+func jobScope(t subject) string {
+	if !overlaps(taskAllT, t) {
 		return ""
 	}
-	t := strings.Split(s, ".")
 	switch {
 	case t[0] != "mesh" || t[1] != "task":
 		return "reaches task subjects through a wildcard"
@@ -342,18 +447,20 @@ func jobScope(s string) string {
 	return ""
 }
 
-func anyCovers(patterns []string, subject string) bool {
+// anyCovers reports whether one of patterns covers subject.
+func anyCovers(patterns []string, subject subject) bool {
+	var buf [16]string
 	for _, p := range patterns {
-		if subjectCovers(p, subject) {
+		if covers(splitInto(p, buf[:0]), subject) {
 			return true
 		}
 	}
 	return false
 }
 
-func anyOverlaps(patterns []string, s string) bool {
+func anyOverlaps(patterns []subject, t subject) bool {
 	for _, p := range patterns {
-		if patternsOverlap(p, s) {
+		if overlaps(p, t) {
 			return true
 		}
 	}
@@ -362,62 +469,62 @@ func anyOverlaps(patterns []string, s string) bool {
 
 func isWildcard(tok string) bool { return tok == "*" || tok == ">" }
 
-// nextToken splits the first token off a subject; more reports whether
-// another token follows.
-func nextToken(s string) (tok, rest string, more bool) {
-	tok, rest, more = strings.Cut(s, ".")
-	return tok, rest, more
-}
+func hasWildcard(t subject) bool { return slices.ContainsFunc(t, isWildcard) }
 
-func hasWildcard(s string) bool {
-	for {
-		tok, rest, more := nextToken(s)
-		if isWildcard(tok) {
-			return true
-		}
-		if !more {
-			return false
-		}
-		s = rest
-	}
-}
+// patternByte classes the bytes validPattern looks at: 1 a dot, 2 white
+// space, 3 a wildcard; every other byte is 0 and passes at a table look-up.
+var patternByte = [256]uint8{'.': 1, ' ': 2, '\t': 2, '\r': 2, '\n': 2, '*': 3, '>': 3}
 
 // validPattern reports whether s is a subject or subscription pattern the
 // broker would read as one: non-empty tokens without white space, wildcards
 // only as whole tokens, > only last.
 func validPattern(s string) bool {
+	var buf [16]string
+	_, ok := validSplit(s, buf[:0])
+	return ok
+}
+
+// validSplit is validPattern and splitInto in one pass over s; the
+// subject is only meaningful when ok.
+func validSplit(s string, buf []string) (t subject, ok bool) {
+	t = buf[:0]
 	start, wild := 0, false
 	for i := 0; i <= len(s); i++ {
-		if i < len(s) && s[i] != '.' {
-			switch s[i] {
-			case ' ', '\t', '\r', '\n':
-				return false
-			case '*', '>':
+		if i < len(s) {
+			switch patternByte[s[i]] {
+			case 0:
+				continue
+			case 2:
+				return nil, false
+			case 3:
 				wild = true
+				continue
 			}
-			continue
 		}
 		tok := s[start:i]
 		switch {
 		case tok == "":
-			return false
+			return nil, false
 		case tok == ">" && i != len(s):
-			return false
+			return nil, false
 		case wild && tok != "*" && tok != ">":
-			return false
+			return nil, false
 		}
+		t = append(t, tok)
 		start, wild = i+1, false
 	}
-	return true
+	return t, true
 }
 
 // subjectCovers reports whether pattern matches every subject that subject
-// matches (subject may itself hold wildcards): token by token, * covers one
+// matches (subject may itself hold wildcards).
+func subjectCovers(pattern, subject string) bool { return covers(split(pattern), split(subject)) }
+
+// covers is subjectCovers on split subjects: token by token, * covers one
 // token (a literal or *), > covers one or more remaining tokens.
-func subjectCovers(pattern, subject string) bool {
-	for {
-		pt, prest, pmore := nextToken(pattern)
-		st, srest, smore := nextToken(subject)
+func covers(pattern, subject subject) bool {
+	for i := 0; ; i++ {
+		pt, st := pattern[i], subject[i]
 		switch {
 		case pt == ">":
 			return true
@@ -428,27 +535,29 @@ func subjectCovers(pattern, subject string) bool {
 		case st != pt:
 			return false
 		}
+		pmore, smore := i+1 < len(pattern), i+1 < len(subject)
 		if !pmore || !smore {
 			return pmore == smore
 		}
-		pattern, subject = prest, srest
 	}
 }
 
 // patternsOverlap reports whether some concrete subject matches both a and b.
-func patternsOverlap(a, b string) bool {
-	for {
-		x, arest, amore := nextToken(a)
-		y, brest, bmore := nextToken(b)
+func patternsOverlap(a, b string) bool { return overlaps(split(a), split(b)) }
+
+// overlaps is patternsOverlap on split subjects.
+func overlaps(a, b subject) bool {
+	for i := 0; ; i++ {
+		x, y := a[i], b[i]
 		switch {
 		case x == ">" || y == ">":
 			return true
 		case x != "*" && y != "*" && x != y:
 			return false
 		}
+		amore, bmore := i+1 < len(a), i+1 < len(b)
 		if !amore || !bmore {
 			return amore == bmore
 		}
-		a, b = arest, brest
 	}
 }

@@ -324,10 +324,12 @@ func nodeLike(agents []string, r Replies, registry []string, full bool) Permissi
 		pub = appendVerbs(pub, boardPrefix, protocol.BoardVerbs)
 	}
 	pub = append(pub, replyPublish()...)
-	var sub []string
+	pub = slices.Grow(pub, 3*len(agents))
+	sub := make([]string, 0, 3*len(agents)+8)
 	for _, a := range agents {
+		outbox := protocol.OutboxSubject(a) // in both lists: one string
 		pub = append(pub,
-			protocol.OutboxSubject(a),
+			outbox,
 			protocol.TraceSubject(a),
 			protocol.FeedSubject(a, "*"),
 		)
@@ -335,7 +337,7 @@ func nodeLike(agents []string, r Replies, registry []string, full bool) Permissi
 		if full {
 			sub = append(sub, protocol.GuardedInboxSubject(a))
 		}
-		sub = append(sub, protocol.OutboxSubject(a))
+		sub = append(sub, outbox)
 	}
 	sub = append(sub,
 		protocol.EventSubject(">"),

@@ -276,7 +276,7 @@ func TestTrustNeverShowsItsSeeds(t *testing.T) {
 	}
 }
 
-func mustTrust(t *testing.T) *Trust {
+func mustTrust(t testing.TB) *Trust {
 	t.Helper()
 	tr, err := Generate()
 	if err != nil {

@@ -1,6 +1,7 @@
 package creds
 
 import (
+	"bytes"
 	"crypto/sha512"
 	"encoding/base32"
 	"encoding/base64"
@@ -8,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -133,10 +135,12 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	uc := jwt.NewUserClaims(spec.PublicKey)
 	uc.Name = spec.Name
 	uc.IssuerAccount = t.mesh.Public()
-	uc.Pub.Allow = append(jwt.StringList(nil), p.PubAllow...)
-	uc.Pub.Deny = append(jwt.StringList(nil), p.PubDeny...)
-	uc.Sub.Allow = append(jwt.StringList(nil), p.SubAllow...)
-	uc.Sub.Deny = append(jwt.StringList(nil), p.SubDeny...)
+	// The claims share the caller's lists: encoding only reads them, and
+	// the claims do not outlive this call.
+	uc.Pub.Allow = jwt.StringList(p.PubAllow)
+	uc.Pub.Deny = jwt.StringList(p.PubDeny)
+	uc.Sub.Allow = jwt.StringList(p.SubAllow)
+	uc.Sub.Deny = jwt.StringList(p.SubDeny)
 	if !spec.Expires.IsZero() {
 		uc.Expires = spec.Expires.Unix()
 	}
@@ -271,18 +275,32 @@ func issueAfter(now, revokedAt time.Time) int64 {
 	return iat
 }
 
-// encodeUserAt is encodeUser with an issue time of at least iat.
+// encodeUserAt signs uc as a user JWT issued at iat (issueAfter): the
+// bytes the jwt library's Encode makes, had its clock read iat.
 //
-// jwt v2 always stamps the current second as iat when it encodes, with no
-// way to choose it. When a later one is needed, the encoded claims (issuer,
-// type, version already filled in) get the new iat and a recomputed claim id,
-// and are serialised and signed here exactly as the library does; the result
-// is decoded again to prove it verifies.
+// It is the library's encoder (ClaimsData.doEncode) written out, for two
+// reasons. The library always stamps its own clock's second as iat, with
+// no way to choose a later one, which a credential minted in the second of
+// a revocation of its key needs. And it copies the whole token five times
+// on the way (the payload's JSON, its base64, then fmt.Sprintf twice), and
+// asks the key for its public half, where a node credential's token is
+// about 9 KB. Here the token is built in one buffer and signed in place.
+// TestEncodeUserAtIsTheLibrarysEncode proves the bytes equal the
+// library's for the same claims and second, including the claim id (the
+// SHA-512/256 of the standard claims) and the signature.
 func encodeUserAt(uc *jwt.UserClaims, signer *keys.Account, iat int64) (string, error) {
-	token, err := encodeUser(uc, signer)
-	if err != nil || uc.IssuedAt >= iat {
-		return token, err
+	vr := jwt.CreateValidationResults()
+	uc.Validate(vr)
+	if vr.IsBlocking(true) {
+		return "", fmt.Errorf("mint user: invalid claims: %v", vr.Errors())
 	}
+	if !keys.IsUserPublicKey(uc.Subject) {
+		return "", errors.New("mint user: expected subject to be user public key")
+	}
+	// As the library does, in its order: type, issuer, iat, claim id over
+	// the standard claims with an empty id, then the version.
+	uc.Type = jwt.UserClaim
+	uc.Issuer = signer.Public()
 	uc.IssuedAt = iat
 	uc.ID = ""
 	id, err := claimsID(&uc.ClaimsData)
@@ -290,26 +308,48 @@ func encodeUserAt(uc *jwt.UserClaims, signer *keys.Account, iat int64) (string, 
 		return "", fmt.Errorf("mint user: %w", err)
 	}
 	uc.ID = id
-	payload, err := json.Marshal(uc)
-	if err != nil {
+	uc.Version = jwtLibVersion
+	// The payload's JSON and the token are built in pooled buffers: only
+	// the token's string is new memory (a node credential's is 9 KB).
+	bufs := tokenBufs.Get().(*tokenBuf)
+	defer tokenBufs.Put(bufs)
+	bufs.json.Reset()
+	je := json.NewEncoder(&bufs.json) // json.Marshal's bytes, and a newline
+	if err := je.Encode(uc); err != nil {
 		return "", fmt.Errorf("mint user: %w", err)
 	}
-	header, _, _ := strings.Cut(token, ".")
-	toSign := header + "." + base64.RawURLEncoding.EncodeToString(payload)
-	sig, err := signer.NKey().Sign([]byte(toSign))
-	if err != nil {
-		return "", fmt.Errorf("mint user: %w", err)
-	}
-	token = toSign + "." + base64.RawURLEncoding.EncodeToString(sig)
-	back, err := jwt.DecodeUserClaims(token)
-	if err != nil {
-		return "", fmt.Errorf("mint user: re-issued jwt does not decode: %w", err)
-	}
-	if back.IssuedAt != iat || back.ID != id || back.Issuer != signer.Public() {
-		return "", errors.New("mint user: re-issued jwt does not carry the claims it was given")
-	}
-	return token, nil
+	payload := bytes.TrimSuffix(bufs.json.Bytes(), []byte("\n"))
+	enc := base64.RawURLEncoding
+	tok := append(bufs.tok[:0], jwtHeader...)
+	tok = append(tok, '.')
+	tok = enc.AppendEncode(tok, payload)
+	sig := signer.Sign(tok)
+	tok = append(tok, '.')
+	tok = enc.AppendEncode(tok, sig)
+	bufs.tok = tok
+	return string(tok), nil
 }
+
+// tokenBuf is encodeUserAt's scratch space.
+type tokenBuf struct {
+	json bytes.Buffer
+	tok  []byte
+}
+
+var tokenBufs = sync.Pool{New: func() any { return new(tokenBuf) }}
+
+// jwtLibVersion is the claims version the jwt library writes (its
+// libVersion), and jwtHeader the header it writes for nkey-signed JWTs,
+// encoded; TestEncodeUserAtIsTheLibrarysEncode holds both to the library.
+const jwtLibVersion = 2
+
+var jwtHeader = func() string {
+	h, err := json.Marshal(&jwt.Header{Type: jwt.TokenTypeJwt, Algorithm: jwt.AlgorithmNkey})
+	if err != nil {
+		panic(err)
+	}
+	return base64.RawURLEncoding.EncodeToString(h)
+}()
 
 // claimsID is the jwt library's claim id: the SHA-512/256 of the JSON of the
 // standard claims with an empty id, in unpadded base32.

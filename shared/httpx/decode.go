@@ -12,6 +12,7 @@ import (
 	"os"
 	"reflect"
 	"strings"
+	"sync"
 
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -62,7 +63,7 @@ func Decode(w http.ResponseWriter, r *http.Request, dst any, opt DecodeOptions) 
 		}
 		return errs.New(errs.InvalidRequest, "request body is required (JSON)")
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, limit))
+	body, err := readAll(http.MaxBytesReader(w, r.Body, limit), min(r.ContentLength, limit))
 	if err != nil {
 		return readError(err, limit)
 	}
@@ -89,13 +90,34 @@ func DecodeBytes(body []byte, dst any, strict bool) error {
 	if _, ok := v.(map[string]any); !ok {
 		return errs.New(errs.InvalidRequest, "request body must be a JSON object")
 	}
-	if err := checkMembers(reflect.TypeOf(dst), v, "", strict); err != nil {
+	if err := checkBody(reflect.TypeOf(dst), v, strict); err != nil {
 		return err
 	}
 	if err := json.Unmarshal(body, dst); err != nil {
 		return errs.Wrap(errs.InvalidRequest, describeJSONError(err), err)
 	}
 	return nil
+}
+
+// readAll is io.ReadAll into a buffer sized for the body's announced
+// length (at most the limit), so that a body of known size is read without
+// growing and copying it on the way; a wrong announcement only costs the
+// growth io.ReadAll would have made.
+func readAll(r io.Reader, sizeHint int64) ([]byte, error) {
+	b := make([]byte, 0, max(sizeHint, 0)+512)
+	for {
+		n, err := r.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err != nil {
+			if err == io.EOF {
+				err = nil
+			}
+			return b, err
+		}
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+	}
 }
 
 // readError names why a body could not be read: too large, too slow (the
@@ -113,6 +135,9 @@ func readError(err error, limit int64) error {
 
 // checkContentType accepts application/json, with no charset or utf-8.
 func checkContentType(ct string) error {
+	if ct == "application/json" { // what nearly every client sends, as ParseMediaType reads it
+		return nil
+	}
 	bad := func() error {
 		if ct == "" {
 			return errs.New(errs.ContentTypeNotSupported, "content-type must be application/json (none was sent)")
@@ -136,12 +161,25 @@ var (
 	textType        = reflect.TypeFor[encoding.TextUnmarshaler]()
 )
 
+// checkBody is checkMembers from the top of the body. It walks the body
+// first without building member paths, so an accepted body costs no path
+// strings, and walks it again with them for a refusal. Whether a body is
+// refused does not depend on the order of the walk, so the second walk
+// refuses it too (like the first, naming one offending member).
+func checkBody(t reflect.Type, v any, strict bool) error {
+	if checkMembers(t, v, "", strict, false) == nil {
+		return nil
+	}
+	return checkMembers(t, v, "", strict, true)
+}
+
 // checkMembers walks the parsed value v beside the Go type t it will be
 // decoded into, refusing member names that match a declared one only in
 // case and, when strict, undeclared members. Values decoded by their own
 // UnmarshalJSON, json.RawMessage and interface values are not walked: they
-// carry no declared member set.
-func checkMembers(t reflect.Type, v any, path string, strict bool) error {
+// carry no declared member set. Without paths, path stays "" and the
+// refusal names members without it.
+func checkMembers(t reflect.Type, v any, path string, strict, paths bool) error {
 	for {
 		if t.Implements(unmarshalerType) || t.Implements(textType) ||
 			(t.Kind() != reflect.Pointer && (reflect.PointerTo(t).Implements(unmarshalerType) || reflect.PointerTo(t).Implements(textType))) {
@@ -170,7 +208,11 @@ func checkMembers(t reflect.Type, v any, path string, strict bool) error {
 				}
 				continue
 			}
-			if err := checkMembers(ft, mv, path+name+".", strict); err != nil {
+			sub := path
+			if paths {
+				sub = path + name + "."
+			}
+			if err := checkMembers(ft, mv, sub, strict, paths); err != nil {
 				return err
 			}
 		}
@@ -180,7 +222,11 @@ func checkMembers(t reflect.Type, v any, path string, strict bool) error {
 			return nil
 		}
 		for i, ev := range arr {
-			if err := checkMembers(t.Elem(), ev, fmt.Sprintf("%s[%d].", strings.TrimSuffix(path, "."), i), strict); err != nil {
+			sub := path
+			if paths {
+				sub = fmt.Sprintf("%s[%d].", strings.TrimSuffix(path, "."), i)
+			}
+			if err := checkMembers(t.Elem(), ev, sub, strict, paths); err != nil {
 				return err
 			}
 		}
@@ -190,7 +236,11 @@ func checkMembers(t reflect.Type, v any, path string, strict bool) error {
 			return nil
 		}
 		for k, mv := range obj {
-			if err := checkMembers(t.Elem(), mv, path+k+".", strict); err != nil {
+			sub := path
+			if paths {
+				sub = path + k + "."
+			}
+			if err := checkMembers(t.Elem(), mv, sub, strict, paths); err != nil {
 				return err
 			}
 		}
@@ -198,10 +248,23 @@ func checkMembers(t reflect.Type, v any, path string, strict bool) error {
 	return nil
 }
 
+// fieldsOf caches jsonFields by type: a type's fields never change, and
+// the maps are only read.
+var fieldsOf sync.Map // reflect.Type → map[string]reflect.Type
+
 // jsonFields maps the member names encoding/json reads into t to the
 // fields' types, with embedded structs' fields promoted as encoding/json
 // promotes them (outer names win).
 func jsonFields(t reflect.Type) map[string]reflect.Type {
+	if f, ok := fieldsOf.Load(t); ok {
+		return f.(map[string]reflect.Type)
+	}
+	f := structFields(t)
+	fieldsOf.Store(t, f)
+	return f
+}
+
+func structFields(t reflect.Type) map[string]reflect.Type {
 	out := map[string]reflect.Type{}
 	var embedded []reflect.Type
 	for i := range t.NumField() {
@@ -230,7 +293,7 @@ func jsonFields(t reflect.Type) map[string]reflect.Type {
 		out[name] = f.Type
 	}
 	for _, et := range embedded {
-		for name, ft := range jsonFields(et) {
+		for name, ft := range structFields(et) {
 			if _, taken := out[name]; !taken {
 				out[name] = ft
 			}

@@ -1,11 +1,15 @@
 package httpx
 
 import (
+	"bytes"
 	"encoding/json"
+	"errors"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"testing/iotest"
 
 	"agentmesh.dev/mesh/shared/errs"
 )
@@ -152,4 +156,34 @@ func FuzzDecodeBytes(f *testing.F) {
 			t.Fatalf("accepted invalid JSON %q", in)
 		}
 	})
+}
+
+// TestReadAllIsIOReadAll: whatever the announced length, readAll returns
+// what io.ReadAll returns: the same bytes, or the same error.
+func TestReadAllIsIOReadAll(t *testing.T) {
+	body := strings.Repeat("0123456789", 700)
+	boom := errors.New("boom")
+	readers := map[string]func() io.Reader{
+		"whole":    func() io.Reader { return strings.NewReader(body) },
+		"one byte": func() io.Reader { return iotest.OneByteReader(strings.NewReader(body)) },
+		"half":     func() io.Reader { return iotest.HalfReader(strings.NewReader(body)) },
+		"data+EOF": func() io.Reader { return iotest.DataErrReader(strings.NewReader(body)) },
+		"error":    func() io.Reader { return io.MultiReader(strings.NewReader(body[:3000]), iotest.ErrReader(boom)) },
+		"empty":    func() io.Reader { return strings.NewReader("") },
+		"timeout":  func() io.Reader { return iotest.TimeoutReader(strings.NewReader(body)) },
+		"too large": func() io.Reader {
+			return http.MaxBytesReader(httptest.NewRecorder(), io.NopCloser(strings.NewReader(body)), 5000)
+		},
+	}
+	for name, r := range readers {
+		want, wantErr := io.ReadAll(r())
+		for _, hint := range []int64{-1, 0, 1, 511, 512, 4999, 5000, int64(len(body)) - 1, int64(len(body)), int64(len(body)) + 1, 1 << 16} {
+			got, err := readAll(r(), hint)
+			// On an error only the error matters: how much was read before
+			// it depends on the sizes of the reads, and Decode drops it.
+			if (err == nil) != (wantErr == nil) || err != nil && err.Error() != wantErr.Error() || err == nil && !bytes.Equal(got, want) {
+				t.Fatalf("%s, hint %d: %d bytes, %v; io.ReadAll %d bytes, %v", name, hint, len(got), err, len(want), wantErr)
+			}
+		}
+	}
 }

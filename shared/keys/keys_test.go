@@ -403,6 +403,52 @@ func TestIsUserPublicKey(t *testing.T) {
 	}
 }
 
+// isUserPublicKeyRef is the nkeys check IsUserPublicKey must agree with.
+func isUserPublicKeyRef(s string) bool {
+	return len(s) == 56 && s[0] == 'U' && nkeys.IsValidPublicUserKey(s)
+}
+
+// TestIsUserPublicKeyWithCachedKeys: IsUserPublicKey answers as the
+// decoding check does whether or not the key, or a near miss of it, is in
+// the shared verification cache.
+func TestIsUserPublicKeyWithCachedKeys(t *testing.T) {
+	user := mustGenerate[AgentRole](t)
+	cands := []string{user.Public(), spoilLast(user.Public()), user.Public()[:55] + "A", strings.ToLower(user.Public()),
+		"U" + strings.Repeat("A", 55), mustGenerate[AccountRole](t).Public(), string(user.Seed())}
+	for _, cached := range []bool{false, true} {
+		if cached {
+			for _, c := range cands {
+				_, _ = UserKeys().Get(c) // only well-formed keys are held
+			}
+		}
+		for _, c := range cands {
+			if got, want := IsUserPublicKey(c), isUserPublicKeyRef(c); got != want {
+				t.Fatalf("cached %v: IsUserPublicKey(%q) = %v, want %v", cached, c, got, want)
+			}
+		}
+	}
+}
+
+// FuzzIsUserPublicKey: on any string, cached in the verification cache or
+// not, IsUserPublicKey agrees with the decoding check.
+func FuzzIsUserPublicKey(f *testing.F) {
+	k, err := Generate[AgentRole]()
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(k.Public(), false)
+	f.Add(spoilLast(k.Public()), true)
+	f.Add("U"+strings.Repeat("A", 55), true)
+	f.Fuzz(func(t *testing.T, s string, cache bool) {
+		if cache {
+			_, _ = UserKeys().Get(s)
+		}
+		if got, want := IsUserPublicKey(s), isUserPublicKeyRef(s); got != want {
+			t.Fatalf("IsUserPublicKey(%q) = %v, want %v", s, got, want)
+		}
+	})
+}
+
 func TestDecodeUserPublicKey(t *testing.T) {
 	user := mustGenerate[AgentRole](t)
 	msg := []byte("envelope")

@@ -279,6 +279,7 @@ func (c *KeyCache) put(pub string, k *VerifyingKey) {
 	c.cur[pub] = k
 }
 
+
 // Len is the number of keys held, for tests and metrics.
 func (c *KeyCache) Len() int {
 	c.mu.RLock()

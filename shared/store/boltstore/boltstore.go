@@ -376,13 +376,25 @@ func (t *tx) Get(coll, id string, dst any) error {
 		v = b.Get([]byte(id))
 	}
 	if v == nil {
-		return fmt.Errorf("boltstore: get %s/%s: %w", coll, id, store.ErrNotFound)
+		return &notFound{coll: coll, id: id}
 	}
-	if err := json.Unmarshal(v, dst); err != nil {
+	if err := jsondoc.Unmarshal(v, dst); err != nil {
 		return fmt.Errorf("boltstore: get %s/%s: decode: %w", coll, id, err)
 	}
 	return nil
 }
+
+// notFound is Get's answer for an absent document: the error
+// fmt.Errorf("boltstore: get %s/%s: %w", coll, id, store.ErrNotFound) would
+// make, with its text built only when it is read. Transactions that look
+// for what is usually absent (tombstones, revocations) meet it often.
+type notFound struct{ coll, id string }
+
+func (e *notFound) Error() string {
+	return "boltstore: get " + e.coll + "/" + e.id + ": " + store.ErrNotFound.Error()
+}
+
+func (e *notFound) Unwrap() error { return store.ErrNotFound }
 
 type hit struct {
 	id  []byte
@@ -469,7 +481,7 @@ func (t *tx) Create(coll, id string, doc any) error {
 	if err := jsondoc.CheckPath(coll, id); err != nil {
 		return fmt.Errorf("boltstore: create: %w", err)
 	}
-	raw, _, err := jsondoc.Encode(doc)
+	raw, err := jsondoc.EncodeRaw(doc)
 	if err != nil {
 		return fmt.Errorf("boltstore: create %s/%s: %w", coll, id, err)
 	}
@@ -490,7 +502,7 @@ func (t *tx) Set(coll, id string, doc any) error {
 	if err := jsondoc.CheckPath(coll, id); err != nil {
 		return fmt.Errorf("boltstore: set: %w", err)
 	}
-	raw, _, err := jsondoc.Encode(doc)
+	raw, err := jsondoc.EncodeRaw(doc)
 	if err != nil {
 		return fmt.Errorf("boltstore: set %s/%s: %w", coll, id, err)
 	}

@@ -123,3 +123,25 @@ func BenchmarkCreate(b *testing.B) {
 	}
 	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "tx/s")
 }
+
+// TestGetMissReadsAsBefore: a Get of an absent document is ErrNotFound,
+// with the text it always had, in a collection that exists and in one
+// that does not.
+func TestGetMissReadsAsBefore(t *testing.T) {
+	s := open(t)
+	defer s.Close()
+	ctx := context.Background()
+	if err := s.RunTx(ctx, func(tx store.Tx) error { return tx.Set("c", "here", doc{V: "x"}) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, coll := range []string{"c", "none"} {
+		var d doc
+		err := store.Get(ctx, s, coll, "absent", &d)
+		if !errors.Is(err, store.ErrNotFound) {
+			t.Fatalf("Get %s/absent = %v, want ErrNotFound", coll, err)
+		}
+		if want := fmt.Errorf("boltstore: get %s/absent: %w", coll, store.ErrNotFound).Error(); err.Error() != want {
+			t.Fatalf("Get %s/absent: %q, want %q", coll, err, want)
+		}
+	}
+}

@@ -5,12 +5,14 @@ package jsondoc
 
 import (
 	"bytes"
+	"encoding"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"math/big"
 	"reflect"
 	"strings"
+	"sync"
 	"unicode/utf8"
 
 	"agentmesh.dev/mesh/shared/store"
@@ -23,8 +25,12 @@ const MaxNameBytes = store.MaxIDBytes
 // (store.CheckID). A bad name is a bug in the caller's code, so it is a
 // plain ErrInvalid, not the caller's-input *store.IDError.
 func CheckName(kind, name string) error {
-	var ie *store.IDError
-	if err := store.CheckID(name); errors.As(err, &ie) {
+	err := store.CheckID(name)
+	if err == nil {
+		return nil
+	}
+	var ie *store.IDError // only on a refusal: errors.As makes it escape
+	if errors.As(err, &ie) {
 		return fmt.Errorf("%w: %s %s", store.ErrInvalid, kind, ie.Reason)
 	}
 	return nil
@@ -84,6 +90,101 @@ func Encode(doc any) ([]byte, map[string]any, error) {
 		return nil, nil, err
 	}
 	return raw, m, nil
+}
+
+// EncodeRaw is Encode's JSON alone, for a backend that stores the JSON
+// itself. When the document's type alone guarantees what Encode checks of
+// the decoded object (plainType), it is not decoded again to check it.
+func EncodeRaw(doc any) ([]byte, error) {
+	if v := reflect.ValueOf(doc); v.Kind() == reflect.Struct && plainType(v.Type()) ||
+		v.Kind() == reflect.Pointer && !v.IsNil() && v.Elem().Kind() == reflect.Struct && plainType(v.Elem().Type()) {
+		raw, err := json.Marshal(doc)
+		if err != nil {
+			return nil, fmt.Errorf("%w: document does not encode to JSON: %v", store.ErrInvalid, err)
+		}
+		return raw, nil
+	}
+	raw, _, err := Encode(doc)
+	return raw, err
+}
+
+// plain caches plainType by type (a type's answer never changes).
+var plain sync.Map // reflect.Type → bool
+
+// plainType reports whether every value of the struct type t encodes to
+// what Encode accepts once decoded: a JSON object (a struct always is, a
+// non-nil pointer to one too) whose members all have non-empty names
+// (encoding/json names a field by its tag or else its Go name, never "")
+// and hold no array directly inside an array. It answers true only for
+// structs of plain fields: booleans, numbers and strings, pointers to
+// them, slices and arrays of them, and nested structs of the same; no
+// maps, interfaces, embedded fields or types with their own encoding.
+// Anything else is decoded and checked as Encode does.
+func plainType(t reflect.Type) bool {
+	if v, ok := plain.Load(t); ok {
+		return v.(bool)
+	}
+	ok := plainStruct(t, 0)
+	plain.Store(t, ok)
+	return ok
+}
+
+var (
+	marshalerType     = reflect.TypeFor[json.Marshaler]()
+	textMarshalerType = reflect.TypeFor[encoding.TextMarshaler]()
+)
+
+// ownEncoding reports whether t (or *t) encodes itself.
+func ownEncoding(t reflect.Type) bool {
+	pt := reflect.PointerTo(t)
+	return t.Implements(marshalerType) || t.Implements(textMarshalerType) ||
+		pt.Implements(marshalerType) || pt.Implements(textMarshalerType)
+}
+
+func plainStruct(t reflect.Type, depth int) bool {
+	if t.Kind() != reflect.Struct || ownEncoding(t) || depth > 8 {
+		return false
+	}
+	for i := range t.NumField() {
+		f := t.Field(i)
+		if f.Anonymous {
+			return false
+		}
+		if !f.IsExported() || f.Tag.Get("json") == "-" {
+			continue // encoding/json leaves it out
+		}
+		if !plainField(f.Type, depth) {
+			return false
+		}
+	}
+	return true
+}
+
+func plainField(t reflect.Type, depth int) bool {
+	if ownEncoding(t) {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Struct:
+		return plainStruct(t, depth+1)
+	case reflect.Pointer, reflect.Slice, reflect.Array:
+		return plainScalar(t.Elem())
+	}
+	return plainScalar(t)
+}
+
+// plainScalar: a boolean, number or string without its own encoding.
+func plainScalar(t reflect.Type) bool {
+	if ownEncoding(t) {
+		return false
+	}
+	switch t.Kind() {
+	case reflect.Bool, reflect.String, reflect.Float32, reflect.Float64,
+		reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
+		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:
+		return true
+	}
+	return false
 }
 
 // EncodeValue normalises one field value (for Update) through JSON.
