@@ -279,7 +279,6 @@ func (c *KeyCache) put(pub string, k *VerifyingKey) {
 	c.cur[pub] = k
 }
 
-
 // Len is the number of keys held, for tests and metrics.
 func (c *KeyCache) Len() int {
 	c.mu.RLock()
