@@ -365,7 +365,7 @@ func decodeEnvelope(data []byte, broker bool) (*decoded, error) {
 	hasBudget := bv != nil && bv[0] != 'n'
 	if hasBudget {
 		var err error
-		if budget, err = budgetFromCanon(bv, &hb); err != nil {
+		if budget, hb, err = budgetFromCanon(bv, hb); err != nil {
 			return nil, err
 		}
 	}
@@ -517,11 +517,12 @@ type canonBudget struct {
 
 // budgetFromCanon is BudgetFromValue on the canonical bytes of a non-null
 // budget member: the same checks in the same order, the same refusals.
-// The deadline and currency are unescaped into *hb.
-func budgetFromCanon(b []byte, hb *[]byte) (canonBudget, error) {
+// The deadline and currency are unescaped onto hb, returned grown (a
+// pointer to it would make the decoder's stack buffer escape).
+func budgetFromCanon(b []byte, hb []byte) (canonBudget, []byte, error) {
 	var out canonBudget
 	if b[0] != '{' {
-		return out, budgetErr("must be an object")
+		return out, hb, budgetErr("must be an object")
 	}
 	var rev, deadline, ceiling []byte
 	for it := (canonObject{b: b}); ; {
@@ -539,48 +540,51 @@ func budgetFromCanon(b []byte, hb *[]byte) (canonBudget, error) {
 		}
 	}
 	if rev == nil {
-		return out, budgetErr("revision is required")
+		return out, hb, budgetErr("revision is required")
 	}
 	var ok bool
 	if out.revision, ok = canonNonNegInt(rev); !ok {
-		return out, budgetErr("revision must be a non-negative integer")
+		return out, hb, budgetErr("revision must be a non-negative integer")
 	}
 	if deadline != nil {
 		if deadline[0] != '"' {
-			return out, budgetErr("deadline must be an RFC 3339 instant string")
+			return out, hb, budgetErr("deadline must be an RFC 3339 instant string")
 		}
-		a := len(*hb)
-		*hb = appendUnquoted(*hb, deadline)
-		out.deadline = span{a, len(*hb)}
-		if _, err := ParseTime(string((*hb)[a:])); err != nil {
-			return out, budgetErr("deadline %q is not a full RFC 3339 instant", (*hb)[a:])
+		a := len(hb)
+		hb = appendUnquoted(hb, deadline)
+		out.deadline = span{a, len(hb)}
+		if ts := string(hb[a:]); !validTime(ts) {
+			// A copy in the message, not the bytes: hb must not escape, or
+			// the decoder's stack buffer for string members would be a heap
+			// allocation on every decode.
+			return out, hb, budgetErr("deadline %q is not a full RFC 3339 instant", ts)
 		}
 	}
 	if ceiling != nil {
 		if ceiling[0] != '{' {
-			return out, budgetErr("cost_ceiling: %v", "must be an object {amount_micro, currency}")
+			return out, hb, budgetErr("cost_ceiling: %v", "must be an object {amount_micro, currency}")
 		}
 		amount, ok := canonMember(ceiling, "amount_micro")
 		if !ok {
-			return out, budgetErr("cost_ceiling: %v", "amount_micro is required")
+			return out, hb, budgetErr("cost_ceiling: %v", "amount_micro is required")
 		}
 		if out.amount, ok = canonNonNegInt(amount); !ok {
-			return out, budgetErr("cost_ceiling: %v", "amount_micro must be a non-negative integer of micro-units")
+			return out, hb, budgetErr("cost_ceiling: %v", "amount_micro must be a non-negative integer of micro-units")
 		}
-		a := len(*hb)
+		a := len(hb)
 		if cur, ok := canonMember(ceiling, "currency"); ok && cur[0] == '"' {
-			*hb = appendUnquoted(*hb, cur)
+			hb = appendUnquoted(hb, cur)
 		}
-		out.currency = span{a, len(*hb)}
-		if !isCurrencyBytes((*hb)[a:]) {
-			return out, budgetErr("cost_ceiling: %v", "currency is required, as an ISO 4217 code such as USD")
+		out.currency = span{a, len(hb)}
+		if !isCurrencyBytes(hb[a:]) {
+			return out, hb, budgetErr("cost_ceiling: %v", "currency is required, as an ISO 4217 code such as USD")
 		}
 		out.hasCeiling = true
 	}
 	if deadline == nil && ceiling == nil {
-		return out, budgetErr("at least one of deadline and cost_ceiling is required")
+		return out, hb, budgetErr("at least one of deadline and cost_ceiling is required")
 	}
-	return out, nil
+	return out, hb, nil
 }
 
 // canonNonNegInt is nonNegInt on a canonical value.
@@ -598,4 +602,10 @@ func canonNonNegInt(v []byte) (int64, bool) {
 // isCurrencyBytes is IsCurrency on bytes.
 func isCurrencyBytes(b []byte) bool {
 	return len(b) == 3 && b[0] >= 'A' && b[0] <= 'Z' && b[1] >= 'A' && b[1] <= 'Z' && b[2] >= 'A' && b[2] <= 'Z'
+}
+
+// validTime reports whether ts parses as the protocol's RFC 3339 instant.
+func validTime(ts string) bool {
+	_, err := ParseTime(ts)
+	return err == nil
 }
