@@ -255,10 +255,12 @@ func (a *Agent) routeReply(dl *protocol.Delivery) {
 func (a *Agent) resultOf(dl *protocol.Delivery) *Result {
 	env := dl.Env
 	r := &Result{RequestID: env.InReplyTo, From: env.From, Env: env, Delivery: dl, TaskID: env.TaskID}
-	if v, err := env.PayloadValue(); err == nil {
+	// Read through the kept parse; only the output, the caller's to keep
+	// and change, is copied.
+	if v, err := env.PayloadView(); err == nil {
 		if p, ok := v.(map[string]any); ok {
 			r.Status, _ = p["status"].(string)
-			r.Output = p["output"]
+			r.Output = protocol.CloneValue(p["output"])
 			r.Message, _ = p["message"].(string)
 			if r.TaskID == "" {
 				r.TaskID, _ = p["task_id"].(string)
@@ -266,7 +268,7 @@ func (a *Agent) resultOf(dl *protocol.Delivery) *Result {
 			if isLateAnswer(env) {
 				// A protocol 0.3 late answer is a request: what it
 				// offers back is its input (hold.go heldAnswer).
-				r.Output = p["input"]
+				r.Output = protocol.CloneValue(p["input"])
 			}
 		}
 	}

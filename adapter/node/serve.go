@@ -191,10 +191,14 @@ type Call struct {
 
 func (a *Agent) newCall(dl *protocol.Delivery, o origin) *Call {
 	c := &Call{Env: dl.Env, Delivery: dl, Input: dl.Input, SenderText: dl.SenderText, Source: o.src, Budget: dl.Env.Budget, a: a, o: o}
-	if v, err := dl.Env.PayloadValue(); err == nil {
+	// Read through the kept parse; only the config, the handler's to keep
+	// and change, is copied.
+	if v, err := dl.Env.PayloadView(); err == nil {
 		if p, ok := v.(map[string]any); ok {
 			c.Offering = protocol.OfferingOf(p)
-			c.Config, _ = p["config"].(map[string]any)
+			if cfg, ok := p["config"].(map[string]any); ok {
+				c.Config = protocol.CloneValue(cfg).(map[string]any)
+			}
 		}
 	}
 	if c.Budget != nil {

@@ -344,8 +344,11 @@ func (e *Envelope) PayloadValue() (any, error) {
 	return ParseJSON(e.Payload)
 }
 
-// cloneValue copies the objects and arrays of a generic value; the leaves
-// (strings, float64, bool, nil) are immutable and shared.
+// CloneValue copies the objects and arrays of a generic value (as
+// PayloadView returns them, to be read only) so the copy may be changed;
+// the leaves (strings, float64, bool, nil) are immutable and shared.
+func CloneValue(v any) any { return cloneValue(v) }
+
 func cloneValue(v any) any {
 	switch x := v.(type) {
 	case map[string]any:
