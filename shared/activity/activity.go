@@ -486,10 +486,7 @@ type pendingAnswer struct {
 // duplicate, d (and answer's delta) is counted for agent; if it was one,
 // answer is then published as a record of its own.
 func (w *Worker) record(rec record, d delta, agent string, counted bool, answer *pendingAnswer) error {
-	body, err := json.Marshal(rec)
-	if err != nil {
-		return err
-	}
+	body := rec.appendJSON(make([]byte, 0, 512))
 	fut, err := w.svc.JS.PublishAsync(recordSubject(rec.From, rec.To), body, jetstream.WithMsgID(rec.Kind+":"+rec.From+":"+rec.ID))
 	if err != nil {
 		return fmt.Errorf("record: %w", err)
@@ -566,16 +563,13 @@ func (w *Worker) ackLoop(acks <-chan pendingRecord, done chan<- struct{}) {
 // first ack loop, which it holds back only when the second is 4,096
 // records behind.
 func (w *Worker) recordAnswer(agent string, a *pendingAnswer) {
-	body, err := json.Marshal(record{Item: a.it})
-	if err == nil {
-		var fut jetstream.PubAckFuture
-		fut, err = w.svc.JS.PublishAsync(recordSubject(a.it.From, a.it.To), body, jetstream.WithMsgID(a.it.Kind+":"+a.it.From+":"+a.it.ID))
-		if err == nil {
-			w.answerAcks <- pendingRecord{fut: fut, agent: agent, d: a.d, counted: true}
-			return
-		}
+	body := (&record{Item: a.it}).appendJSON(make([]byte, 0, 512))
+	fut, err := w.svc.JS.PublishAsync(recordSubject(a.it.From, a.it.To), body, jetstream.WithMsgID(a.it.Kind+":"+a.it.From+":"+a.it.ID))
+	if err != nil {
+		w.svc.Log.Warn("activity record", "agent", agent, "err", err)
+		return
 	}
-	w.svc.Log.Warn("activity record", "agent", agent, "err", err)
+	w.answerAcks <- pendingRecord{fut: fut, agent: agent, d: a.d, counted: true}
 }
 
 // subjectAgent is the agent token of a tapped subject; it must be an agent
