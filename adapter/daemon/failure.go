@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
+	"syscall"
 	"unicode"
 
 	"github.com/nats-io/nats.go"
@@ -41,6 +43,20 @@ func authRefused(err error) bool {
 		errors.Is(err, nats.ErrAuthRevoked) || errors.Is(err, nats.ErrAccountAuthExpired)
 }
 
+// cutShort reports whether err is a connection the broker accepted and
+// then ended during the handshake (end of file, a reset, a failed read or
+// write): what a client may see instead of the broker's "Authorization
+// Violation" when the broker closes the socket before the client has read
+// its last line, which happens now and then over WebSocket. Only a dial
+// that failed says the broker is not there.
+func cutShort(err error) bool {
+	if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE) {
+		return true
+	}
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op != "dial"
+}
+
 // connectFailed turns node.Start's error into the line a person reads.
 func connectFailed(url string, err error) error {
 	var op *net.OpError
@@ -74,7 +90,9 @@ func renewFailed(controlURL string, err error) error {
 // reason.
 func (a *adapter) startNode(ctx context.Context, cfg node.Config, renewer node.Renewer) (*node.Node, error) {
 	n, err := node.Start(ctx, cfg)
-	if err != nil && authRefused(err) && renewer != nil {
+	// A refusal, or a handshake cut short (which may be one), is put to the
+	// control plane: it renews the credential or says why not.
+	if err != nil && (authRefused(err) || cutShort(err)) && renewer != nil {
 		jwt, _, rerr := renewer.Renew(ctx, []*keys.Agent{a.keys.Agent})
 		if rerr != nil {
 			return nil, renewFailed(a.cc.base, rerr)
