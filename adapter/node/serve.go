@@ -254,18 +254,24 @@ func (c *Call) target() string {
 	return protocol.InboxSubject(c.Env.From)
 }
 
-// answer publishes one answer at target. A relayed protocol 0.3 request
-// (the admission service's _MESH_RELAY reply) also gets it on the relay
-// subject: the relay takes the first answer there as the sign that the
-// agent is online (else it tells the sender "queued") and passes it to
-// the sender's reply subject, which a 0.3 requester ignores.
-func (c *Call) answer(env *protocol.Envelope) error {
+// publishAnswer signs and publishes one answer (an accept or a respond) at
+// target. A relayed protocol 0.3 request (the admission service's
+// _MESH_RELAY reply) also gets it on the relay subject: the relay takes
+// the first answer there as the sign that the agent is online (else it
+// tells the sender "queued") and passes it to the sender's reply subject,
+// which a 0.3 requester ignores.
+func (c *Call) publishAnswer(env *protocol.Envelope) ([]byte, error) {
 	to := c.target()
 	var also []string
 	if to != c.o.reply && strings.HasPrefix(c.o.reply, protocol.RelayReplyPrefix+".") {
 		also = []string{c.o.reply}
 	}
-	b, err := c.a.publishRespond(to, env, also...)
+	return c.a.publishRespond(to, env, also...)
+}
+
+// answer publishes one respond (publishAnswer) and its outbox copy.
+func (c *Call) answer(env *protocol.Envelope) error {
+	b, err := c.publishAnswer(env)
 	if err != nil {
 		return err
 	}
@@ -484,12 +490,7 @@ const AcceptCopyDelay = time.Second
 // answerAccept publishes the accept at target, and its outbox copy only
 // if no answer's copy has gone out within AcceptCopyDelay.
 func (c *Call) answerAccept(env *protocol.Envelope) error {
-	to := c.target()
-	var also []string
-	if to != c.o.reply && strings.HasPrefix(c.o.reply, protocol.RelayReplyPrefix+".") {
-		also = []string{c.o.reply}
-	}
-	b, err := c.a.publishRespond(to, env, also...)
+	b, err := c.publishAnswer(env)
 	if err != nil {
 		return err
 	}
