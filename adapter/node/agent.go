@@ -87,6 +87,7 @@ type Agent struct {
 	inbox    *protocol.Inbox // requests: the full receive order
 	replies  *protocol.Inbox // responds: the same order without the sender-text cap
 	sem      chan struct{}
+	work     chan *Call // to an idle serving goroutine (dispatch)
 	manifest map[string]any
 
 	ctx    context.Context
@@ -173,6 +174,7 @@ func (n *Node) newAgent(cfg AgentConfig) *Agent {
 	a := &Agent{
 		n: n, key: cfg.Key, id: id, cfg: cfg, sandbox: cfg.Sandbox, guarded: cfg.Guarded,
 		sem:   make(chan struct{}, cfg.MaxConcurrent),
+		work:  make(chan *Call),
 		kick:  make(chan struct{}, 1),
 		tasks: map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
 		handles: map[*TaskHandle]struct{}{},

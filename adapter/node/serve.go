@@ -142,15 +142,54 @@ func (a *Agent) receive(data []byte, o origin) error {
 			defer c.cancel()
 			return c.fail(errs.Newf(errs.AgentOverloaded, "agent is handling %d requests; retry later", cap(a.sem)).WithRetryAfter(1000))
 		}
-		go func() {
-			defer func() { <-a.sem }()
-			if err := a.serve(c); err != nil {
-				a.n.log.Warn("no answer could be sent", "agent", a.id, "request", c.Env.ID, "err", err)
-			}
-		}()
+		a.dispatch(c)
 		return nil
 	}
 	return a.serve(c)
+}
+
+// serveIdle is how long a serving goroutine waits for the next live request
+// before it ends.
+const serveIdle = 10 * time.Second
+
+// dispatch hands a live request to an idle serving goroutine, or starts
+// one. They are kept for serveIdle rather than started per request: a
+// request's signatures grow a new goroutine's stack every time, a few
+// percent of the mesh's CPU per call (docs/performance.md). There are never
+// more than the agent's MaxConcurrent of them (a.sem, taken before).
+func (a *Agent) dispatch(c *Call) {
+	select {
+	case a.work <- c:
+	default:
+		go a.serveLoop(c)
+	}
+}
+
+// serveLoop serves c, then whatever dispatch hands it, until it has been
+// idle for serveIdle or the agent stops.
+func (a *Agent) serveLoop(c *Call) {
+	idle := time.NewTimer(serveIdle)
+	defer idle.Stop()
+	for {
+		a.serveLive(c)
+		c = nil // not kept alive while idle
+		idle.Reset(serveIdle)
+		select {
+		case c = <-a.work:
+		case <-idle.C:
+			return
+		case <-a.ctx.Done():
+			return
+		}
+	}
+}
+
+// serveLive serves one live request and frees its slot.
+func (a *Agent) serveLive(c *Call) {
+	defer func() { <-a.sem }()
+	if err := a.serve(c); err != nil {
+		a.n.log.Warn("no answer could be sent", "agent", a.id, "request", c.Env.ID, "err", err)
+	}
 }
 
 // Call is one admitted request as a handler sees it.
