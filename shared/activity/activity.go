@@ -209,7 +209,27 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	st, err := svc.JS.CreateOrUpdateStream(ctx, jetstream.StreamConfig{
+	st, err := svc.JS.CreateOrUpdateStream(ctx, streamConfig(ctx, svc.JS))
+	if err != nil {
+		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
+	}
+	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id"})
+	if err != nil {
+		return fail(err)
+	}
+	return start(svc, cfg, st, usage, env)
+}
+
+// streamConfig is the timeline's configuration. Records are flushed to the
+// file in batches rather than one write each (about a tenth of the mesh's
+// CPU per call: docs/performance.md): the timeline is observability, and a
+// record acknowledged in the last moments before the broker is killed may
+// be lost, which the mailbox and the control plane's records never may
+// (docs/bus.md, the stream table). The broker sets the persist mode only
+// when it creates a stream (an update may not change it), so a timeline
+// made before keeps its mode.
+func streamConfig(ctx context.Context, js jetstream.JetStream) jetstream.StreamConfig {
+	cfg := jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "content-free timeline of observed requests, responses and span events",
 		Subjects:    []string{SubjectPrefix + "*.*"},
@@ -219,20 +239,19 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		MaxMsgs:     MaxMsgs,
 		Duplicates:  dedupWindow,
 		Storage:     jetstream.FileStorage,
-		// Records are flushed to the file in batches rather than one write
-		// each (about a tenth of the mesh's CPU per call: docs/
-		// performance.md). The timeline is observability: a record
-		// acknowledged in the last moments before the broker is killed
-		// may be lost, which the mailbox and the control plane's records
-		// never may (docs/bus.md, the stream table).
 		PersistMode: jetstream.AsyncPersistMode,
-	})
-	if err != nil {
-		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id"})
-	if err != nil {
-		return fail(err)
+	if st, err := js.Stream(ctx, Stream); err == nil {
+		cfg.PersistMode = st.CachedInfo().Config.PersistMode
+	}
+	return cfg
+}
+
+// start runs the copy once its stream and bucket are bound.
+func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.KeyValue, env bus.Env) (*Worker, error) {
+	fail := func(err error) (*Worker, error) {
+		_ = svc.Stop()
+		return nil, err
 	}
 	if cfg.FlushEvery <= 0 {
 		cfg.FlushEvery = 250 * time.Millisecond
@@ -538,7 +557,11 @@ func (w *Worker) ackLoop(acks <-chan pendingRecord, done chan<- struct{}) {
 			if ack.Duplicate {
 				w.duplicates.Add(1)
 				if a := p.answer; a != nil {
-					w.recordAnswer(p.agent, a)
+					if w.carried(ack.Sequence, &a.it) {
+						w.duplicates.Add(1) // the same answer again (a replay): its request's record holds it
+					} else {
+						w.recordAnswer(p.agent, a)
+					}
 				}
 				continue
 			}
@@ -556,6 +579,26 @@ func (w *Worker) ackLoop(acks <-chan pendingRecord, done chan<- struct{}) {
 			w.svc.Log.Warn("activity record", "agent", p.agent, "err", err)
 		}
 	}
+}
+
+// carried reports whether the record at seq (the request's, which a
+// duplicate's ack names) already carries the answer it: an answer
+// published again (a node republishing after a forced reconnect, or an
+// agent replaying its own respond) is then neither recorded nor counted
+// twice. Only a duplicate, which the usual call never makes, pays this
+// read.
+func (w *Worker) carried(seq uint64, it *Item) bool {
+	if seq == 0 {
+		return false
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	m, err := w.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return false // gone (the timeline's limits): record the answer on its own
+	}
+	var rec record
+	return json.Unmarshal(m.Data, &rec) == nil && rec.Answer != nil && rec.Answer.ID == it.ID && rec.Answer.From == it.From
 }
 
 // recordAnswer publishes an answer whose request was already recorded as

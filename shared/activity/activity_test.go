@@ -505,3 +505,65 @@ func TestAnswerCarriesItsRequest(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// The same answer published twice (a node republishing after a forced
+// reconnect, or an agent replaying its own respond) is recorded and counted
+// once, whether it rode in its request's record or was recorded alone.
+func TestReplayedAnswerCountsOnce(t *testing.T) {
+	h := start(t)
+	alice, bob := bustest.Agent(t), bustest.Agent(t)
+	b := bob.Public()
+
+	req, _ := request(t, alice, b)
+	_, answer := response(t, bob, req, map[string]any{"status": "completed"})
+	h.publish(protocol.OutboxSubject(b), answer, 2) // the request's record, carrying the answer
+	h.publish(protocol.OutboxSubject(b), answer, 2) // again: the request a duplicate, and so is its answer
+	// A slow call: its accept records the request, the answer is alone.
+	slow, _ := request(t, alice, b)
+	_, acc := response(t, bob, slow, map[string]any{"status": protocol.StatusAccepted})
+	h.publish(protocol.OutboxSubject(b), acc, 2)
+	_, late := response(t, bob, slow, map[string]any{"status": "completed"})
+	h.publish(protocol.OutboxSubject(b), late, 2)
+	h.publish(protocol.OutboxSubject(b), late, 2)
+
+	if s := h.stats(); s.Recorded != 4 || s.Duplicates != 5 {
+		t.Fatalf("stats %+v, want 4 items recorded (two requests, two answers) and 5 duplicates", s)
+	}
+	if l := h.activity(map[string]any{"from": b}); l.Total != 2 {
+		t.Fatalf("bob's answers listed %d times, want 2", l.Total)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		u := h.usage(map[string]any{"agent": b})
+		if len(u) == 1 && u[0].MessagesIn == 2 && u[0].MessagesOut == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("bob's counters %+v, want 2 in and 2 out", u)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// A timeline made before it persisted asynchronously (the broker refuses
+// to change a stream's persist mode) keeps its mode, and the worker starts.
+func TestStartsOnAnOlderTimeline(t *testing.T) {
+	m := bustest.Mesh(t)
+	js, _ := jetstream.New(bustest.Client(t, m))
+	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: activity.Stream,
+		Subjects: []string{activity.SubjectPrefix + "*.*"}, Storage: jetstream.FileStorage}); err != nil {
+		t.Fatal(err)
+	}
+	w, err := activity.Start(t.Context(), bustest.Env(t, m, "activity-0", nil), activity.Config{})
+	if err != nil {
+		t.Fatalf("start on a timeline in the default persist mode: %v", err)
+	}
+	_ = w.Stop()
+	st, err := js.Stream(t.Context(), activity.Stream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c := st.CachedInfo().Config; c.PersistMode != jetstream.DefaultPersistMode || c.MaxMsgs != activity.MaxMsgs {
+		t.Fatalf("timeline config %+v", c)
+	}
+}
