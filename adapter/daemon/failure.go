@@ -54,7 +54,7 @@ func cutShort(err error) bool {
 		return true
 	}
 	var op *net.OpError
-	return errors.As(err, &op) && op.Op != "dial"
+	return errors.As(err, &op) && op.Op != "dial" && !op.Timeout()
 }
 
 // connectFailed turns node.Start's error into the line a person reads.
@@ -94,7 +94,12 @@ func (a *adapter) startNode(ctx context.Context, cfg node.Config, renewer node.R
 	// control plane: it renews the credential or says why not.
 	if err != nil && (authRefused(err) || cutShort(err)) && renewer != nil {
 		jwt, _, rerr := renewer.Renew(ctx, []*keys.Agent{a.keys.Agent})
-		if rerr != nil {
+		var rev *node.ErrRevoked
+		switch {
+		case rerr != nil && !authRefused(err) && !errors.As(rerr, &rev):
+			// Not a refusal after all, as far as anyone can tell.
+			return nil, connectFailed(cfg.NATSURL, err)
+		case rerr != nil:
 			return nil, renewFailed(a.cc.base, rerr)
 		}
 		cfg.Credential = node.Credential{JWT: jwt, Sign: a.keys.Node.SignNonce}

@@ -28,6 +28,7 @@ func TestCutShort(t *testing.T) {
 		{fmt.Errorf("node: connect: %w", &net.OpError{Op: "dial", Net: "tcp", Err: os.NewSyscallError("connect", syscall.ECONNREFUSED)}), false},
 		{fmt.Errorf("node: connect: %w", nats.ErrNoServers), false},
 		{nats.ErrTimeout, false},
+		{&net.OpError{Op: "read", Net: "tcp", Err: os.ErrDeadlineExceeded}, false},
 		{errors.New("something else"), false},
 	} {
 		if got := cutShort(tc.err); got != tc.want {

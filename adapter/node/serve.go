@@ -489,12 +489,18 @@ func (a *Agent) publishRespond(subject string, env *protocol.Envelope, also ...s
 	if err := protocol.CheckEnvelopeSize(len(b), a.n.maxPayload()); err != nil {
 		return nil, err
 	}
-	// No Nats-Msg-Id: the mailbox's dedupe is for requests. An answer
-	// stored twice (republished after a forced reconnect) is dropped by
-	// its receiver's (from, id) memory and journal, and leaving the header
-	// off saves every answer a header to write, to parse at the broker and
-	// at the receiver, and a slot in the stream's duplicate window.
-	if err := a.n.publish(subject, b); err != nil {
+	// A respond carries no Nats-Msg-Id: the mailbox's dedupe is for
+	// requests. An answer stored twice (republished after a forced
+	// reconnect) is dropped by its receiver's (from, id) memory and
+	// journal, and leaving the header off saves every answer a header to
+	// write, to parse at the broker and at the receiver, and a slot in the
+	// stream's duplicate window. A protocol 0.3 late answer is a request
+	// (hold.go) and keeps it.
+	m := &nats.Msg{Subject: subject, Data: b}
+	if env.Type == protocol.TypeRequest {
+		m.Header = nats.Header{nats.MsgIdHdr: []string{env.ID}}
+	}
+	if err := a.n.publishMsg(m); err != nil {
 		return nil, err
 	}
 	for _, s := range also {
