@@ -79,15 +79,19 @@ const (
 
 // Agent is a hosted agent.
 type Agent struct {
-	n        *Node
-	key      *keys.Agent
-	id       string
-	cfg      AgentConfig
-	sandbox  bool
-	inbox    *protocol.Inbox // requests: the full receive order
-	replies  *protocol.Inbox // responds: the same order without the sender-text cap
-	sem      chan struct{}
-	work     chan *Call // to an idle serving goroutine (dispatch)
+	n       *Node
+	key     *keys.Agent
+	id      string
+	cfg     AgentConfig
+	sandbox bool
+	inbox   *protocol.Inbox // requests: the full receive order
+	replies *protocol.Inbox // responds: the same order without the sender-text cap
+	sem     chan struct{}
+	work    chan *Call // to an idle serving goroutine (dispatch)
+	// copies are the accepts' outbox copies waiting for an answer's
+	// (answerAccept); nil once the agent stops.
+	copyMu   sync.Mutex
+	copies   map[*Call]acceptCopy
 	manifest map[string]any
 
 	ctx    context.Context
@@ -173,10 +177,11 @@ func (n *Node) newAgent(cfg AgentConfig) *Agent {
 	id := cfg.Key.Public()
 	a := &Agent{
 		n: n, key: cfg.Key, id: id, cfg: cfg, sandbox: cfg.Sandbox, guarded: cfg.Guarded,
-		sem:   make(chan struct{}, cfg.MaxConcurrent),
-		work:  make(chan *Call),
-		kick:  make(chan struct{}, 1),
-		tasks: map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
+		sem:    make(chan struct{}, cfg.MaxConcurrent),
+		work:   make(chan *Call),
+		copies: map[*Call]acceptCopy{},
+		kick:   make(chan struct{}, 1),
+		tasks:  map[string]*Task{}, known: map[string]string{}, finished: map[string]time.Time{},
 		handles: map[*TaskHandle]struct{}{},
 	}
 	a.ctx, a.cancel = context.WithCancel(n.ctx)
@@ -561,6 +566,7 @@ func (a *Agent) unhost() {
 
 func (a *Agent) stop() {
 	a.cancel()
+	a.flushCopies()
 	a.mu.Lock()
 	a.unsubscribeLocked()
 	handles := make([]*TaskHandle, 0, len(a.handles))

@@ -223,9 +223,6 @@ type Call struct {
 	recorded bool  // the request is in the journal
 	lost     error // why the handler's last answer was not published
 	task     *Task
-	// acceptCopy publishes the accept's outbox copy unless an answer's
-	// copy goes out first (answerAccept).
-	acceptCopy *time.Timer
 }
 
 func (a *Agent) newCall(dl *protocol.Delivery, o origin) *Call {
@@ -528,8 +525,10 @@ func (a *Agent) outboxCopy(b []byte) bool {
 // (shared/activity), so the accept's copy matters only for a request not
 // yet answered: a call answered within the delay sends one copy, not two
 // (about a tenth of the mesh's CPU per call: docs/performance.md). A call
-// still unanswered when the delay ends has its request recorded then; one
-// whose node dies within the delay, before any answer, is not recorded.
+// still unanswered when the delay ends has its request recorded then, and
+// so does one still unanswered when its agent stops (stop publishes the
+// waiting copies); one whose node dies within the delay, before any
+// answer, is not recorded.
 const AcceptCopyDelay = time.Second
 
 // answerAccept publishes the accept at target, and its outbox copy only
@@ -539,21 +538,57 @@ func (c *Call) answerAccept(env *protocol.Envelope) error {
 	if err != nil {
 		return err
 	}
-	c.mu.Lock()
-	c.acceptCopy = time.AfterFunc(AcceptCopyDelay, func() { c.a.outboxCopy(b) })
-	c.mu.Unlock()
+	a := c.a
+	a.copyMu.Lock()
+	defer a.copyMu.Unlock()
+	if a.copies == nil {
+		a.outboxCopy(b) // the agent is stopping: no later
+		return nil
+	}
+	a.copies[c] = acceptCopy{b: b, t: time.AfterFunc(AcceptCopyDelay, func() {
+		if c.takeCopy() {
+			a.outboxCopy(b)
+		}
+	})}
 	return nil
+}
+
+// acceptCopy is the outbox copy of an accept, waiting for AcceptCopyDelay.
+type acceptCopy struct {
+	b []byte
+	t *time.Timer
+}
+
+// takeCopy removes the call's waiting accept copy and reports whether there
+// was one.
+func (c *Call) takeCopy() bool {
+	a := c.a
+	a.copyMu.Lock()
+	defer a.copyMu.Unlock()
+	ac, ok := a.copies[c]
+	if ok {
+		delete(a.copies, c)
+		ac.t.Stop()
+	}
+	return ok
 }
 
 // copied is called once an answer's outbox copy is out: the accept's is
 // no longer needed.
-func (c *Call) copied() {
-	c.mu.Lock()
-	t := c.acceptCopy
-	c.acceptCopy = nil
-	c.mu.Unlock()
-	if t != nil {
-		t.Stop()
+func (c *Call) copied() { c.takeCopy() }
+
+// flushCopies publishes every accept copy still waiting, as the agent
+// stops (its connection still open), and takes no more.
+func (a *Agent) flushCopies() {
+	a.copyMu.Lock()
+	waiting := a.copies
+	a.copies = nil
+	a.copyMu.Unlock()
+	// Each one here was taken by no timer (a timer's takeCopy finds the
+	// map empty from now on), so each goes out once.
+	for _, ac := range waiting {
+		ac.t.Stop()
+		a.outboxCopy(ac.b)
 	}
 }
 

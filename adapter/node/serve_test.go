@@ -183,6 +183,28 @@ func TestRequestAcceptThenBareReply(t *testing.T) {
 	}
 }
 
+// An accept whose call is still unanswered when its node closes has its
+// outbox copy published at the close, not lost with the delay's timer.
+func TestCloseSendsWaitingAcceptCopies(t *testing.T) {
+	p, w := newWorkerPair(t, nil)
+	out := p.tm.collect(t, protocol.OutboxSubject(p.b.ID()))
+	raw := p.tm.rawRequest(t, protocol.InboxSubject(p.b.ID()), requestEnv(t, p.kA, p.b.ID(), "echo-wait", "slow"))
+	eventually(t, "the accept", func() bool { return raw.len() == 1 })
+	if out.len() != 0 {
+		t.Fatalf("an accept copied before its delay: %d copies", out.len())
+	}
+	done := make(chan error, 1)
+	go func() { done <- p.nB.Close() }()
+	eventually(t, "the accept's copy at the close", func() bool { return out.len() == 1 })
+	if got := statuses(out.envelopes(t)); got[0] != "accepted" {
+		t.Fatalf("outbox %v", got)
+	}
+	close(w.release)
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestTaskModeWithProgress(t *testing.T) {
 	p, w := newWorkerPair(t, nil)
 	// Follow: subscribed before the request, so nothing is missed.
