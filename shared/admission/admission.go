@@ -179,6 +179,7 @@ type Worker struct {
 	// subsMu orders changes to subs against Stop.
 	subsMu sync.Mutex
 	subs   map[string]*nats.Subscription
+	revs   map[string]uint64 // the guard record revision each agent's subscription follows
 	inbox  chan *nats.Msg
 	seen   atomic.Uint64
 
@@ -244,7 +245,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	wctx, cancel := context.WithCancel(context.Background())
 	w := &Worker{svc: svc, cfg: cfg, kv: kv, held: held, registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
 		cache: map[string]cached{}, perAgent: map[string]int{}, ctx: wctx, cancel: cancel,
-		subs: map[string]*nats.Subscription{}, inbox: make(chan *nats.Msg, inboxQueue)}
+		subs: map[string]*nats.Subscription{}, revs: map[string]uint64{}, inbox: make(chan *nats.Msg, inboxQueue)}
 	if err := svc.Endpoint("guard", protocol.SubjAdmissionGuard, w.guard); err != nil {
 		cancel()
 		return fail(fmt.Errorf("%s: endpoint: %w", Name, err))
@@ -333,7 +334,7 @@ func (w *Worker) follow(ctx context.Context, initial bool) error {
 			w.forget(e.Key())
 			var rec Record
 			guarded := e.Operation() == jetstream.KeyValuePut && json.Unmarshal(e.Value(), &rec) == nil && rec.Guarded
-			if err := w.take(e.Key(), guarded); err != nil {
+			if err := w.take(e.Key(), guarded, e.Revision()); err != nil {
 				w.svc.Log.Warn("admission inbox", "agent", e.Key(), "err", err)
 			}
 		}
@@ -341,8 +342,10 @@ func (w *Worker) follow(ctx context.Context, initial bool) error {
 }
 
 // take subscribes (on) or unsubscribes agent's public inbox in the
-// worker's queue group.
-func (w *Worker) take(agent string, on bool) error {
+// worker's queue group, as the agent's guard record at revision rev says.
+// A revision no later than the one last applied is ignored: the watch may
+// deliver an unguard after guard() has applied the guard that followed it.
+func (w *Worker) take(agent string, on bool, rev uint64) error {
 	if !keys.IsUserPublicKey(agent) {
 		return nil
 	}
@@ -350,6 +353,9 @@ func (w *Worker) take(agent string, on bool) error {
 	defer w.subsMu.Unlock()
 	if w.subs == nil {
 		return nil // stopped
+	}
+	if rev <= w.revs[agent] {
+		return nil
 	}
 	sub, have := w.subs[agent]
 	switch {
@@ -361,8 +367,11 @@ func (w *Worker) take(agent string, on bool) error {
 		w.subs[agent] = sub
 	case !on && have:
 		delete(w.subs, agent)
-		return sub.Unsubscribe()
+		if err := sub.Unsubscribe(); err != nil {
+			return err
+		}
 	}
+	w.revs[agent] = rev
 	return nil
 }
 
@@ -432,7 +441,11 @@ func (w *Worker) guard(ctx context.Context, r *bus.Request) (any, error) {
 	// This copy takes the agent's public inbox before the node hears it is
 	// guarded (and stops taking requests there itself); the other copies
 	// follow from the watch.
-	if err := w.take(agent, true); err != nil {
+	rec, rev, err := w.read(ctx, agent)
+	if err != nil {
+		return nil, err
+	}
+	if err := w.take(agent, rec != nil && rec.Guarded, rev); err != nil {
 		return nil, err
 	}
 	if err := w.svc.NC.FlushWithContext(ctx); err != nil {
