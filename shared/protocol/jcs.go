@@ -148,7 +148,12 @@ func sortedKeys(m map[string]any) []string {
 // code point order, which differs only when an astral character (encoded in
 // UTF-16 as a surrogate, 0xD800-0xDFFF) meets a BMP character at or above
 // U+E000: UTF-16 puts the astral one first.
-func CompareUTF16(a, b string) int {
+func CompareUTF16(a, b string) int { return compareUTF16(a, b) }
+
+// compareUTF16 is CompareUTF16 on strings or byte slices (the canonicalizer
+// sorts names where they lie in its buffer). Only a first difference
+// outside ASCII converts, and for byte slices copies, what follows it.
+func compareUTF16[T ~string | ~[]byte](a, b T) int {
 	n := min(len(a), len(b))
 	i := 0
 	for i < n && a[i] == b[i] {
@@ -164,9 +169,10 @@ func CompareUTF16(a, b string) int {
 	for i > 0 && !utf8.RuneStart(a[i]) {
 		i--
 	}
-	ra, _ := utf8.DecodeRuneInString(a[i:])
-	rb, _ := utf8.DecodeRuneInString(b[i:])
-	return compareRunesUTF16(ra, rb, strings.Compare(a[i:], b[i:]))
+	ra, rb := string(a[i:]), string(b[i:])
+	r1, _ := utf8.DecodeRuneInString(ra)
+	r2, _ := utf8.DecodeRuneInString(rb)
+	return compareRunesUTF16(r1, r2, strings.Compare(ra, rb))
 }
 
 // compareRunesUTF16 orders two different runes by their UTF-16 code units.

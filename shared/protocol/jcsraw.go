@@ -180,7 +180,7 @@ func (c *rawCanon) object(depth int) error {
 		// first out of order, each is looked for among all earlier ones.
 		if n > 0 && sorted {
 			last := c.recs[len(c.recs)-1]
-			sorted = compareUTF16Bytes(c.names[last.nameStart:last.nameEnd], name) < 0
+			sorted = compareUTF16(c.names[last.nameStart:last.nameEnd], name) < 0
 		}
 		switch {
 		case sorted:
@@ -249,7 +249,7 @@ func (c *rawCanon) reorder(open, base int) {
 	recs := c.recs[base:]
 	names := c.names
 	slices.SortFunc(recs, func(a, b memberRec) int {
-		return compareUTF16Bytes(names[a.nameStart:a.nameEnd], names[b.nameStart:b.nameEnd])
+		return compareUTF16(names[a.nameStart:a.nameEnd], names[b.nameStart:b.nameEnd])
 	})
 	c.tmp = append(c.tmp[:0], c.out[open:]...)
 	c.out = c.out[:open]
@@ -515,27 +515,6 @@ func appendStringBytes(dst, s []byte) []byte {
 	}
 	dst = append(dst, s[start:]...)
 	return append(dst, '"')
-}
-
-// compareUTF16Bytes is CompareUTF16 on byte slices.
-func compareUTF16Bytes(a, b []byte) int {
-	n := min(len(a), len(b))
-	i := 0
-	for i < n && a[i] == b[i] {
-		i++
-	}
-	if i == n {
-		return len(a) - len(b)
-	}
-	if a[i] < 0x80 && b[i] < 0x80 {
-		return int(a[i]) - int(b[i])
-	}
-	for i > 0 && !utf8.RuneStart(a[i]) {
-		i--
-	}
-	ra, _ := utf8.DecodeRune(a[i:])
-	rb, _ := utf8.DecodeRune(b[i:])
-	return compareRunesUTF16(ra, rb, bytes.Compare(a[i:], b[i:]))
 }
 
 // canonObject iterates over the members of a canonical JSON object (the
