@@ -15,7 +15,7 @@ import (
 
 	"agentmesh.dev/mesh/adapter/node"
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mailbox"

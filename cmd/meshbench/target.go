@@ -12,7 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 )
 

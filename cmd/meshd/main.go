@@ -7,7 +7,7 @@
 //	meshd help [COMMAND]
 //
 // Every flag can also be set through an environment variable (flags win).
-// The logic lives in shared/devenv; this file reads configuration and wires
+// The logic lives in devenv; this file reads configuration and wires
 // signals, output and meshd.json.
 package main
 

@@ -10,7 +10,7 @@ import (
 	"path/filepath"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/mailbox"
 )
 

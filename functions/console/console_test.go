@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/functions/console"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey/passkeytest"

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mail/mailtest"
 	"agentmesh.dev/mesh/shared/testclock"

@@ -17,7 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/admission"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"

@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"

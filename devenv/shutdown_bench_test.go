@@ -15,7 +15,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -28,7 +28,7 @@ import (
 // and the time Shutdown took is reported as shutdown-ms (with how many
 // registrations succeeded). Run it with
 //
-//	go test ./shared/devenv/ -run '^$' -bench ShutdownWithAgents -benchtime 1x
+//	go test ./devenv/ -run '^$' -bench ShutdownWithAgents -benchtime 1x
 //
 // It asserts nothing about the time: the machine it runs on decides that.
 func BenchmarkShutdownWithAgents(b *testing.B) {

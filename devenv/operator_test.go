@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/passkey/passkeytest"
 )
 

@@ -15,7 +15,7 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 )
 

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
 	"agentmesh.dev/mesh/shared/store"

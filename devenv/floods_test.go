@@ -11,7 +11,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/guest"
 )

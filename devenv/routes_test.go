@@ -12,7 +12,7 @@ import (
 	"strings"
 	"testing"
 
-	"agentmesh.dev/mesh/shared/devenv"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/httpx"
 )
 
