@@ -1,15 +1,24 @@
 // Package mesh is the root of the source tree Cloud Functions deploys. The
 // Go buildpack builds only the package at the root of the uploaded source,
-// so this file blank-imports every function group; each group's init
-// registers its routes with the Functions Framework, and the deployment
-// picks one by its entry point name (DESIGN §3).
+// so this file is the one place that registers functions: in its init it
+// walks the route table and registers every row under its entry point; the
+// deployment picks one by --entry-point (DESIGN §3). The dependencies are
+// built once per instance, on its first request, by functions/cloud from
+// the environment. The function groups have no init side effects, so meshd
+// and the tests link neither the Functions Framework nor Firestore.
 package mesh
 
 import (
-	_ "agentmesh.dev/mesh/functions/accounts"
-	_ "agentmesh.dev/mesh/functions/console"
-	_ "agentmesh.dev/mesh/functions/credentials"
-	_ "agentmesh.dev/mesh/functions/guest"
-	_ "agentmesh.dev/mesh/functions/health"
-	_ "agentmesh.dev/mesh/functions/registrar"
+	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
+
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/cloud"
+	"agentmesh.dev/mesh/functions/routes"
 )
+
+func init() {
+	lazy := api.NewLazy(cloud.Deps)
+	for _, rt := range routes.All() {
+		functions.HTTP(rt.EntryPoint, lazy.Handler(rt))
+	}
+}

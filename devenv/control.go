@@ -4,32 +4,20 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/functions/accounts"
 	"agentmesh.dev/mesh/functions/api"
-	"agentmesh.dev/mesh/functions/console"
-	"agentmesh.dev/mesh/functions/credentials"
-	guestfn "agentmesh.dev/mesh/functions/guest"
-	"agentmesh.dev/mesh/functions/health"
-	registrarfn "agentmesh.dev/mesh/functions/registrar"
+	"agentmesh.dev/mesh/functions/routes"
 	"agentmesh.dev/mesh/shared/account"
-	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/guest"
-	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
-	"agentmesh.dev/mesh/shared/mailbox"
-	"agentmesh.dev/mesh/shared/passkey"
-	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
-	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
 )
@@ -38,6 +26,10 @@ import (
 const (
 	storeFile = "control.db"
 	outboxDir = "outbox"
+	// RegistrarKeyFile is the registrar's card-signing seed under keys/
+	// (0600, made on first run). Resolvers pin its public key, so it must
+	// survive restarts.
+	RegistrarKeyFile = "registrar.nk"
 )
 
 // Control is the control plane of a running mesh: its store and services,
@@ -51,12 +43,9 @@ type Control struct {
 	Deps        *api.Deps
 }
 
-// Groups are every HTTP function group, in the order they are mounted.
-var Groups = []api.Group{health.Group, accounts.Group, credentials.Group, guestfn.Group, registrarfn.Group, console.Group}
-
-// startControlPlane opens the store, builds the services and mounts every
-// function group on the mux, the same handlers the cloud runs one per
-// function.
+// startControlPlane opens the store and builds the control plane with the
+// constructor the Cloud Functions use (api.NewDeps), mounts the route
+// table on the mux, and runs its scheduled rows from a ticker.
 func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error {
 	st, err := boltstore.Open(filepath.Join(dataDir, storeFile))
 	if err != nil {
@@ -71,18 +60,10 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		}
 		mailer = ob
 	}
-	// WebAuthn needs a domain for its relying party, and browsers treat
-	// localhost as a secure context over plain http: the console is served
-	// as http://localhost:<port>.
-	pk, err := passkey.New(passkey.Config{RPID: "localhost", RPDisplayName: "agentmesh (" + cfg.meshName() + ")",
-		RPOrigins: []string{strings.Replace(base, "127.0.0.1", "localhost", 1)}})
+	regKey, err := keys.LoadOrGenerate[keys.RegistrarRole](filepath.Join(dataDir, keysDir, RegistrarKeyFile))
 	if err != nil {
-		return fmt.Errorf("devenv: passkeys: %w", err)
+		return fmt.Errorf("devenv: registrar key: %w", err)
 	}
-	meshInfo := credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}}
-	c := &Control{Store: st}
-	c.Accounts = account.New(account.Config{Store: st, Mail: mailer, Passkeys: pk, Log: m.log.With("service", "account"),
-		ConsoleURL: m.urls.Console, ControlURL: m.urls.Control, Now: cfg.Now, Limits: cfg.AccountLimits})
 	// The control plane's own way onto the bus, for the account views, for
 	// recording guests and clearing ended ones, and for asking whether an
 	// agent key is new.
@@ -91,71 +72,34 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		return fmt.Errorf("devenv: control plane bus connection: %w", err)
 	}
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
-	cpBus := &bus.Caller{NC: cpNC, Key: m.servicesKey}
-	c.Credentials = credential.New(credential.Config{Store: st, Trust: m.trust, Revoker: m, Mesh: meshInfo,
-		ControlURL: m.urls.Control, NoExpiry: cfg.NoExpiry, Now: cfg.Now, Log: m.log.With("service", "credential"),
-		History: mailbox.History{Bus: cpBus}, Unowned: cfg.Unowned, Classes: cfg.Classes})
-	var guestClass *creds.ClassLimits
-	if l, ok := cfg.Classes[creds.ClassGuest]; ok {
-		guestClass = &l
-	}
-	cpJS, err := jetstream.New(cpNC)
+	d, err := api.NewDeps(api.Backends{Log: m.log, Store: st, Mail: mailer, Trust: m.trust, Revoker: m,
+		Bus: &bus.Caller{NC: cpNC, Key: m.servicesKey}, RegistrarKey: regKey, Now: cfg.Now,
+		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}},
+		ControlURL: m.urls.Control, ConsoleURL: m.urls.Console, RegistrarURL: m.urls.Registrar,
+		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
+			BodyTimeout: cfg.BodyTimeout, GuestIdleTTL: cfg.GuestIdleTTL, GuestLimits: cfg.GuestLimits, AccountLimits: cfg.AccountLimits,
+			Unowned: cfg.Unowned, Classes: cfg.Classes}})
 	if err != nil {
-		return fmt.Errorf("devenv: control plane jetstream: %w", err)
+		return fmt.Errorf("devenv: %w", err)
 	}
-	c.Guests = guest.New(guest.Config{Store: st, Trust: m.trust, Revoker: m, Evictor: &guest.BusEvictor{Bus: cpBus},
-		Roster: &registry.GuestRoster{JS: cpJS}, Mesh: meshInfo, IdleTTL: cfg.GuestIdleTTL, Limits: cfg.GuestLimits, Class: guestClass, Now: cfg.Now, Log: m.log.With("service", "guest")})
-	idle := cfg.GuestIdleTTL
-	if idle <= 0 {
-		idle = guest.DefaultIdleTTL
-	}
-	limit := cfg.RateLimit
-	if limit <= 0 {
-		limit = 600 // one person clicking through the console never meets this
-	}
-	c.Deps = &api.Deps{Log: m.log.With("component", "http"), Accounts: c.Accounts, Credentials: c.Credentials, Guests: c.Guests,
-		RateLimit: httpx.NewLimiter(limit, time.Minute, cfg.Now), TrustedProxyHops: max(cfg.TrustedProxyHops, 0), BodyTimeout: cfg.BodyTimeout,
-		Capabilities: map[string]any{
-			"protocol": protocol.Version, "mesh": meshInfo.Name, "markup_pct": cfg.MarkupPct, "clearing_service": false,
-			"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},
-			"node_credential": map[string]any{"minting": true, "no_expiry": cfg.NoExpiry, "max_agents": credential.MaxRoster},
-			"guest":           map[string]any{"idle_ttl_seconds": int(idle / time.Second)},
-			"passkeys":        true,
-			"nats_endpoints":  []string{m.urls.MeshTCP, m.urls.MeshWS},
-		}}
-	c.Deps.Views = &accountview.Service{Store: st, Credentials: c.Credentials, Bus: cpBus, Now: cfg.Now}
-	if c.Registrar, err = m.startRegistrar(dataDir, cfg, st, mailer); err != nil {
-		return err
-	}
-	c.Deps.Registrar = c.Registrar
-	m.control = c
-	for _, g := range Groups {
-		g.Mount(m.mux, c.Deps)
-	}
+	m.log.Info("registrar ready", "url", m.urls.Registrar, "registrar_key", regKey.Public(), "kid", registrar.Kid(regKey.Public()))
+	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d}
+	d.Mount(m.mux, routes.All())
 	if err := m.applyStoredRevocations(context.Background(), st); err != nil {
 		return err
 	}
 	if err := m.startAdmin(dataDir); err != nil {
 		return err
 	}
-	m.startSweeper(time.Minute, "guest leases lapsed", c.Guests.Sweep)
-	every := cfg.RegistrarSweepInterval
-	if every <= 0 {
-		every = RegistrarSweepInterval
-	}
-	m.startSweeper(every, "expired registrar documents deleted", c.Registrar.Sweep)
-	m.startSweeper(every, "expired credential rate-limit counters deleted", c.Credentials.SweepLimits)
-	m.startSweeper(every, "expired account rate-limit counters deleted", c.Accounts.Sweep)
+	ctx, cancel := context.WithCancel(context.Background())
+	m.closers = append(m.closers, func() error { cancel(); return nil })
+	d.RunJobs(ctx, routes.All(), cfg.JobInterval)
 	return nil
 }
 
-// RegistrarSweepInterval is how often meshd deletes the registrar's expired
-// documents (codes, sessions, pairing codes, rate-limit counters).
-const RegistrarSweepInterval = 10 * time.Minute
-
-// startSweeper runs sweep every interval until shutdown: ending idle guest
-// leases (every minute), deleting the registrar's expired documents
-// (every ten minutes). done is what it logs when a sweep did something.
+// startSweeper runs sweep every interval until shutdown; done is what it
+// logs when a sweep did something. The control plane's jobs are route rows
+// (RunJobs); this is for the broker's own housekeeping.
 func (m *Mesh) startSweeper(every time.Duration, done string, sweep func(context.Context) (int, error)) {
 	ctx, cancel := context.WithCancel(context.Background())
 	m.closers = append(m.closers, func() error { cancel(); return nil })
@@ -187,4 +131,14 @@ func (m *Mesh) Revoke(ctx context.Context, keys []string, at time.Time) error {
 	return m.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
 		return creds.RevokeCredentials(ac, at, keys...)
 	})
+}
+
+// PruneRevocations forgets the mesh account's revocations older than
+// before (credential.RevocationPruner).
+func (m *Mesh) PruneRevocations(ctx context.Context, before time.Time) (n int, err error) {
+	err = m.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
+		n = creds.PruneRevocations(ac, before)
+		return nil
+	})
+	return n, err
 }

@@ -76,9 +76,9 @@ type Config struct {
 	// per network, overall and per recipient; zero fields take
 	// account.DefaultLimits. meshd sets them from its --limit-* flags.
 	AccountLimits account.Limits
-	// RegistrarSweepInterval is how often the registrar's expired
-	// documents are deleted (RegistrarSweepInterval, ten minutes, when 0).
-	RegistrarSweepInterval time.Duration
+	// JobInterval, when positive, replaces the interval of every scheduled
+	// row (the sweeps): tests set it short. 0 keeps each row's own.
+	JobInterval time.Duration
 	// TrustedProxyHops is how many reverse proxies in front of meshd append
 	// to X-Forwarded-For (0 by default: the socket address is the client
 	// and the header is ignored, since anyone can write it). Behind one

@@ -265,7 +265,7 @@ func TestTrustedProxyHops(t *testing.T) {
 // meshd sweeps the registrar's expired documents on its own: a code mailed
 // and never used, and the counters it took, are gone once they expire.
 func TestRegistrarSweepRuns(t *testing.T) {
-	c := startCP(t, func(cfg *devenv.Config) { cfg.RegistrarSweepInterval = 20 * time.Millisecond })
+	c := startCP(t, func(cfg *devenv.Config) { cfg.JobInterval = 20 * time.Millisecond })
 	if st, out := c.post("/api/handles/start", map[string]any{"email": "never@example.org"}, ""); st != 200 {
 		t.Fatalf("start: %d %v", st, out)
 	}

@@ -12,31 +12,21 @@ import (
 	"strings"
 	"testing"
 
-	"agentmesh.dev/mesh/devenv"
-	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/routes"
 )
 
-// The route tables are the single source for meshd's mux and the Cloud
-// Function entry points: entry points and patterns are unique, every route
-// is mounted (it answers JSON, or HTML for a page route, and not the mux's
-// own 404 or 405), and deploy.go imports every function group so each
-// entry point is registered.
+// The route table is the single source for meshd's mux and the Cloud
+// Function entry points: it is well formed (api.Check: unique entry points
+// and patterns), every public row is mounted on meshd's mux (it answers
+// JSON, or HTML for a page route, and not the mux's own 404 or 405), no
+// scheduled job is (meshd runs them from a ticker; the public host never
+// serves them), and the table takes in every function group.
 func TestRouteTablesAgree(t *testing.T) {
-	entry, pattern := map[string]bool{}, map[string]bool{}
-	var all []httpx.Route
-	for _, g := range devenv.Groups {
-		for _, rt := range g.Routes {
-			if entry[rt.EntryPoint] {
-				t.Errorf("entry point %s is declared twice", rt.EntryPoint)
-			}
-			if pattern[rt.Pattern()] {
-				t.Errorf("route %s is declared twice", rt.Pattern())
-			}
-			entry[rt.EntryPoint], pattern[rt.Pattern()] = true, true
-			all = append(all, rt)
-		}
+	all := routes.All()
+	if err := api.Check(all); err != nil {
+		t.Fatal(err)
 	}
-
 	c := startCP(t)
 	for _, rt := range all {
 		path := strings.NewReplacer("{id}", "acct_x", "{kind}", "register", "{token}", "t", "{key}", "k", "{app}", "a",
@@ -48,6 +38,12 @@ func TestRouteTablesAgree(t *testing.T) {
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
+		if rt.Auth.Kind == api.AuthScheduled {
+			if resp.StatusCode != http.StatusNotFound {
+				t.Errorf("job %s answered %d on the public mux: %s", rt.EntryPoint, resp.StatusCode, body)
+			}
+			continue
+		}
 		// Every route answers JSON, except the HTML pages (the console and
 		// the card page, its 404 too); the mux's own 404 and 405 are JSON
 		// too, but say there is no such route.
@@ -63,10 +59,9 @@ func TestRouteTablesAgree(t *testing.T) {
 		}
 	}
 
-	// deploy.go blank-imports every group under functions/ (api and cloud
-	// are shared code, not groups).
-	root := filepath.Join("..", "..")
-	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join(root, "deploy.go"), nil, parser.ImportsOnly)
+	// The table takes in every group under functions/ (api, cloud and
+	// routes are shared code, not groups).
+	f, err := parser.ParseFile(token.NewFileSet(), filepath.Join("..", "functions", "routes", "routes.go"), nil, parser.ImportsOnly)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -75,19 +70,21 @@ func TestRouteTablesAgree(t *testing.T) {
 		p, _ := strconv.Unquote(im.Path.Value)
 		imported[p] = true
 	}
-	dirs, err := os.ReadDir(filepath.Join(root, "functions"))
+	dirs, err := os.ReadDir(filepath.Join("..", "functions"))
 	if err != nil {
 		t.Fatal(err)
 	}
+	groups := 0
 	for _, d := range dirs {
-		if !d.IsDir() || d.Name() == "api" || d.Name() == "cloud" {
+		if !d.IsDir() || d.Name() == "api" || d.Name() == "cloud" || d.Name() == "routes" {
 			continue
 		}
+		groups++
 		if !imported["agentmesh.dev/mesh/functions/"+d.Name()] {
-			t.Errorf("deploy.go does not import functions/%s: its entry points would not be deployed", d.Name())
+			t.Errorf("functions/routes does not take in functions/%s: its rows would be neither mounted nor deployed", d.Name())
 		}
 	}
-	if len(devenv.Groups) != len(dirs)-2 {
-		t.Errorf("meshd mounts %d groups, functions/ has %d", len(devenv.Groups), len(dirs)-2)
+	if groups == 0 {
+		t.Fatal("no function groups found under functions/")
 	}
 }

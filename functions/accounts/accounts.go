@@ -11,103 +11,86 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/functions/api"
-	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// Routes is the group's route table.
-var Routes = []httpx.Route{
-	{EntryPoint: "AccountCreate", Method: "POST", Path: "/v1/accounts"},
-	{EntryPoint: "Login", Method: "POST", Path: "/v1/login"},
-	{EntryPoint: "LoginVerify", Method: "POST", Path: "/v1/login/verify"},
-	{EntryPoint: "Logout", Method: "POST", Path: "/v1/logout"},
-	{EntryPoint: "SessionInfo", Method: "GET", Path: "/v1/session"},
-	{EntryPoint: "APITokenCreate", Method: "POST", Path: "/v1/accounts/{id}/api-tokens"},
-	{EntryPoint: "APITokenList", Method: "GET", Path: "/v1/accounts/{id}/api-tokens"},
-	{EntryPoint: "APITokenRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/api-tokens/{token}"},
-	{EntryPoint: "PasskeyBegin", Method: "POST", Path: "/v1/accounts/{id}/passkeys/{kind}/begin"},
-	{EntryPoint: "PasskeyFinish", Method: "POST", Path: "/v1/accounts/{id}/passkeys/{kind}/finish"},
-	{EntryPoint: "AgentTokenCreate", Method: "POST", Path: "/v1/accounts/{id}/agent-tokens"},
-	{EntryPoint: "AgentTokenList", Method: "GET", Path: "/v1/accounts/{id}/agent-tokens"},
-	{EntryPoint: "AgentTokenRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/agent-tokens/{key}"},
-	{EntryPoint: "AppCreate", Method: "POST", Path: "/v1/accounts/{id}/apps"},
-	{EntryPoint: "AppList", Method: "GET", Path: "/v1/accounts/{id}/apps"},
-	{EntryPoint: "AppRefresh", Method: "POST", Path: "/v1/accounts/{id}/apps/{app}/refresh"},
-	{EntryPoint: "AppRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/apps/{app}"},
-	{EntryPoint: "AccountAgents", Method: "GET", Path: "/v1/accounts/{id}/agents"},
-	{EntryPoint: "AccountActivity", Method: "GET", Path: "/v1/accounts/{id}/activity"},
-	{EntryPoint: "SubscriptionList", Method: "GET", Path: "/v1/accounts/{id}/subscriptions"},
-	{EntryPoint: "SubscriptionAdd", Method: "POST", Path: "/v1/accounts/{id}/subscriptions"},
-	{EntryPoint: "SubscriptionRemove", Method: "DELETE", Path: "/v1/accounts/{id}/subscriptions/{agent}"},
-	{EntryPoint: "Capabilities", Method: "GET", Path: "/v1/capabilities"},
-	{EntryPoint: "Connect", Method: "POST", Path: "/v1/connect"},
-	{EntryPoint: "ConnectStatus", Method: "POST", Path: "/v1/connect/status"},
+// Routes is the group's route table. Auth says who may call each route:
+// sign-up, sign-in and connect prove themselves with mailed codes (the
+// service checks them); the account routes need a session of the account
+// in the path, and the read-only ones also take an API token with scope
+// "read".
+var Routes = []api.Route{
+	{EntryPoint: "AccountCreate", Method: "POST", Path: "/v1/accounts", Auth: api.Public, Handler: acc(func(h *handlers) httpx.HandlerFunc { return h.startLogin(true) })},
+	{EntryPoint: "Login", Method: "POST", Path: "/v1/login", Auth: api.Public, Handler: acc(func(h *handlers) httpx.HandlerFunc { return h.startLogin(false) })},
+	{EntryPoint: "LoginVerify", Method: "POST", Path: "/v1/login/verify", Auth: api.Public, Handler: acc(method((*handlers).verify))},
+	{EntryPoint: "Logout", Method: "POST", Path: "/v1/logout", Auth: api.Session, Handler: acc(method((*handlers).logout))},
+	{EntryPoint: "SessionInfo", Method: "GET", Path: "/v1/session", Auth: api.Session, Handler: acc(method((*handlers).session))},
+	{EntryPoint: "APITokenCreate", Method: "POST", Path: "/v1/accounts/{id}/api-tokens", Auth: api.Session, Handler: acc(method((*handlers).createAPIToken))},
+	{EntryPoint: "APITokenList", Method: "GET", Path: "/v1/accounts/{id}/api-tokens", Auth: api.Session, Handler: acc(method((*handlers).listAPITokens))},
+	{EntryPoint: "APITokenRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/api-tokens/{token}", Auth: api.Session, Handler: acc(method((*handlers).revokeAPIToken))},
+	{EntryPoint: "PasskeyBegin", Method: "POST", Path: "/v1/accounts/{id}/passkeys/{kind}/begin", Auth: api.Session, Handler: acc(method((*handlers).passkeyBegin))},
+	{EntryPoint: "PasskeyFinish", Method: "POST", Path: "/v1/accounts/{id}/passkeys/{kind}/finish", Auth: api.Session, Handler: acc(method((*handlers).passkeyFinish))},
+	{EntryPoint: "AgentTokenCreate", Method: "POST", Path: "/v1/accounts/{id}/agent-tokens", Auth: api.Session, Handler: acc(method((*handlers).createAgentToken))},
+	{EntryPoint: "AgentTokenList", Method: "GET", Path: "/v1/accounts/{id}/agent-tokens", Auth: api.SessionOrToken("read"), Handler: acc(method((*handlers).listAgentTokens))},
+	{EntryPoint: "AgentTokenRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/agent-tokens/{key}", Auth: api.Session, Handler: acc(method((*handlers).revokeAgentToken))},
+	{EntryPoint: "AppCreate", Method: "POST", Path: "/v1/accounts/{id}/apps", Auth: api.Session, Handler: apps(method((*handlers).createApp))},
+	{EntryPoint: "AppList", Method: "GET", Path: "/v1/accounts/{id}/apps", Auth: api.SessionOrToken("read"), Handler: apps(method((*handlers).listApps))},
+	{EntryPoint: "AppRefresh", Method: "POST", Path: "/v1/accounts/{id}/apps/{app}/refresh", Auth: api.Session, Handler: apps(method((*handlers).refreshApp))},
+	{EntryPoint: "AppRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/apps/{app}", Auth: api.Session, Handler: apps(method((*handlers).revokeApp))},
+	{EntryPoint: "AccountAgents", Method: "GET", Path: "/v1/accounts/{id}/agents", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).agents))},
+	{EntryPoint: "AccountActivity", Method: "GET", Path: "/v1/accounts/{id}/activity", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).activity))},
+	{EntryPoint: "SubscriptionList", Method: "GET", Path: "/v1/accounts/{id}/subscriptions", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).subscriptions))},
+	{EntryPoint: "SubscriptionAdd", Method: "POST", Path: "/v1/accounts/{id}/subscriptions", Auth: api.Session, Handler: views(method((*handlers).subscribe))},
+	{EntryPoint: "SubscriptionRemove", Method: "DELETE", Path: "/v1/accounts/{id}/subscriptions/{agent}", Auth: api.Session, Handler: views(method((*handlers).unsubscribe))},
+	{EntryPoint: "Capabilities", Method: "GET", Path: "/v1/capabilities", Auth: api.Public, Handler: func(d *api.Deps) httpx.HandlerFunc { return (&handlers{d: d}).capabilities }},
+	{EntryPoint: "Connect", Method: "POST", Path: "/v1/connect", Auth: api.Public, Handler: apps(method((*handlers).connect))},
+	{EntryPoint: "ConnectStatus", Method: "POST", Path: "/v1/connect/status", Auth: api.Public, Handler: apps(method((*handlers).connectStatus))},
+	api.JobRoute("AccountSweep", "/jobs/account-sweep", account.SweepInterval, func(d *api.Deps) api.Job {
+		if d.Accounts == nil {
+			return nil
+		}
+		return d.Accounts.Sweep
+	}),
 }
 
-// Group is the function group.
-var Group = api.Group{Routes: Routes, Handler: handler}
-
-// Each route is its own Cloud Function, built on its first request.
-func init() { Group.RegisterFunctions(cloud.Deps) }
-
-func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
-	if d.Accounts == nil && rt.EntryPoint != "Capabilities" {
-		return api.NotConfigured("the account service")
+// method adapts a method of handlers to a row's handler.
+func method(m func(h *handlers, w http.ResponseWriter, r *http.Request) error) func(h *handlers) httpx.HandlerFunc {
+	return func(h *handlers) httpx.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) error { return m(h, w, r) }
 	}
-	h := &handlers{d: d, acc: d.Accounts}
-	switch rt.EntryPoint {
-	case "AccountCreate":
-		return h.startLogin(true)
-	case "Login":
-		return h.startLogin(false)
-	case "LoginVerify":
-		return h.verify
-	case "Logout":
-		return h.logout
-	case "SessionInfo":
-		return h.session
-	case "APITokenCreate":
-		return h.authed("", h.createAPIToken)
-	case "APITokenList":
-		return h.authed("", h.listAPITokens)
-	case "APITokenRevoke":
-		return h.authed("", h.revokeAPIToken)
-	case "PasskeyBegin":
-		return h.authed("", h.passkeyBegin)
-	case "PasskeyFinish":
-		return h.authed("", h.passkeyFinish)
-	case "AgentTokenCreate":
-		return h.authed("", h.createAgentToken)
-	case "AgentTokenList":
-		return h.authed("read", h.listAgentTokens)
-	case "AgentTokenRevoke":
-		return h.authed("", h.revokeAgentToken)
-	case "AccountAgents", "AccountActivity", "SubscriptionList", "SubscriptionAdd", "SubscriptionRemove":
-		if d.Views == nil {
+}
+
+// acc builds a route that needs the account service.
+func acc(mk func(h *handlers) httpx.HandlerFunc) api.Handler {
+	return func(d *api.Deps) httpx.HandlerFunc {
+		if d.Accounts == nil {
+			return api.NotConfigured("the account service")
+		}
+		return mk(&handlers{d: d, acc: d.Accounts})
+	}
+}
+
+// apps builds a route that needs the account and credential services.
+func apps(mk func(h *handlers) httpx.HandlerFunc) api.Handler {
+	return acc(func(h *handlers) httpx.HandlerFunc {
+		if h.d.Credentials == nil {
+			return api.NotConfigured("the credential service")
+		}
+		return mk(h)
+	})
+}
+
+// views builds a route that asks the bus.
+func views(mk func(h *handlers) httpx.HandlerFunc) api.Handler {
+	return acc(func(h *handlers) httpx.HandlerFunc {
+		if h.d.Views == nil {
 			return api.NotConfigured("the account views (no bus connection)")
 		}
-		scope := map[string]string{"AccountAgents": "read", "AccountActivity": "read", "SubscriptionList": "read"}[rt.EntryPoint]
-		return h.authed(scope, h.viewRoute(rt.EntryPoint))
-	case "AppCreate", "AppList", "AppRefresh", "AppRevoke":
-		if d.Credentials == nil {
-			return api.NotConfigured("the credential service")
-		}
-		return h.authed(map[string]string{"AppList": "read"}[rt.EntryPoint], h.appRoute(rt.EntryPoint))
-	case "Capabilities":
-		return h.capabilities
-	case "Connect", "ConnectStatus":
-		if d.Credentials == nil {
-			return api.NotConfigured("the credential service")
-		}
-		if rt.EntryPoint == "Connect" {
-			return h.connect
-		}
-		return h.connectStatus
-	}
-	panic("accounts: no handler for " + rt.EntryPoint)
+		return mk(h)
+	})
 }
 
 type handlers struct {
@@ -162,10 +145,7 @@ func (h *handlers) logout(w http.ResponseWriter, r *http.Request) error {
 }
 
 func (h *handlers) session(w http.ResponseWriter, r *http.Request) error {
-	p, err := h.acc.SessionAccount(r.Context(), httpx.BearerToken(r))
-	if err != nil {
-		return err
-	}
+	p := api.PrincipalOf(r)
 	n, err := h.acc.PasskeyCount(r.Context(), p.AccountID)
 	if err != nil {
 		return err
@@ -174,19 +154,8 @@ func (h *handlers) session(w http.ResponseWriter, r *http.Request) error {
 		"operator_name": p.Account.OperatorName, "passkeys": n, "passkey_fresh": h.acc.Fresh(p)})
 }
 
-// authed resolves the principal for the account in the path. scope names
-// the amt_ scope that may stand in for a session ("" = sessions only).
-func (h *handlers) authed(scope string, fn func(w http.ResponseWriter, r *http.Request, p *account.Principal) error) httpx.HandlerFunc {
-	return func(w http.ResponseWriter, r *http.Request) error {
-		p, err := h.acc.Authenticate(r.Context(), r.PathValue("id"), httpx.BearerToken(r), scope)
-		if err != nil {
-			return err
-		}
-		return fn(w, r, p)
-	}
-}
-
-func (h *handlers) createAPIToken(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) createAPIToken(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	var b struct {
 		Name   string   `json:"name"`
 		Scopes []string `json:"scopes"`
@@ -201,7 +170,8 @@ func (h *handlers) createAPIToken(w http.ResponseWriter, r *http.Request, p *acc
 	return ok(w, http.StatusCreated, map[string]any{"token": tok, "id": t.ID, "name": t.Name, "scopes": t.Scopes})
 }
 
-func (h *handlers) listAPITokens(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) listAPITokens(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	ts, err := h.acc.ListAPITokens(r.Context(), p)
 	if err != nil {
 		return err
@@ -214,14 +184,16 @@ func (h *handlers) listAPITokens(w http.ResponseWriter, r *http.Request, p *acco
 	return ok(w, http.StatusOK, map[string]any{"tokens": out})
 }
 
-func (h *handlers) revokeAPIToken(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) revokeAPIToken(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	if err := h.acc.RevokeAPIToken(r.Context(), p, r.PathValue("token")); err != nil {
 		return err
 	}
 	return ok(w, http.StatusOK, map[string]any{})
 }
 
-func (h *handlers) passkeyBegin(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) passkeyBegin(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	opts, id, err := h.acc.BeginPasskey(r.Context(), p, r.PathValue("kind"))
 	if err != nil {
 		return err
@@ -229,7 +201,8 @@ func (h *handlers) passkeyBegin(w http.ResponseWriter, r *http.Request, p *accou
 	return ok(w, http.StatusOK, map[string]any{"ceremony": id, "options": opts})
 }
 
-func (h *handlers) passkeyFinish(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) passkeyFinish(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	var b struct {
 		Ceremony string          `json:"ceremony"`
 		Response json.RawMessage `json:"response"`
@@ -247,7 +220,8 @@ func (h *handlers) passkeyFinish(w http.ResponseWriter, r *http.Request, p *acco
 	return ok(w, http.StatusOK, map[string]any{"registered": res.Registered, "passkey_fresh": res.Fresh})
 }
 
-func (h *handlers) createAgentToken(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) createAgentToken(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	var b struct {
 		Name         string `json:"name"`
 		OperatorName string `json:"operator_name"`
@@ -269,7 +243,8 @@ func (h *handlers) createAgentToken(w http.ResponseWriter, r *http.Request, p *a
 	return ok(w, http.StatusCreated, out)
 }
 
-func (h *handlers) listAgentTokens(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) listAgentTokens(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	ks, err := h.acc.ListAgentKeys(r.Context(), p)
 	if err != nil {
 		return err
@@ -286,7 +261,8 @@ func (h *handlers) listAgentTokens(w http.ResponseWriter, r *http.Request, p *ac
 	return ok(w, http.StatusOK, map[string]any{"agent_tokens": out})
 }
 
-func (h *handlers) revokeAgentToken(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
+func (h *handlers) revokeAgentToken(w http.ResponseWriter, r *http.Request) error {
+	p := api.PrincipalOf(r)
 	if err := h.acc.RevokeAgentKey(r.Context(), p, r.PathValue("key")); err != nil {
 		return err
 	}
@@ -303,109 +279,91 @@ func (h *handlers) capabilities(w http.ResponseWriter, r *http.Request) error {
 
 func msTime(ms int64) time.Time { return time.UnixMilli(ms) }
 
-// appRoute serves the app and agent listing routes of an account.
-func (h *handlers) appRoute(entry string) func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
-	cs := h.d.Credentials
-	return func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
-		ctx := r.Context()
-		switch entry {
-		case "AppCreate":
-			if p.Via != "session" {
-				return errs.New(errs.Forbidden, "apps are created from a signed-in session")
-			}
-			var b struct {
-				Name string `json:"name"`
-			}
-			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
-				return err
-			}
-			res, err := cs.CreateApp(ctx, p.AccountID, b.Name)
-			if err != nil {
-				return err
-			}
-			httpx.WriteJSON(w, http.StatusCreated, res)
-			return nil
-		case "AppRefresh":
-			if p.Via != "session" {
-				return errs.New(errs.Forbidden, "apps are refreshed from a signed-in session")
-			}
-			res, err := cs.RefreshApp(ctx, p.AccountID, r.PathValue("app"))
-			if err != nil {
-				return err
-			}
-			httpx.WriteJSON(w, http.StatusOK, res)
-			return nil
-		case "AppRevoke":
-			if p.Via != "session" {
-				return errs.New(errs.Forbidden, "apps are revoked from a signed-in session")
-			}
-			if err := cs.RevokeApp(ctx, p.AccountID, r.PathValue("app")); err != nil {
-				return err
-			}
-			return ok(w, http.StatusOK, map[string]any{})
-		case "AppList":
-			apps, err := cs.ListApps(ctx, p.AccountID)
-			if err != nil {
-				return err
-			}
-			out := make([]map[string]any, 0, len(apps))
-			for _, a := range apps {
-				out = append(out, map[string]any{"app_id": a.ID, "name": a.Name, "public_key": a.Key,
-					"created_at": protocol.FormatTime(msTime(a.CreatedAt)), "revoked": a.RevokedAt != 0})
-			}
-			return ok(w, http.StatusOK, map[string]any{"apps": out})
-		}
-		panic("accounts: no app route " + entry)
+func (h *handlers) createApp(w http.ResponseWriter, r *http.Request) error {
+	var b struct {
+		Name string `json:"name"`
 	}
+	if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+		return err
+	}
+	res, err := h.d.Credentials.CreateApp(r.Context(), api.PrincipalOf(r).AccountID, b.Name)
+	if err != nil {
+		return err
+	}
+	httpx.WriteJSON(w, http.StatusCreated, res)
+	return nil
 }
 
-// viewRoute serves the account views that ask the bus.
-func (h *handlers) viewRoute(entry string) func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
-	v := h.d.Views
-	return func(w http.ResponseWriter, r *http.Request, p *account.Principal) error {
-		ctx := r.Context()
-		switch entry {
-		case "AccountAgents":
-			ags, err := v.Agents(ctx, p.AccountID)
-			if err != nil {
-				return err
-			}
-			return ok(w, http.StatusOK, map[string]any{"agents": ags})
-		case "AccountActivity":
-			limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
-			items, err := v.Activity(ctx, p.AccountID, limit)
-			if err != nil {
-				return err
-			}
-			return ok(w, http.StatusOK, map[string]any{"items": items})
-		case "SubscriptionList":
-			subs, err := v.Subscriptions(ctx, p.AccountID)
-			if err != nil {
-				return err
-			}
-			return ok(w, http.StatusOK, map[string]any{"subscriptions": subs})
-		case "SubscriptionAdd":
-			if p.Via != "session" {
-				return errs.New(errs.Forbidden, "subscriptions are changed from a signed-in session")
-			}
-			var b struct {
-				AgentID string `json:"agent_id"`
-			}
-			if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
-				return err
-			}
-			if err := v.Subscribe(ctx, p.AccountID, b.AgentID); err != nil {
-				return err
-			}
-			return ok(w, http.StatusCreated, map[string]any{"agent_id": b.AgentID})
-		default: // SubscriptionRemove
-			if p.Via != "session" {
-				return errs.New(errs.Forbidden, "subscriptions are changed from a signed-in session")
-			}
-			if err := v.Unsubscribe(ctx, p.AccountID, r.PathValue("agent")); err != nil {
-				return err
-			}
-			return ok(w, http.StatusOK, map[string]any{})
-		}
+func (h *handlers) refreshApp(w http.ResponseWriter, r *http.Request) error {
+	res, err := h.d.Credentials.RefreshApp(r.Context(), api.PrincipalOf(r).AccountID, r.PathValue("app"))
+	if err != nil {
+		return err
 	}
+	httpx.WriteJSON(w, http.StatusOK, res)
+	return nil
+}
+
+func (h *handlers) revokeApp(w http.ResponseWriter, r *http.Request) error {
+	if err := h.d.Credentials.RevokeApp(r.Context(), api.PrincipalOf(r).AccountID, r.PathValue("app")); err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{})
+}
+
+func (h *handlers) listApps(w http.ResponseWriter, r *http.Request) error {
+	apps, err := h.d.Credentials.ListApps(r.Context(), api.PrincipalOf(r).AccountID)
+	if err != nil {
+		return err
+	}
+	out := make([]map[string]any, 0, len(apps))
+	for _, a := range apps {
+		out = append(out, map[string]any{"app_id": a.ID, "name": a.Name, "public_key": a.Key,
+			"created_at": protocol.FormatTime(msTime(a.CreatedAt)), "revoked": a.RevokedAt != 0})
+	}
+	return ok(w, http.StatusOK, map[string]any{"apps": out})
+}
+
+func (h *handlers) agents(w http.ResponseWriter, r *http.Request) error {
+	ags, err := h.d.Views.Agents(r.Context(), api.PrincipalOf(r).AccountID)
+	if err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{"agents": ags})
+}
+
+func (h *handlers) activity(w http.ResponseWriter, r *http.Request) error {
+	limit, _ := strconv.Atoi(r.URL.Query().Get("limit"))
+	items, err := h.d.Views.Activity(r.Context(), api.PrincipalOf(r).AccountID, limit)
+	if err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{"items": items})
+}
+
+func (h *handlers) subscriptions(w http.ResponseWriter, r *http.Request) error {
+	subs, err := h.d.Views.Subscriptions(r.Context(), api.PrincipalOf(r).AccountID)
+	if err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{"subscriptions": subs})
+}
+
+func (h *handlers) subscribe(w http.ResponseWriter, r *http.Request) error {
+	var b struct {
+		AgentID string `json:"agent_id"`
+	}
+	if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+		return err
+	}
+	if err := h.d.Views.Subscribe(r.Context(), api.PrincipalOf(r).AccountID, b.AgentID); err != nil {
+		return err
+	}
+	return ok(w, http.StatusCreated, map[string]any{"agent_id": b.AgentID})
+}
+
+func (h *handlers) unsubscribe(w http.ResponseWriter, r *http.Request) error {
+	if err := h.d.Views.Unsubscribe(r.Context(), api.PrincipalOf(r).AccountID, r.PathValue("agent")); err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{})
 }

@@ -1,16 +1,17 @@
 // Package api is what every function group shares: the dependencies a
-// route handler is given, and the two ways a group's routes are served — all
-// on one mux (meshd, tests) or each as its own Cloud Function entry point
-// whose dependencies are built on its first request.
+// route handler is given, the route row (route.go), and the two ways the
+// route table is served — all on one mux (meshd, tests) or each row as its
+// own Cloud Function whose dependencies are built on its first request
+// (deploy.go registers them; this package does not link the Functions
+// Framework, so meshd does not either).
 package api
 
 import (
+	"context"
 	"log/slog"
 	"net/http"
 	"sync"
 	"time"
-
-	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
@@ -21,8 +22,8 @@ import (
 	"agentmesh.dev/mesh/shared/registrar"
 )
 
-// Deps are the services behind the routes. A nil service makes its routes
-// answer 501 rather than crash.
+// Deps are the services behind the routes, built by NewDeps. A nil service
+// makes its routes answer 501 rather than crash.
 type Deps struct {
 	Log         *slog.Logger
 	Accounts    *account.Service
@@ -44,19 +45,23 @@ type Deps struct {
 	Capabilities map[string]any
 }
 
-// Group is one function group: its route table and the handler of each
-// route given the dependencies.
-type Group struct {
-	Routes  []httpx.Route
-	Handler func(d *Deps, rt httpx.Route) httpx.HandlerFunc
+// Mount registers every row of table on mux behind the per-IP limit and
+// the body deadline, except the scheduled jobs, which are never served on
+// the public host (meshd runs them with RunJobs).
+func (d *Deps) Mount(mux *http.ServeMux, table []Route) {
+	for _, rt := range table {
+		if rt.Auth.Kind == AuthScheduled {
+			continue
+		}
+		mux.Handle(rt.Pattern(), d.wrap(rt.Auth.guard(d, rt.Handler(d))))
+	}
 }
 
-// Mount registers every route of g on mux, behind the per-IP limit and the
-// body deadline.
-func (g Group) Mount(mux *http.ServeMux, d *Deps) {
-	for _, rt := range g.Routes {
-		mux.Handle(rt.Pattern(), d.wrap(g.Handler(d, rt)))
-	}
+// Function is one row served the way its Cloud Function serves it: behind
+// a mux that knows only this route, so path values resolve as on meshd's
+// mux and any other method or path gets a JSON 404 or 405.
+func (d *Deps) Function(rt Route) http.Handler {
+	return httpx.SingleRoute(rt.httpRoute(), d.Log, d.wrap(rt.Auth.guard(d, rt.Handler(d))))
 }
 
 func (d *Deps) wrap(h httpx.HandlerFunc) http.Handler {
@@ -67,43 +72,50 @@ func (d *Deps) wrap(h httpx.HandlerFunc) http.Handler {
 	return httpx.BodyDeadline(d.BodyTimeout, out)
 }
 
-// RegisterFunctions registers each route of g as its own Cloud Function
-// entry point. The dependencies are built once per instance, on the first
-// request (a function's lazy init is the one place configuration is read
-// from the environment); if that fails, the route answers 503 and the next
-// request tries again.
-func (g Group) RegisterFunctions(build func() (*Deps, error)) {
-	lazy := &lazyDeps{build: build}
-	for _, rt := range g.Routes {
-		functions.HTTP(rt.EntryPoint, func(w http.ResponseWriter, r *http.Request) {
-			d, err := lazy.get()
-			if err != nil {
-				errs.WriteHTTP(w, slog.Default(), errs.Wrap(errs.Unavailable, "this function is not ready; retry shortly", err))
-				return
-			}
-			httpx.SingleRoute(rt, d.Log, d.wrap(g.Handler(d, rt))).ServeHTTP(w, r)
-		})
+// Lazy serves rows as Cloud Functions: the dependencies are built once per
+// instance, on the first request (a function's lazy init is the one place
+// configuration is read from the environment); if that fails, the request
+// is answered 503 and the next one tries again.
+type Lazy struct {
+	build func() (*Deps, error)
+
+	mu       sync.Mutex
+	d        *Deps
+	handlers map[string]http.Handler
+}
+
+// NewLazy returns a Lazy that builds its dependencies with build.
+func NewLazy(build func() (*Deps, error)) *Lazy { return &Lazy{build: build} }
+
+// Handler serves rt, building the dependencies and the row's handler on
+// first use.
+func (l *Lazy) Handler(rt Route) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		h, err := l.handler(rt)
+		if err != nil {
+			errs.WriteHTTP(w, slog.Default(), errs.Wrap(errs.Unavailable, "this function is not ready; retry shortly", err))
+			return
+		}
+		h.ServeHTTP(w, r)
 	}
 }
 
-type lazyDeps struct {
-	mu    sync.Mutex
-	build func() (*Deps, error)
-	d     *Deps
-}
-
-func (l *lazyDeps) get() (*Deps, error) {
+func (l *Lazy) handler(rt Route) (http.Handler, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.d != nil {
-		return l.d, nil
+	if l.d == nil {
+		d, err := l.build()
+		if err != nil {
+			return nil, err
+		}
+		l.d, l.handlers = d, map[string]http.Handler{}
 	}
-	d, err := l.build()
-	if err != nil {
-		return nil, err
+	h, ok := l.handlers[rt.EntryPoint]
+	if !ok {
+		h = l.d.Function(rt)
+		l.handlers[rt.EntryPoint] = h
 	}
-	l.d = d
-	return d, nil
+	return h, nil
 }
 
 // NotConfigured is the answer of a route whose service this instance does
@@ -112,4 +124,33 @@ func NotConfigured(what string) httpx.HandlerFunc {
 	return func(http.ResponseWriter, *http.Request) error {
 		return errs.Newf(errs.NotImplemented, "%s is not configured on this instance", what)
 	}
+}
+
+// Job is a scheduled job's work: it reports how many things it did.
+type Job func(ctx context.Context) (int, error)
+
+// JobRoute is the row of a scheduled job: a POST that Cloud Scheduler
+// calls every interval in the cloud and meshd's ticker calls in process
+// (RunJobs). Both run the same job. job returns nil when this instance
+// lacks the service.
+func JobRoute(entryPoint, path string, every time.Duration, job func(d *Deps) Job) Route {
+	return Route{EntryPoint: entryPoint, Method: http.MethodPost, Path: path, Auth: Scheduled(every),
+		Handler: func(d *Deps) httpx.HandlerFunc {
+			run := job(d)
+			if run == nil {
+				return NotConfigured("the service of job " + entryPoint)
+			}
+			return func(w http.ResponseWriter, r *http.Request) error {
+				n, err := run(r.Context())
+				if err != nil {
+					return errs.Wrap(errs.Unavailable, "the job failed; the next run retries", err)
+				}
+				if n > 0 {
+					d.Log.Info("scheduled job", "job", entryPoint, "count", n)
+				}
+				httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "job": entryPoint, "count": n})
+				return nil
+			}
+		},
+		job: job}
 }

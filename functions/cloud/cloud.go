@@ -9,7 +9,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"os"
 	"slices"
 	"strconv"
@@ -17,25 +16,17 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
-	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
-	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
-	"agentmesh.dev/mesh/shared/mailbox"
-	"agentmesh.dev/mesh/shared/passkey"
-	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/ratelimit"
-	"agentmesh.dev/mesh/shared/registrar"
-	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
 )
 
@@ -155,8 +146,11 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	return c, nil
 }
 
-// Build makes the route dependencies from c. Without MESH_TRUST_DIR the
-// instance does not mint (the doors answer 501) but still serves accounts.
+// Build makes the route dependencies from c: the cloud's backends
+// (Firestore, SMTP, the trust chain from mounted secrets, revocation over
+// the managed NATS cluster) given to the one constructor meshd uses too.
+// Without MESH_TRUST_DIR the instance does not mint (the doors answer 501)
+// but still serves accounts.
 func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	st, err := firestorestore.New(ctx, c.ProjectID)
 	if err != nil {
@@ -166,23 +160,16 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smtp: %w", err)
 	}
-	console, err := url.Parse(c.ConsoleURL)
-	if err != nil || console.Host == "" {
-		return nil, fmt.Errorf("MESH_CONSOLE_URL %q is not a URL", c.ConsoleURL)
-	}
-	pk, err := passkey.New(passkey.Config{RPID: console.Hostname(), RPDisplayName: "agentmesh (" + c.MeshName + ")",
-		RPOrigins: []string{console.Scheme + "://" + console.Host}})
-	if err != nil {
-		return nil, fmt.Errorf("passkeys: %w", err)
-	}
-	var trust *creds.Trust
-	var revoker credential.Revoker
-	var caller *bus.Caller
+	b := api.Backends{Log: log, Store: st, Mail: smtp, RegistrarKey: registrarKey(c.RegistrarKeyFile, log),
+		Mesh:       credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs},
+		ControlURL: c.ControlURL, ConsoleURL: c.ConsoleURL, RegistrarURL: c.RegistrarURL,
+		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
+			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()}}
 	if c.TrustDir != "" {
-		if trust, err = creds.Load(c.TrustDir); err != nil {
+		if b.Trust, err = creds.Load(c.TrustDir); err != nil {
 			return nil, fmt.Errorf("trust: %w", err)
 		}
-		sysCreds, err := trust.MintSystemUser("control-plane")
+		sysCreds, err := b.Trust.MintSystemUser("control-plane")
 		if err != nil {
 			return nil, err
 		}
@@ -191,13 +178,13 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 		if err != nil {
 			return nil, fmt.Errorf("nats: %w", err)
 		}
-		revoker = &creds.Revoker{Trust: trust, Sys: sys}
+		b.Revoker = &creds.Revoker{Trust: b.Trust, Sys: sys}
 		if c.ServicesKeyFile != "" {
 			key, err := keys.ReadSeedFile[keys.AgentRole](c.ServicesKeyFile)
 			if err != nil {
 				return nil, fmt.Errorf("services key: %w", err)
 			}
-			svc, err := trust.MintServiceUser("control-plane-views")
+			svc, err := b.Trust.MintServiceUser("control-plane-views")
 			if err != nil {
 				return nil, err
 			}
@@ -206,44 +193,10 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 			if err != nil {
 				return nil, fmt.Errorf("nats: %w", err)
 			}
-			caller = &bus.Caller{NC: nc, Key: key}
+			b.Bus = &bus.Caller{NC: nc, Key: key}
 		}
 	}
-	meshInfo := credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs}
-	accounts := account.New(account.Config{Store: st, Mail: smtp, Passkeys: pk, Log: log, ConsoleURL: c.ConsoleURL, ControlURL: c.ControlURL,
-		Limits: c.AccountLimits})
-	var history credential.History
-	if caller != nil {
-		history = mailbox.History{Bus: caller}
-	}
-	credentials := credential.New(credential.Config{Store: st, Trust: trust, Revoker: revoker, Mesh: meshInfo,
-		ControlURL: c.ControlURL, NoExpiry: c.NoExpiry, Log: log, History: history, Unowned: c.Unowned, Classes: c.Classes.Map()})
-	// With a bus connection, guests are recorded on the registry's guest
-	// roster (so they may register on the plain subject) and cleared when
-	// their leases end; without one they get the pinned set.
-	var evictor guest.Evictor
-	var roster guest.Roster
-	if caller != nil {
-		evictor = &guest.BusEvictor{Bus: caller}
-		js, err := jetstream.New(caller.NC)
-		if err != nil {
-			return nil, fmt.Errorf("nats jetstream: %w", err)
-		}
-		roster = &registry.GuestRoster{JS: js}
-	}
-	guests := guest.New(guest.Config{Store: st, Trust: trust, Revoker: revoker, Evictor: evictor, Roster: roster, Mesh: meshInfo, Log: log,
-		Limits: c.GuestLimits, Class: &c.Classes.Guest})
-	var views *accountview.Service
-	if caller != nil {
-		views = &accountview.Service{Store: st, Credentials: credentials, Bus: caller}
-	}
-	reg := registrar.New(registrar.Config{Store: st, Mail: smtp, Signer: registrarKey(c.RegistrarKeyFile, log), URL: c.RegistrarURL, Log: log})
-	return &api.Deps{Log: log, Accounts: accounts, Credentials: credentials, Guests: guests, Views: views, Registrar: reg,
-		RateLimit: httpx.NewLimiter(c.RateLimit, time.Minute, nil), TrustedProxyHops: c.TrustedProxyHops,
-		Capabilities: map[string]any{"protocol": protocol.Version, "mesh": c.MeshName, "markup_pct": c.MarkupPct,
-			"clearing_service": false, "credentials": []string{"guest", "bootstrap", "node", "app", "job"},
-			"node_credential": map[string]any{"minting": trust != nil, "no_expiry": c.NoExpiry, "max_agents": credential.MaxRoster},
-			"passkeys":        true, "nats_endpoints": append(append([]string{}, c.NATSURLs...), c.WSURLs...)}}, nil
+	return api.NewDeps(b)
 }
 
 // registrarKey loads the registrar's card-signing key from path, or says
@@ -265,9 +218,9 @@ func registrarKey(path string, log *slog.Logger) keys.Signer {
 	return k
 }
 
-// Deps is the builder every function group registers with
-// (api.Group.RegisterFunctions caches its result per instance and retries a
-// failure on the next request).
+// Deps builds the dependencies of a Cloud Function instance from its
+// environment; deploy.go's api.Lazy calls it on the first request and
+// again after a failure.
 func Deps() (*api.Deps, error) {
 	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)) // Cloud Logging reads JSON lines
 	c, err := FromEnv(os.Getenv)

@@ -19,25 +19,20 @@ import (
 	"net/http"
 
 	"agentmesh.dev/mesh/functions/api"
-	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/shared/httpx"
 )
 
 // Prefix is the path the console is served under, on every host.
 const Prefix = "/console/"
 
-// Routes is the group's route table: the whole console is one route.
-var Routes = []httpx.Route{
-	{EntryPoint: "Console", Path: Prefix, HTML: true},
+// Routes is the group's route table: the whole console is one route. It
+// is public at the row: the console keeps its own cookie session and CSRF
+// checks (docs/console.md) and calls the account service for each page.
+var Routes = []api.Route{
+	{EntryPoint: "Console", Path: Prefix, HTML: true, Auth: api.Public, Handler: handler},
 }
 
-// Group is the function group.
-var Group = api.Group{Routes: Routes, Handler: handler}
-
-// The console is its own Cloud Function, built on its first request.
-func init() { Group.RegisterFunctions(cloud.Deps) }
-
-func handler(d *api.Deps, _ httpx.Route) httpx.HandlerFunc {
+func handler(d *api.Deps) httpx.HandlerFunc {
 	if d.Accounts == nil {
 		return api.NotConfigured("the account service (and with it the console)")
 	}

@@ -11,7 +11,7 @@ import (
 
 func TestHealthRoute(t *testing.T) {
 	mux := http.NewServeMux()
-	Group.Mount(mux, &api.Deps{})
+	(&api.Deps{}).Mount(mux, Routes)
 	for _, c := range []struct {
 		method string
 		status int

@@ -11,61 +11,44 @@ import (
 	"net/http"
 
 	"agentmesh.dev/mesh/functions/api"
-	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/registrar"
 )
 
-// Routes is the group's route table.
-var Routes = []httpx.Route{
-	{EntryPoint: "HandleStart", Method: "POST", Path: "/api/handles/start"},
-	{EntryPoint: "HandleVerify", Method: "POST", Path: "/api/handles/verify"},
-	{EntryPoint: "HandleClaim", Method: "POST", Path: "/api/handles/claim"},
-	{EntryPoint: "PairStart", Method: "POST", Path: "/api/pair/start"},
-	{EntryPoint: "PairComplete", Method: "POST", Path: "/api/pair/complete"},
-	{EntryPoint: "Resolve", Method: "GET", Path: "/api/resolve"},
-	{EntryPoint: "RegistrarKey", Method: "GET", Path: "/api/registrar-key"},
-	{EntryPoint: "WebFinger", Method: "GET", Path: "/.well-known/webfinger"},
-	{EntryPoint: "CardPage", Method: "GET", Path: "/a/{handle...}", HTML: true},
+// Routes is the group's route table. The registrar's routes prove who is
+// calling themselves (a mailed code, a registrar session in the body, an
+// agent's signature), which the service checks.
+var Routes = []api.Route{
+	{EntryPoint: "HandleStart", Method: "POST", Path: "/api/handles/start", Auth: api.Public, Handler: reg((*handlers).start)},
+	{EntryPoint: "HandleVerify", Method: "POST", Path: "/api/handles/verify", Auth: api.Public, Handler: reg((*handlers).verify)},
+	{EntryPoint: "HandleClaim", Method: "POST", Path: "/api/handles/claim", Auth: api.Public, Handler: reg((*handlers).claim)},
+	{EntryPoint: "PairStart", Method: "POST", Path: "/api/pair/start", Auth: api.Public, Handler: reg((*handlers).pairStart)},
+	{EntryPoint: "PairComplete", Method: "POST", Path: "/api/pair/complete", Auth: api.Public, Handler: reg((*handlers).pairComplete)},
+	{EntryPoint: "Resolve", Method: "GET", Path: "/api/resolve", Auth: api.Public, Handler: reg((*handlers).resolve)},
+	{EntryPoint: "RegistrarKey", Method: "GET", Path: "/api/registrar-key", Auth: api.Public, Handler: reg((*handlers).keySet)},
+	{EntryPoint: "WebFinger", Method: "GET", Path: "/.well-known/webfinger", Auth: api.Public, Handler: reg((*handlers).webFinger)},
+	{EntryPoint: "CardPage", Method: "GET", Path: "/a/{handle...}", HTML: true, Auth: api.Public, Handler: reg((*handlers).cardPage)},
+	api.JobRoute("RegistrarSweep", "/jobs/registrar-sweep", registrar.SweepInterval, func(d *api.Deps) api.Job {
+		if d.Registrar == nil {
+			return nil
+		}
+		return d.Registrar.Sweep
+	}),
 }
-
-// Group is the function group.
-var Group = api.Group{Routes: Routes, Handler: handler}
-
-// Each route is its own Cloud Function, built on its first request.
-func init() { Group.RegisterFunctions(cloud.Deps) }
 
 // cardCache is the Cache-Control of a resolved card (upstream-notes §12.4).
 const cardCache = "public, max-age=360"
 
-func handler(d *api.Deps, rt httpx.Route) httpx.HandlerFunc {
-	svc := d.Registrar
-	if svc == nil {
-		return api.NotConfigured("the handle registrar")
+// reg makes a row's handler from a method of handlers.
+func reg(m func(h *handlers, w http.ResponseWriter, r *http.Request) error) api.Handler {
+	return func(d *api.Deps) httpx.HandlerFunc {
+		if d.Registrar == nil {
+			return api.NotConfigured("the handle registrar")
+		}
+		h := &handlers{d: d, svc: d.Registrar}
+		return func(w http.ResponseWriter, r *http.Request) error { return m(h, w, r) }
 	}
-	h := &handlers{d: d, svc: svc}
-	switch rt.EntryPoint {
-	case "HandleStart":
-		return h.start
-	case "HandleVerify":
-		return h.verify
-	case "HandleClaim":
-		return h.claim
-	case "PairStart":
-		return h.pairStart
-	case "PairComplete":
-		return h.pairComplete
-	case "Resolve":
-		return h.resolve
-	case "RegistrarKey":
-		return h.keySet
-	case "WebFinger":
-		return h.webFinger
-	case "CardPage":
-		return h.cardPage
-	}
-	panic("registrar: no handler for " + rt.EntryPoint)
 }
 
 type handlers struct {

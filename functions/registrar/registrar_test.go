@@ -52,7 +52,7 @@ func TestResolveSendsTheSignedBytes(t *testing.T) {
 	// resolved directly below are the same card.
 	now := time.Date(2026, 8, 1, 12, 0, 0, 0, time.UTC)
 	svc := registrar.New(registrar.Config{Store: st, Mail: noMail{}, Signer: key, URL: srv.URL, Now: func() time.Time { return now }})
-	registrarfn.Group.Mount(mux, &api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc})
+	(&api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc}).Mount(mux, registrarfn.Routes)
 
 	v, err := svc.SessionFor(ctx, "ana@example.org", "console")
 	if err != nil {
@@ -149,7 +149,7 @@ func TestBadIDsAreBadInput(t *testing.T) {
 			srv := httptest.NewServer(mux)
 			t.Cleanup(srv.Close)
 			svc := registrar.New(registrar.Config{Store: st, Mail: noMail{}, Signer: key, URL: srv.URL})
-			registrarfn.Group.Mount(mux, &api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc})
+			(&api.Deps{Log: slog.New(slog.DiscardHandler), Registrar: svc}).Mount(mux, registrarfn.Routes)
 			for _, h := range []string{".", ".."} {
 				resp, err := http.Get(srv.URL + "/api/resolve?handle=" + url.QueryEscape(h))
 				if err != nil {

@@ -153,8 +153,13 @@ func (s *Service) take(tx store.Tx, rt route, from, email string, now time.Time)
 
 // Sweep deletes the rate-limit counters that no longer matter (two windows
 // after their last count), so a flood from many addresses leaves nothing
-// behind. meshd runs it every ten minutes. It returns how many it deleted.
+// behind. It is a scheduled row run every SweepInterval. It returns how
+// many it deleted.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	n, err := ratelimit.Sweep(ctx, s.st, CollRateLimits, s.now())
 	return n, txErr(err)
 }
+
+// SweepInterval is how often Sweep runs (Cloud Scheduler in the cloud, a
+// ticker in meshd).
+const SweepInterval = 10 * time.Minute

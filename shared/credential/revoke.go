@@ -129,3 +129,76 @@ func (s *Service) revoke(ctx context.Context, keys []string, at time.Time) error
 	}
 	return nil
 }
+
+// RevocationPruner is a Revoker that can also forget revocations older
+// than an instant (devenv.Mesh, creds.Revoker).
+type RevocationPruner interface {
+	PruneRevocations(ctx context.Context, before time.Time) (int, error)
+}
+
+// revocationMargin is kept beyond the longest credential lifetime before a
+// revocation is forgotten: clock skew between the minting instances and
+// the brokers, and guest credentials (24 h) minted by another service.
+const revocationMargin = 24 * time.Hour
+
+// Sweep is the credential service's scheduled job: it deletes expired
+// rate-limit counters and forgets revocations that protect nothing any
+// more, and reports how many documents and entries it removed.
+func (s *Service) Sweep(ctx context.Context) (int, error) {
+	n, err := s.SweepLimits(ctx)
+	if err != nil {
+		return n, err
+	}
+	m, err := s.SweepRevocations(ctx)
+	return n + m, err
+}
+
+// SweepRevocations forgets every revocation older than the longest
+// credential lifetime (plus a margin): every JWT it covered has expired,
+// so the broker would refuse it anyway. The account JWT's list only grows
+// otherwise, and every server receives the whole JWT on each change. With
+// NoExpiry, node credentials never lapse and nothing is forgotten. The
+// broker is pruned first, then the store; a crash between the two leaves
+// documents that a restart re-applies harmlessly and the next sweep
+// removes.
+func (s *Service) SweepRevocations(ctx context.Context) (int, error) {
+	pruner, ok := s.cfg.Revoker.(RevocationPruner)
+	if s.cfg.NoExpiry || !ok {
+		return 0, nil
+	}
+	before := s.now().Add(-s.cfg.CredentialTTL - revocationMargin).Truncate(time.Second)
+	if _, err := pruner.PruneRevocations(ctx, before); err != nil {
+		return 0, errs.Wrap(errs.DependencyFailed, "the broker's revocation list could not be pruned", err)
+	}
+	var revs []revocation
+	if err := store.List(ctx, s.st, CollRevocations, store.Query{}, &revs); err != nil {
+		return 0, txErr(err)
+	}
+	n := 0
+	for _, r := range revs {
+		if r.At >= before.UnixMilli() {
+			continue
+		}
+		deleted := false
+		err := s.st.RunTx(ctx, func(tx store.Tx) error {
+			// A newer revocation of the same key may have been recorded
+			// since the listing; it stays.
+			var cur revocation
+			if err := tx.Get(CollRevocations, r.Key, &cur); err != nil {
+				return err
+			}
+			deleted = cur.At < before.UnixMilli()
+			if !deleted {
+				return nil
+			}
+			return tx.Delete(CollRevocations, r.Key)
+		})
+		if err != nil && !errors.Is(err, store.ErrNotFound) {
+			return n, txErr(err)
+		}
+		if err == nil && deleted {
+			n++
+		}
+	}
+	return n, nil
+}

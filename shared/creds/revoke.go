@@ -1,6 +1,7 @@
 package creds
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"time"
@@ -61,4 +62,50 @@ func RevokedAt(ac *jwt.AccountClaims, publicKey string) time.Time {
 		return time.Time{}
 	}
 	return time.Unix(latest, 0)
+}
+
+// PruneRevocations deletes from ac every key's revocation older than
+// before (whole seconds), and returns how many it deleted. It is for
+// revocations whose credentials have all expired anyway: a JWT issued up to
+// the revocation instant expires at most one credential lifetime later, so
+// once that has passed the entry protects nothing and only makes the
+// account JWT (pushed to every server on each change) longer. The all-keys
+// entry is never pruned.
+func PruneRevocations(ac *jwt.AccountClaims, before time.Time) int {
+	if ac == nil {
+		return 0
+	}
+	n := 0
+	for k, ts := range ac.Revocations {
+		if k != jwt.All && ts < before.Unix() {
+			delete(ac.Revocations, k)
+			n++
+		}
+	}
+	return n
+}
+
+// PruneRevocations deletes the mesh account's revocations older than
+// before on the running cluster (see the function PruneRevocations).
+func (r *Revoker) PruneRevocations(ctx context.Context, before time.Time) (int, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	mesh := r.Trust.PublicKeys().MeshAccount
+	msg, err := r.Sys.RequestWithContext(ctx, AccountLookupSubject(mesh), nil)
+	if err != nil {
+		return 0, fmt.Errorf("prune revocations: look up the mesh account: %w", err)
+	}
+	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
+	if err != nil {
+		return 0, fmt.Errorf("prune revocations: the resolver's mesh account jwt: %w", err)
+	}
+	n := PruneRevocations(claims, before)
+	if n == 0 {
+		return 0, nil
+	}
+	signed, err := r.Trust.EncodeAccount(claims)
+	if err != nil {
+		return 0, err
+	}
+	return n, PushAccountJWT(ctx, r.Sys, signed)
 }

@@ -37,7 +37,10 @@ const (
 	// DefaultCredentialTTL is the JWT's own expiry, later than any lease:
 	// the lease, not the JWT, is what ends a guest (by revocation).
 	DefaultCredentialTTL = 24 * time.Hour
-	signatureWindow      = 5 * time.Minute
+	// SweepInterval is how often lapsed leases are ended (Sweep): a
+	// scheduled row, so Cloud Scheduler in the cloud, a ticker in meshd.
+	SweepInterval   = time.Minute
+	signatureWindow = 5 * time.Minute
 )
 
 // Config is what the service needs.

@@ -3,6 +3,7 @@ package registrar
 import (
 	"context"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/secret"
@@ -12,6 +13,10 @@ import (
 // SweepBatch is how many documents one sweep transaction deletes at most
 // (Firestore allows 500 writes in a transaction).
 const SweepBatch = 100
+
+// SweepInterval is how often the expired documents are deleted: a
+// scheduled row (Cloud Scheduler in the cloud, a ticker in meshd).
+const SweepInterval = 10 * time.Minute
 
 // sweepDoc is what the sweep reads of any registrar document: its own id,
 // its deadline and, for an address's codes, what both were derived from

@@ -1,0 +1,151 @@
+package api
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/guest"
+	"agentmesh.dev/mesh/shared/httpx"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/mailbox"
+	"agentmesh.dev/mesh/shared/passkey"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registrar"
+	"agentmesh.dev/mesh/shared/registry"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// Backends are what differs between the cloud and one machine: where the
+// control plane keeps its documents, how it mails, where its keys came
+// from and how it reaches the bus. NewDeps builds the same services from
+// either (functions/cloud for the Cloud Functions, devenv for meshd).
+type Backends struct {
+	Log   *slog.Logger
+	Store store.Store
+	Mail  mail.Sender
+	// Trust is the operator and account key chain; nil makes the minting
+	// doors answer 501 (an instance without its keys still serves
+	// accounts).
+	Trust *creds.Trust
+	// Revoker revokes credential keys at the broker; nil records
+	// revocations in the store only.
+	Revoker credential.Revoker
+	// Bus is the control plane's signed way onto the bus (its services
+	// key): the account views, the guest roster and eviction, and the
+	// mailbox history that tells a new agent key from a used one. nil
+	// without a bus connection: the views answer 501 and guests get the
+	// pinned permission set.
+	Bus *bus.Caller
+	// RegistrarKey signs cards; nil makes resolve answer 503.
+	RegistrarKey keys.Signer
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+	// Mesh is what credential answers tell clients about the bus.
+	Mesh credential.MeshInfo
+	// ControlURL, ConsoleURL and RegistrarURL are the public bases.
+	ControlURL, ConsoleURL, RegistrarURL string
+	Settings Settings
+}
+
+// Settings are the control plane's knobs: the same ones, with the same
+// defaults, in the cloud (environment variables) and in meshd (flags).
+type Settings struct {
+	NoExpiry         bool
+	MarkupPct        int
+	RateLimit        int // per client address per minute
+	TrustedProxyHops int
+	BodyTimeout      time.Duration
+	GuestIdleTTL     time.Duration // 0: guest.DefaultIdleTTL
+	GuestLimits      guest.Limits
+	AccountLimits    account.Limits
+	Unowned          credential.UnownedLimits
+	// Classes are the fence classes' limits (creds.DefaultClassLimits when
+	// nil).
+	Classes map[string]creds.ClassLimits
+}
+
+// NewDeps builds the control plane's services from b: the one constructor
+// for the Cloud Functions and meshd (DESIGN §2).
+func NewDeps(b Backends) (*Deps, error) {
+	if b.Store == nil || b.Mail == nil || b.Log == nil {
+		return nil, errors.New("control plane: a store, a mailer and a logger are required")
+	}
+	console, err := url.Parse(b.ConsoleURL)
+	if err != nil || console.Host == "" || (console.Scheme != "http" && console.Scheme != "https") {
+		return nil, fmt.Errorf("control plane: the console URL %q is not an http(s) URL", b.ConsoleURL)
+	}
+	if b.RegistrarURL == "" {
+		b.RegistrarURL = b.ControlURL
+	}
+	s := b.Settings
+	pk, err := passkey.New(passkey.Config{RPID: console.Hostname(), RPDisplayName: "agentmesh (" + b.Mesh.Name + ")",
+		RPOrigins: []string{console.Scheme + "://" + console.Host}})
+	if err != nil {
+		return nil, fmt.Errorf("control plane: passkeys: %w", err)
+	}
+	d := &Deps{Log: b.Log.With("component", "http"), TrustedProxyHops: max(s.TrustedProxyHops, 0), BodyTimeout: s.BodyTimeout}
+	d.Accounts = account.New(account.Config{Store: b.Store, Mail: b.Mail, Passkeys: pk, Log: b.Log.With("service", "account"),
+		ConsoleURL: b.ConsoleURL, ControlURL: b.ControlURL, Now: b.Now, Limits: s.AccountLimits})
+	var history credential.History
+	if b.Bus != nil {
+		history = mailbox.History{Bus: b.Bus}
+	}
+	d.Credentials = credential.New(credential.Config{Store: b.Store, Trust: b.Trust, Revoker: b.Revoker, Mesh: b.Mesh,
+		ControlURL: b.ControlURL, NoExpiry: s.NoExpiry, Now: b.Now, Log: b.Log.With("service", "credential"),
+		History: history, Unowned: s.Unowned, Classes: s.Classes})
+	// With a bus connection, guests are recorded on the registry's guest
+	// roster (so they may register on the plain subject) and cleared when
+	// their leases end; without one they get the pinned set.
+	var evictor guest.Evictor
+	var roster guest.Roster
+	if b.Bus != nil {
+		js, err := jetstream.New(b.Bus.NC)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: jetstream: %w", err)
+		}
+		evictor, roster = &guest.BusEvictor{Bus: b.Bus}, &registry.GuestRoster{JS: js}
+		d.Views = &accountview.Service{Store: b.Store, Credentials: d.Credentials, Bus: b.Bus, Now: b.Now}
+	}
+	var guestClass *creds.ClassLimits
+	if l, ok := s.Classes[creds.ClassGuest]; ok {
+		guestClass = &l
+	}
+	d.Guests = guest.New(guest.Config{Store: b.Store, Trust: b.Trust, Revoker: b.Revoker, Evictor: evictor, Roster: roster,
+		Mesh: b.Mesh, IdleTTL: s.GuestIdleTTL, Limits: s.GuestLimits, Class: guestClass, Now: b.Now, Log: b.Log.With("service", "guest")})
+	d.Registrar = registrar.New(registrar.Config{Store: b.Store, Mail: b.Mail, Signer: b.RegistrarKey, URL: b.RegistrarURL,
+		Now: b.Now, Log: b.Log.With("service", "registrar")})
+	limit := s.RateLimit
+	if limit <= 0 {
+		limit = DefaultRateLimit
+	}
+	d.RateLimit = httpx.NewLimiter(limit, time.Minute, b.Now)
+	idle := s.GuestIdleTTL
+	if idle <= 0 {
+		idle = guest.DefaultIdleTTL
+	}
+	d.Capabilities = map[string]any{
+		"protocol": protocol.Version, "mesh": b.Mesh.Name, "markup_pct": s.MarkupPct, "clearing_service": false,
+		"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},
+		"node_credential": map[string]any{"minting": b.Trust != nil, "no_expiry": s.NoExpiry, "max_agents": credential.MaxRoster},
+		"guest":           map[string]any{"idle_ttl_seconds": int(idle / time.Second), "minting": b.Trust != nil},
+		"passkeys":        true,
+		"nats_endpoints":  append(append([]string{}, b.Mesh.TCP...), b.Mesh.WS...),
+	}
+	return d, nil
+}
+
+// DefaultRateLimit is the per-address limit per minute of every route when
+// none is configured: one person clicking through the console never meets
+// it, a script hammering one route does.
+const DefaultRateLimit = 600
