@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"

@@ -11,9 +11,9 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/store"

@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/guest"
 )

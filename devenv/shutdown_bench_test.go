@@ -13,9 +13,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/protocol"

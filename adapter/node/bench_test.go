@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/adapter/node"
-	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mailbox"

@@ -6,9 +6,9 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/adapter/node"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 )

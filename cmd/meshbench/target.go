@@ -11,8 +11,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 )
 

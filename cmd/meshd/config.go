@@ -10,9 +10,9 @@ import (
 	"strconv"
 	"strings"
 
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/mailbox"

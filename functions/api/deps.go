@@ -55,7 +55,7 @@ type Backends struct {
 	Mesh credential.MeshInfo
 	// ControlURL, ConsoleURL and RegistrarURL are the public bases.
 	ControlURL, ConsoleURL, RegistrarURL string
-	Settings Settings
+	Settings                             Settings
 }
 
 // Settings are the control plane's knobs: the same ones, with the same

@@ -13,8 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/passkey/passkeytest"

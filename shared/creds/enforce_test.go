@@ -14,8 +14,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )

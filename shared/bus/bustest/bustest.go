@@ -9,8 +9,8 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
