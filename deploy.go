@@ -4,7 +4,8 @@
 // walks the route table and registers every row under its entry point; the
 // deployment picks one by --entry-point (DESIGN §3). The dependencies are
 // built once per instance, on its first request, by functions/cloud from
-// the environment. The function groups have no init side effects, so meshd
+// the environment, and every log line carries the request's trace. The
+// function groups have no init side effects, so meshd
 // and the tests link neither the Functions Framework nor Firestore.
 package mesh
 
@@ -14,11 +15,12 @@ import (
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/cloud"
 	"agentmesh.dev/mesh/functions/routes"
+	"agentmesh.dev/mesh/shared/cloudlog"
 )
 
 func init() {
 	lazy := api.NewLazy(cloud.Deps)
 	for _, rt := range routes.All() {
-		functions.HTTP(rt.EntryPoint, lazy.Handler(rt))
+		functions.HTTP(rt.EntryPoint, cloudlog.Trace(lazy.Handler(rt)).ServeHTTP)
 	}
 }

@@ -14,6 +14,7 @@ require (
 )
 
 require (
+	cloud.google.com/go/functions v1.25.0 // indirect
 	github.com/go-json-experiment/json v0.0.0-20260213210345-44df1a37e875 // indirect
 	github.com/go-viper/mapstructure/v2 v2.5.0 // indirect
 	github.com/go-webauthn/x v0.3.1 // indirect

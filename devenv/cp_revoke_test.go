@@ -7,10 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/store"
 )
 
 // A node connected with a valid credential loses access within 5 seconds
@@ -108,5 +112,65 @@ func TestDisablingAnAccountRevokesItsCredentials(t *testing.T) {
 	}
 	if st, _ := c.do(http.MethodGet, "/v1/session", nil, tok); st != 401 {
 		t.Error("a disabled account's session still works")
+	}
+}
+
+// The revocation list only grows as credentials are revoked; the
+// credential sweep (a scheduled row) forgets the entries whose
+// credentials have all expired, at the broker and in the store, and keeps
+// the ones that still protect something.
+func TestSweepForgetsRevocationsThatProtectNothing(t *testing.T) {
+	c := startCP(t)
+	acct, _ := c.signIn("ana@example.org")
+	agent := newAgent(t)
+	st, out := c.post("/v1/bootstrap", map[string]any{"token": c.agentKey(acct, "coder"), "agent_id": agent.Public()}, "")
+	if st != 200 {
+		t.Fatalf("%d %v", st, out)
+	}
+	uc, err := jwt.DecodeUserClaims(out["jwt"].(string))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.m.Control().Credentials.DisableAccount(t.Context(), acct, "terms"); err != nil {
+		t.Fatal(err)
+	}
+	sys, err := c.m.ConnectSystem("test-sys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+	revoked := func() bool {
+		msg, err := sys.Request(creds.AccountLookupSubject(c.m.Trust().PublicKeys().MeshAccount), nil, 5*time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ac, err := jwt.DecodeAccountClaims(string(msg.Data))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, ok := ac.Revocations[uc.Subject]
+		return ok
+	}
+	stored := func() int {
+		var docs []map[string]any
+		if err := store.List(t.Context(), c.m.Control().Store, credential.CollRevocations, store.Query{}, &docs); err != nil {
+			t.Fatal(err)
+		}
+		return len(docs)
+	}
+	if !revoked() || stored() != 1 {
+		t.Fatalf("after disabling: revoked at the broker %v, %d stored", revoked(), stored())
+	}
+	// Within a credential lifetime (30 days) plus the margin, it stays.
+	c.clock.Advance(30 * 24 * time.Hour)
+	if n, err := c.m.Control().Credentials.Sweep(t.Context()); err != nil || !revoked() || stored() != 1 {
+		t.Fatalf("sweep inside the lifetime: %d, %v; revoked %v, %d stored", n, err, revoked(), stored())
+	}
+	c.clock.Advance(2 * 24 * time.Hour)
+	if n, err := c.m.Control().Credentials.Sweep(t.Context()); err != nil || n < 1 {
+		t.Fatalf("sweep after the lifetime: %d, %v", n, err)
+	}
+	if revoked() || stored() != 0 {
+		t.Errorf("after the sweep: still revoked at the broker %v, %d stored", revoked(), stored())
 	}
 }

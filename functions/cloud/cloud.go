@@ -20,6 +20,7 @@ import (
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/cloudlog"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
@@ -222,8 +223,10 @@ func registrarKey(path string, log *slog.Logger) keys.Signer {
 // environment; deploy.go's api.Lazy calls it on the first request and
 // again after a failure.
 func Deps() (*api.Deps, error) {
-	log := slog.New(slog.NewJSONHandler(os.Stderr, nil)) // Cloud Logging reads JSON lines
 	c, err := FromEnv(os.Getenv)
+	// Cloud Logging reads JSON lines with its own field names, and groups
+	// a request's lines under the trace deploy.go put in its context.
+	log := cloudlog.New(os.Stderr, slog.LevelInfo, c.ProjectID)
 	if err != nil {
 		log.Error("function configuration", "err", err)
 		return nil, err

@@ -1,0 +1,158 @@
+package mesh
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/GoogleCloudPlatform/functions-framework-go/funcframework"
+
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/functions/routes"
+)
+
+// functionServerEnv makes the test binary a function instance: it serves
+// the Functions Framework the way Cloud Functions runs this package, with
+// FUNCTION_TARGET naming the entry point, on $PORT.
+const functionServerEnv = "MESH_TEST_FUNCTION_SERVER"
+
+func TestMain(m *testing.M) {
+	if os.Getenv(functionServerEnv) == "1" {
+		err := funcframework.StartHostPort("127.0.0.1", os.Getenv("PORT"))
+		fmt.Fprintln(os.Stderr, "function server:", err)
+		os.Exit(3)
+	}
+	os.Exit(m.Run())
+}
+
+// startFunction runs one function instance for entry (a child process,
+// as Cloud Functions runs one instance per function) and returns its base
+// URL.
+func startFunction(t *testing.T, entry string, env ...string) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fmt.Sprint(l.Addr().(*net.TCPAddr).Port)
+	l.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), functionServerEnv+"=1", "FUNCTION_TARGET="+entry, "PORT="+port)
+	cmd.Env = append(cmd.Env, env...)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan error, 1)
+	go func() { exited <- cmd.Wait() }()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+	})
+	base := "http://127.0.0.1:" + port
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		select {
+		case err := <-exited:
+			exited <- err
+			t.Fatalf("function %s exited: %v\n%s", entry, err, stderr.String())
+		default:
+		}
+		if c, err := net.Dial("tcp", "127.0.0.1:"+port); err == nil {
+			c.Close()
+			return base
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("function %s did not listen within 20 s\n%s", entry, stderr.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// cloudEnv is a function instance's configuration with nothing behind it
+// that a test cannot provide: Firestore points at a closed port (the
+// routes exercised here never reach the store), SMTP is never dialled, and
+// there is no trust chain, so the minting doors answer 501.
+func cloudEnv() []string {
+	return []string{"GOOGLE_CLOUD_PROJECT=mesh-test", "FIRESTORE_EMULATOR_HOST=127.0.0.1:9", "MESH_NAME=functest",
+		"MESH_CONTROL_URL=https://mesh.example.org", "MESH_CONSOLE_URL=https://mesh.example.org/console/",
+		"SMTP_ADDR=127.0.0.1:25", "SMTP_FROM=mesh@example.org", "MESH_NATS_URLS=nats://127.0.0.1:4222",
+		"MESH_TRUST_DIR=", "MESH_SERVICES_KEY_FILE=", "MESH_REGISTRAR_KEY_FILE="}
+}
+
+func do(t *testing.T, method, url string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(method, url, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// Every row is registered under its entry point, and the instance started
+// for that entry point serves exactly that row: another method on its path
+// is the row's 405, another route's path is a 404, both as JSON errors
+// from the row's own mux (a wrong mapping would answer the other way
+// round). The function instance is the Functions Framework itself, started
+// as Cloud Functions starts it (FUNCTION_TARGET).
+func TestFunctionsFrameworkServesEveryRow(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts one process per route")
+	}
+	table := routes.All()
+	if err := api.Check(table); err != nil {
+		t.Fatal(err)
+	}
+	for _, rt := range table {
+		t.Run(rt.EntryPoint, func(t *testing.T) {
+			base := startFunction(t, rt.EntryPoint, cloudEnv()...)
+			path := strings.NewReplacer("{id}", "acct_x", "{kind}", "register", "{token}", "t", "{key}", "k", "{app}", "a",
+				"{agent}", "g", "{handle...}", "nobody.x@example.org").Replace(rt.Path)
+			if rt.Method != "" {
+				other := http.MethodPut
+				if st, body := do(t, other, base+path); st != http.StatusMethodNotAllowed || !strings.Contains(body, `"code"`) {
+					t.Errorf("%s %s on %s's instance: %d %s, want its JSON 405", other, path, rt.EntryPoint, st, body)
+				}
+			}
+			if st, body := do(t, http.MethodGet, base+"/no/such/route"); st != http.StatusNotFound || !strings.Contains(body, "there is no route") {
+				t.Errorf("GET /no/such/route on %s's instance: %d %s, want the JSON 404 of a single-route mux", rt.EntryPoint, st, body)
+			}
+		})
+	}
+}
+
+// One route answers through the Functions Framework end to end: the
+// instance builds its dependencies from the environment on the first
+// request (functions/cloud, api.NewDeps) and answers with them.
+func TestFunctionAnswersEndToEnd(t *testing.T) {
+	base := startFunction(t, "Capabilities", cloudEnv()...)
+	st, body := do(t, http.MethodGet, base+"/v1/capabilities")
+	if st != http.StatusOK {
+		t.Fatalf("GET /v1/capabilities: %d %s", st, body)
+	}
+	var caps struct {
+		OK       bool   `json:"ok"`
+		Mesh     string `json:"mesh"`
+		Protocol string `json:"protocol"`
+		Node     struct {
+			Minting bool `json:"minting"`
+		} `json:"node_credential"`
+		Guest *struct{} `json:"guest"`
+	}
+	if err := json.Unmarshal([]byte(body), &caps); err != nil {
+		t.Fatal(err)
+	}
+	if !caps.OK || caps.Mesh != "functest" || caps.Protocol == "" || caps.Node.Minting || caps.Guest == nil {
+		t.Errorf("capabilities from the function: %s", body)
+	}
+}
