@@ -1,5 +1,5 @@
 // Package devenv boots the whole mesh in one process: the embedded NATS broker
-// in operator mode with JetStream and WebSocket, and the HTTP server that
+// (shared/broker), the bus workers (the workers table), and the HTTP server that
 // carries the control plane, the registrar and the console. meshd is a thin
 // main over it; tests and the conformance suite start the same thing on
 // random loopback ports.
@@ -20,11 +20,10 @@ import (
 	"time"
 
 	"github.com/nats-io/jwt/v2"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
-	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
@@ -118,15 +117,13 @@ type URLs struct {
 	MeshWS    string `json:"mesh_ws_url"`
 }
 
-// Layout of the data directory.
-const (
-	keysDir     = "keys"
-	accountsDir = "nats/accounts"
-)
+// keysDir is the data directory's trust chain (the broker's state is beside
+// it: broker.AccountsDir and jetstream/).
+const keysDir = "keys"
 
-// MaxControlLine is the broker's max_control_line: room for the CONNECT of
-// the largest credential the control plane mints.
-const MaxControlLine = 64 << 10
+// LevelTrace is below slog.LevelDebug; a logger enabled at this level also
+// receives the broker's protocol trace.
+const LevelTrace = broker.LevelTrace
 
 // serverName names the embedded broker in its logs and server listings
 // (otherwise it would be a random id that changes on every start).
@@ -136,17 +133,11 @@ const serverName = "meshd"
 type Mesh struct {
 	log     *slog.Logger
 	trust   *creds.Trust
-	ns      *server.Server
-	nslog   *natsLogger
-	dirRes  *server.DirAccResolver
+	broker  *broker.Broker
 	mux     *http.ServeMux
 	httpSrv *http.Server
 	urls    URLs
 	started time.Time
-
-	// sys is the in-process system-account connection used to push account
-	// updates; its state also answers /healthz.
-	sys *nats.Conn
 
 	// servicesKey signs every answer and event of the bus workers.
 	servicesKey *keys.Agent
@@ -166,10 +157,6 @@ type Mesh struct {
 	// connMu guards newConns: HTTP connections that sent no request yet.
 	connMu   sync.Mutex
 	newConns map[net.Conn]struct{}
-
-	// accountMu serialises read-modify-write of the mesh account JWT, so two
-	// concurrent revocations cannot overwrite each other.
-	accountMu sync.Mutex
 
 	// lock is the data directory's lock, held from Start until the broker
 	// has stopped.
@@ -245,213 +232,17 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 	return m, nil
 }
 
-// startNATS starts the embedded broker and waits until the mesh account is usable.
+// startNATS starts the embedded broker (shared/broker) and waits until the
+// mesh account is usable.
 func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyTimeout time.Duration) error {
-	natsHost, natsPort, err := listenHostPort(cfg.NATSAddr)
-	if err != nil {
-		return fmt.Errorf("devenv: nats address: %w", err)
-	}
-	wsHost, wsPort, err := listenHostPort(cfg.WSAddr)
-	if err != nil {
-		return fmt.Errorf("devenv: websocket address: %w", err)
-	}
-
-	opJWT, err := m.trust.OperatorJWT()
+	b, err := broker.Start(ctx, broker.Config{DataDir: dataDir, Trust: m.trust, NATSAddr: cfg.NATSAddr, WSAddr: cfg.WSAddr,
+		Name: serverName, Logger: m.log, ReadyTimeout: readyTimeout})
 	if err != nil {
 		return fmt.Errorf("devenv: %w", err)
 	}
-	opClaims, err := jwt.DecodeOperatorClaims(opJWT)
-	if err != nil {
-		return fmt.Errorf("devenv: decode operator jwt: %w", err)
-	}
-
-	resDir := filepath.Join(dataDir, filepath.FromSlash(accountsDir))
-	if err := os.MkdirAll(resDir, 0o700); err != nil {
-		return fmt.Errorf("devenv: %w", err)
-	}
-	// The "full" directory resolver is the one that accepts account updates on
-	// $SYS.REQ.CLAIMS.UPDATE, which is how revocation works without a restart.
-	// A lone broker has no peers to ask for an account it does not hold, so a
-	// short fetch timeout keeps connections naming unknown accounts from each
-	// stalling for the default two seconds.
-	res, err := server.NewDirAccResolver(resDir, 0, 0, server.NoDelete, server.FetchTimeout(250*time.Millisecond))
-	if err != nil {
-		return fmt.Errorf("devenv: account resolver: %w", err)
-	}
-	m.dirRes = res
-	if err := m.storeAccountJWTs(); err != nil {
-		res.Close()
-		return err
-	}
-
-	opts := &server.Options{
-		ServerName:       serverName,
-		Host:             natsHost,
-		Port:             natsPort,
-		TrustedOperators: []*jwt.OperatorClaims{opClaims},
-		SystemAccount:    m.trust.PublicKeys().SystemAccount,
-		AccountResolver:  res,
-		JetStream:        true,
-		// The broker appends "jetstream" to StoreDir, giving <data-dir>/jetstream.
-		StoreDir:               dataDir,
-		DisableJetStreamBanner: true,
-		// A node credential lists its permissions per hosted agent; a full
-		// 16-agent roster's JWT is about 18 KiB, over the default 4 KiB
-		// CONNECT line. The managed cluster needs the same setting.
-		MaxControlLine: MaxControlLine,
-		Websocket: server.WebsocketOpts{
-			Host:  wsHost,
-			Port:  wsPort,
-			NoTLS: true,
-		},
-		// meshd owns signal handling; the broker's own handler would exit the
-		// process on SIGINT before the HTTP server drains.
-		NoSigs: true,
-	}
-	ns, err := server.NewServer(opts)
-	if err != nil {
-		res.Close()
-		return fmt.Errorf("devenv: nats server: %w", err)
-	}
-	m.ns = ns
-	m.nslog = newNATSLogger(m.log)
-	ns.SetLoggerV2(m.nslog, m.log.Enabled(ctx, slog.LevelDebug), m.log.Enabled(ctx, LevelTrace), false)
-	ns.Start()
-	// Counts of suppressed permission violations are written when their
-	// window passes quietly, and once more at shutdown.
-	m.startSweeper(ViolationWindow, "", func(context.Context) (int, error) { m.nslog.violations.flush(); return 0, nil })
-
-	if err := m.waitReady(ctx, readyTimeout); err != nil {
-		return err
-	}
-
-	natsAddr, ok := ns.Addr().(*net.TCPAddr)
-	if !ok {
-		return errors.New("devenv: nats server has no TCP listener")
-	}
-	wsPortNum, err := m.websocketPort()
-	if err != nil {
-		return err
-	}
-	m.urls.MeshTCP = "nats://" + advertiseAddr(natsHost, natsAddr.Port)
-	m.urls.MeshWS = "ws://" + advertiseAddr(wsHost, wsPortNum)
-
-	sysCreds, err := m.trust.MintSystemUser("meshd-system")
-	if err != nil {
-		return fmt.Errorf("devenv: %w", err)
-	}
-	m.sys, err = m.connect(sysCreds, "meshd-system")
-	if err != nil {
-		return fmt.Errorf("devenv: system connection: %w", err)
-	}
-	return m.checkMeshAccount(ctx)
-}
-
-// storeAccountJWTs writes the system and mesh account JWTs into the resolver's
-// directory before the broker starts, so both accounts resolve locally.
-//
-// It writes unconditionally (SaveAcc) rather than through the resolver's
-// Store, which keeps the stored JWT when the new one has the same claim id,
-// and that id hashes only the standard claims: a JWT re-signed within the
-// same second as the stored one would be silently dropped.
-//
-// The mesh account JWT is re-signed from this code's definition on every start
-// (so changed limits take effect), but the revocations already stored are
-// carried over: dropping them would resurrect revoked credentials on restart.
-func (m *Mesh) storeAccountJWTs() error {
-	pk := m.trust.PublicKeys()
-	sysJWT, err := m.trust.SystemAccountJWT()
-	if err != nil {
-		return fmt.Errorf("devenv: %w", err)
-	}
-	if err := m.dirRes.SaveAcc(pk.SystemAccount, sysJWT); err != nil {
-		return fmt.Errorf("devenv: store system account jwt: %w", err)
-	}
-
-	claims := m.trust.MeshAccountClaims()
-	if stored, err := m.dirRes.LoadAcc(pk.MeshAccount); err == nil && stored != "" {
-		prev, err := jwt.DecodeAccountClaims(stored)
-		switch {
-		case err != nil:
-			m.log.Warn("stored mesh account jwt is unreadable; replacing it", "err", err)
-		case prev.Issuer != pk.Operator:
-			m.log.Warn("stored mesh account jwt has another issuer; replacing it", "issuer", prev.Issuer)
-		default:
-			for key, at := range prev.Revocations {
-				claims.RevokeAt(key, time.Unix(at, 0))
-			}
-		}
-	}
-	meshJWT, err := m.trust.EncodeAccount(claims)
-	if err != nil {
-		return fmt.Errorf("devenv: %w", err)
-	}
-	if err := m.dirRes.SaveAcc(pk.MeshAccount, meshJWT); err != nil {
-		return fmt.Errorf("devenv: store mesh account jwt: %w", err)
-	}
-	return nil
-}
-
-// waitReady polls the broker until its listeners are up. A listener that
-// cannot bind is reported through Fatalf; that is returned at once instead of
-// waiting out the timeout.
-func (m *Mesh) waitReady(ctx context.Context, timeout time.Duration) error {
-	deadline := time.Now().Add(timeout)
-	for {
-		if msg := m.nslog.fatalMessage(); msg != "" {
-			return fmt.Errorf("devenv: nats server: %s", msg)
-		}
-		if m.ns.ReadyForConnections(50 * time.Millisecond) {
-			if !m.ns.JetStreamEnabled() {
-				return errors.New("devenv: nats server started without JetStream")
-			}
-			return nil
-		}
-		if err := ctx.Err(); err != nil {
-			return fmt.Errorf("devenv: waiting for nats server: %w", err)
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("devenv: nats server not ready after %s", timeout)
-		}
-	}
-}
-
-// websocketPort returns the bound WebSocket port (the configured one may be random).
-func (m *Mesh) websocketPort() (int, error) {
-	ports := m.ns.PortsInfo(time.Second)
-	if ports == nil || len(ports.WebSocket) == 0 {
-		return 0, errors.New("devenv: nats server has no websocket listener")
-	}
-	// Each entry is "ws://host:port"; the port is the same in all of them.
-	_, portStr, err := net.SplitHostPort(trimScheme(ports.WebSocket[0]))
-	if err != nil {
-		return 0, fmt.Errorf("devenv: websocket address %q: %w", ports.WebSocket[0], err)
-	}
-	var port int
-	if _, err := fmt.Sscan(portStr, &port); err != nil {
-		return 0, fmt.Errorf("devenv: websocket port %q: %w", portStr, err)
-	}
-	return port, nil
-}
-
-// checkMeshAccount connects as a mesh service user and asks JetStream for the
-// account's info: it proves the account JWT resolves, is trusted and has
-// JetStream before Start reports success.
-func (m *Mesh) checkMeshAccount(ctx context.Context) error {
-	nc, err := m.ConnectService("meshd-startup-check")
-	if err != nil {
-		return fmt.Errorf("devenv: mesh account connection: %w", err)
-	}
-	defer nc.Close()
-	js, err := jetstream.New(nc)
-	if err != nil {
-		return fmt.Errorf("devenv: jetstream: %w", err)
-	}
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	if _, err := js.AccountInfo(ctx); err != nil {
-		return fmt.Errorf("devenv: mesh account has no JetStream: %w", err)
-	}
+	m.broker = b
+	m.urls.MeshTCP = b.ClientURL()
+	m.urls.MeshWS = b.WebSocketURL()
 	return nil
 }
 
@@ -467,7 +258,7 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 		return fmt.Errorf("devenv: http listener: %w", err)
 	}
 	host, _, _ := net.SplitHostPort(addr)
-	base := "http://" + advertiseAddr(host, ln.Addr().(*net.TCPAddr).Port)
+	base := "http://" + broker.AdvertiseAddr(host, ln.Addr().(*net.TCPAddr).Port)
 	m.urls.Control = base
 	m.urls.Registrar = base
 	// The console is served as localhost: WebAuthn needs a domain, and
@@ -537,7 +328,7 @@ func (m *Mesh) Trust() *creds.Trust { return m.trust }
 // startFence runs the fence on the system connection (cfg.Classes, or the
 // default class limits).
 func (m *Mesh) startFence(ctx context.Context, cfg Config) error {
-	f, err := fence.Start(ctx, fence.Config{Sys: m.sys, Account: m.trust.PublicKeys().MeshAccount, Classes: cfg.Classes,
+	f, err := fence.Start(ctx, fence.Config{Sys: m.broker.System(), Account: m.trust.PublicKeys().MeshAccount, Classes: cfg.Classes,
 		Window: cfg.FenceWindow, Log: m.log})
 	if err != nil {
 		return fmt.Errorf("devenv: %w", err)
@@ -551,77 +342,26 @@ func (m *Mesh) Fence() *fence.Fence { return m.fence }
 
 // ConnectService returns an in-process connection to the mesh account as a
 // "service" user allowed to publish and subscribe everywhere in it: the
-// identity of the workers. Its JWT never leaves the process.
+// identity of the workers (broker.Broker.ConnectService).
 func (m *Mesh) ConnectService(name string, opts ...nats.Option) (*nats.Conn, error) {
-	key, err := keys.Generate[keys.CredentialRole]()
-	if err != nil {
-		return nil, err
-	}
-	userJWT, err := m.trust.MintUser(creds.UserSpec{
-		PublicKey:   key.Public(),
-		Name:        name,
-		Kind:        creds.KindService,
-		Permissions: creds.ServicePermissions(),
-	})
-	if err != nil {
-		return nil, err
-	}
-	// Service replies arrive under the services' prefix, which no client
-	// credential may subscribe (docs/security.md).
-	return m.connect(creds.UserCreds{JWT: userJWT, Key: key}, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
+	return m.broker.ConnectService(name, opts...)
 }
 
 // ConnectSystem returns an in-process connection to the system account, for
 // broker administration (account updates, server events).
 func (m *Mesh) ConnectSystem(name string, opts ...nats.Option) (*nats.Conn, error) {
-	c, err := m.trust.MintSystemUser(name)
-	if err != nil {
-		return nil, err
-	}
-	return m.connect(c, name, opts...)
+	return m.broker.ConnectSystem(name, opts...)
 }
 
-// connect dials the broker in-process (no TCP, but the same authentication).
-func (m *Mesh) connect(c creds.UserCreds, name string, opts ...nats.Option) (*nats.Conn, error) {
-	all := append([]nats.Option{
-		nats.InProcessServer(m.ns),
-		nats.Name(name),
-		c.NATSOption(),
-	}, opts...)
-	nc, err := nats.Connect("", all...)
-	if err != nil {
-		return nil, fmt.Errorf("connect %s: %w", name, err)
-	}
-	return nc, nil
-}
-
-// UpdateMeshAccount applies edit to the mesh account's current claims, signs
-// them with the operator key and pushes them to the broker, which applies them
-// at once (revoked keys are disconnected). Updates are serialised.
+// UpdateMeshAccount applies edit to the mesh account's current claims and
+// pushes them to the broker, which applies them at once (revoked keys are
+// disconnected). Updates are serialised (broker.Broker.UpdateMeshAccount).
 func (m *Mesh) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClaims) error) error {
-	m.accountMu.Lock()
-	defer m.accountMu.Unlock()
-	meshPub := m.trust.PublicKeys().MeshAccount
-	current, err := m.dirRes.LoadAcc(meshPub)
-	if err != nil {
-		return fmt.Errorf("update mesh account: load current jwt: %w", err)
-	}
-	claims, err := jwt.DecodeAccountClaims(current)
-	if err != nil {
-		return fmt.Errorf("update mesh account: decode current jwt: %w", err)
-	}
-	if err := edit(claims); err != nil {
-		return fmt.Errorf("update mesh account: %w", err)
-	}
-	updated, err := m.trust.EncodeAccount(claims)
-	if err != nil {
-		return fmt.Errorf("update mesh account: %w", err)
-	}
-	if err := creds.PushAccountJWT(ctx, m.sys, updated); err != nil {
-		return fmt.Errorf("update mesh account: %w", err)
-	}
-	return nil
+	return m.broker.UpdateMeshAccount(ctx, edit)
 }
+
+// Broker is the embedded broker.
+func (m *Mesh) Broker() *broker.Broker { return m.broker }
 
 // Shutdown stops the mesh within ctx: the HTTP server first (in-flight
 // requests get at most half of what is left of ctx, then their connections
@@ -664,16 +404,11 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 		if m.fence != nil {
 			m.fence.Stop()
 		}
-		if m.sys != nil {
-			m.sys.Close()
-		}
-		if m.ns != nil {
+		if m.broker != nil {
 			stopped := make(chan struct{})
 			go func() {
 				defer close(stopped)
-				m.ns.Shutdown()
-				m.ns.WaitForShutdown()
-				m.nslog.violations.flush()
+				m.broker.Shutdown()
 				_ = m.lock.Unlock()
 			}()
 			select {
@@ -683,9 +418,6 @@ func (m *Mesh) Shutdown(ctx context.Context) error {
 					"waited", time.Since(start).Round(time.Millisecond))
 			}
 		} else {
-			if m.dirRes != nil {
-				m.dirRes.Close()
-			}
 			_ = m.lock.Unlock()
 		}
 		m.shutdownErr = errors.Join(errs...)

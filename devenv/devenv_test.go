@@ -403,8 +403,7 @@ func TestHealthz(t *testing.T) {
 	}
 
 	// With the broker gone, the same handler answers 503.
-	m.ns.Shutdown()
-	m.ns.WaitForShutdown()
+	m.broker.Kill()
 	rec := httptest.NewRecorder()
 	m.handleHealthz(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusServiceUnavailable {

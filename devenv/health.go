@@ -17,7 +17,7 @@ type healthz struct {
 // meshd's own system-account connection to it is up. 503 otherwise, so a load
 // balancer or a script waiting for readiness can rely on the status alone.
 func (m *Mesh) handleHealthz(w http.ResponseWriter, r *http.Request) {
-	natsOK := m.ns != nil && m.ns.Running() && m.sys != nil && m.sys.IsConnected()
+	natsOK := m.broker != nil && m.broker.Healthy()
 	body := healthz{
 		OK:      natsOK,
 		NATS:    natsOK,

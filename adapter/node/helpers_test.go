@@ -41,7 +41,11 @@ func newMesh(t *testing.T) *testMesh {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = m.Close() })
-	svc := bustest.Client(t, m)
+	svc, err := m.ConnectService("test-client")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(svc.Close)
 	js, err := jetstream.New(svc)
 	if err != nil {
 		t.Fatal(err)

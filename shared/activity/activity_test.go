@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
@@ -25,7 +24,7 @@ const secret = "s3cr3t-payload-text-never-stored"
 
 type harness struct {
 	t       *testing.T
-	m       *devenv.Mesh
+	m       *bustest.Bus
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	reg     jetstream.KeyValue
@@ -35,7 +34,7 @@ type harness struct {
 
 func start(t *testing.T, official ...string) *harness {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: bustest.Agent(t)}
 	h.js, _ = jetstream.New(h.nc)
 	var err error
@@ -402,7 +401,7 @@ func TestCatalog(t *testing.T) {
 
 // Without a registry bucket the catalog is empty, not an error.
 func TestCatalogWithoutRegistry(t *testing.T) {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	w, err := activity.Start(t.Context(), bustest.Env(t, m, "activity", nil), activity.Config{})
 	if err != nil {
 		t.Fatal(err)
@@ -548,7 +547,7 @@ func TestReplayedAnswerCountsOnce(t *testing.T) {
 // A timeline made before it persisted asynchronously (the broker refuses
 // to change a stream's persist mode) keeps its mode, and the worker starts.
 func TestStartsOnAnOlderTimeline(t *testing.T) {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	js, _ := jetstream.New(bustest.Client(t, m))
 	if _, err := js.CreateStream(t.Context(), jetstream.StreamConfig{Name: activity.Stream,
 		Subjects: []string{activity.SubjectPrefix + "*.*"}, Storage: jetstream.FileStorage}); err != nil {

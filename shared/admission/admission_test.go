@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/admission"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
@@ -35,7 +34,7 @@ const fixtureRoster = `{"admission":"v1","owner_key":"UBMBH4BK6EIHQFVMHLSABFSQXB
 
 type harness struct {
 	t       *testing.T
-	m       *devenv.Mesh
+	m       *bustest.Bus
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	kv      jetstream.KeyValue
@@ -55,7 +54,7 @@ func start(t *testing.T, cfg admission.Config) *harness {
 
 func startCopies(t *testing.T, cfg admission.Config, copies int) *harness {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m)}
 	h.js, _ = jetstream.New(h.nc)
 	ctx := t.Context()

@@ -9,21 +9,16 @@ import (
 
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-func mesh(t *testing.T) *devenv.Mesh {
+func mesh(t *testing.T) *bustest.Bus {
 	t.Helper()
-	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir()})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = m.Close() })
-	return m
+	return bustest.Start(t)
 }
 
 func agent(t *testing.T) *keys.Agent {

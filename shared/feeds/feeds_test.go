@@ -27,7 +27,7 @@ type harness struct {
 
 // start runs three copies of the worker, each on its own connection.
 func start(t *testing.T) *harness {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, client: bustest.Client(t, m), caller: bustest.Agent(t), svcKey: m.ServicesKey().Public()}
 	for range 3 {
 		w, err := feeds.Start(t.Context(), bustest.Env(t, m, "feeds", nil), feeds.Config{})

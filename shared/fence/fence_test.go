@@ -11,8 +11,9 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -23,26 +24,32 @@ const wait = 5 * time.Second
 var testClass = creds.ClassLimits{ConnLimits: creds.ConnLimits{Payload: 4 << 10, Subs: 10},
 	Conns: 2, MsgsPerSec: 50, BytesPerSec: 64 << 10}
 
-func startMesh(t *testing.T) *devenv.Mesh {
+// testMesh is a broker with a fence of the test class on it.
+type testMesh struct {
+	*bustest.Bus
+	fence *fence.Fence
+}
+
+func (m *testMesh) Fence() *fence.Fence { return m.fence }
+
+func startMesh(t *testing.T) *testMesh {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
-	m, err := devenv.Start(ctx, devenv.Config{
-		DataDir:     t.TempDir(),
-		Logger:      slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn})),
-		Workers:     devenv.WorkerConfig{None: true},
-		Classes:     map[string]creds.ClassLimits{creds.ClassGuest: testClass, creds.ClassUnowned: testClass},
-		FenceWindow: 200 * time.Millisecond,
-	})
+	b := bustest.Start(t)
+	f, err := fence.Start(ctx, fence.Config{Sys: b.System(), Account: b.Trust().PublicKeys().MeshAccount,
+		Classes: map[string]creds.ClassLimits{creds.ClassGuest: testClass, creds.ClassUnowned: testClass},
+		Window:  200 * time.Millisecond,
+		Log:     slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelWarn}))})
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = m.Close() })
-	return m
+	t.Cleanup(f.Stop)
+	return &testMesh{Bus: b, fence: f}
 }
 
 // guest mints a guest credential of the test class, as the guest door does.
-func guest(t *testing.T, m *devenv.Mesh) (string, *keys.Agent) {
+func guest(t *testing.T, m *testMesh) (string, *keys.Agent) {
 	t.Helper()
 	k, err := keys.Generate[keys.AgentRole]()
 	if err != nil {
@@ -64,10 +71,10 @@ type watched struct {
 	closed chan struct{}
 }
 
-func dial(t *testing.T, m *devenv.Mesh, jwt string, k *keys.Agent) *watched {
+func dial(t *testing.T, m *testMesh, jwt string, k *keys.Agent) *watched {
 	t.Helper()
 	w := &watched{closed: make(chan struct{})}
-	nc, err := nats.Connect(m.URLs().MeshTCP,
+	nc, err := nats.Connect(m.ClientURL(),
 		nats.UserJWT(func() (string, error) { return jwt, nil }, func(n []byte) ([]byte, error) { return k.Sign(n), nil }),
 		creds.PrivateInbox(k.Public()), nats.NoReconnect(),
 		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
@@ -87,8 +94,8 @@ func dial(t *testing.T, m *devenv.Mesh, jwt string, k *keys.Agent) *watched {
 // closedSoon connects with jwt and reports whether the connection is
 // closed within wait; the fence's close may come before the client's
 // connect has even completed.
-func closedSoon(m *devenv.Mesh, jwt string, k *keys.Agent) bool {
-	nc, err := nats.Connect(m.URLs().MeshTCP, nats.UserJWT(func() (string, error) { return jwt, nil }, func(n []byte) ([]byte, error) { return k.Sign(n), nil }),
+func closedSoon(m *testMesh, jwt string, k *keys.Agent) bool {
+	nc, err := nats.Connect(m.ClientURL(), nats.UserJWT(func() (string, error) { return jwt, nil }, func(n []byte) ([]byte, error) { return k.Sign(n), nil }),
 		creds.PrivateInbox(k.Public()), nats.NoReconnect())
 	if err != nil {
 		return true
@@ -217,7 +224,7 @@ func TestFenceClosesWhatTheJWTCannotLimit(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	node, err := nats.Connect(m.URLs().MeshTCP, nats.UserJWT(func() (string, error) { return njwt, nil }, nk.SignNonce), nats.NoReconnect())
+	node, err := nats.Connect(m.ClientURL(), nats.UserJWT(func() (string, error) { return njwt, nil }, nk.SignNonce), nats.NoReconnect())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
@@ -25,7 +24,7 @@ const wait = 5 * time.Second
 
 type harness struct {
 	t  *testing.T
-	m  *devenv.Mesh
+	m  *bustest.Bus
 	nc *nats.Conn
 	// client fetches as a node does: replies under a private prefix.
 	client *nats.Conn
@@ -38,7 +37,7 @@ type harness struct {
 // start runs a mesh with no workers and copies of the mailbox worker.
 func start(t *testing.T, copies int, cfg mailbox.Config) *harness {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m), client: clientConn(t, m), clock: &bustest.Clock{}}
 	h.js, _ = jetstream.New(h.nc)
 	if cfg.Now == nil {
@@ -106,7 +105,7 @@ func (h *harness) fetch(agent keys.Signer, after uint64, limit int) ([]mailbox.M
 
 // clientConn is a connection whose replies arrive under a client's private
 // prefix, the only kind the mailbox answers a fetch on.
-func clientConn(t *testing.T, m *devenv.Mesh) *nats.Conn {
+func clientConn(t *testing.T, m *bustest.Bus) *nats.Conn {
 	t.Helper()
 	nc, err := m.ConnectService("test-client", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix("Utest")))
 	if err != nil {
@@ -499,7 +498,7 @@ func TestKnown(t *testing.T) {
 // the worker deletes those consumers at start, keeps the mail they held,
 // and moves the stream to its bounded, discard-new configuration.
 func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	nc := bustest.Client(t, m)
 	js, _ := jetstream.New(nc)
 	ctx := t.Context()
@@ -548,7 +547,7 @@ func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
 // stream's bound against three quarters of the free space) is halved until
 // it can: the mailbox starts smaller rather than not at all.
 func TestEnsureStreamFitsTheDisk(t *testing.T) {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	js, _ := jetstream.New(bustest.Client(t, m))
 	got, err := mailbox.EnsureStream(t.Context(), js, mailbox.Limits{MaxBytes: 1 << 60})
 	if err != nil {

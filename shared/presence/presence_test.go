@@ -42,7 +42,7 @@ func start(t *testing.T) *harness {
 }
 
 func startWith(t *testing.T, registry bool) *harness {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, clock: &bustest.Clock{}, client: bustest.Client(t, m), caller: bustest.Agent(t),
 		svcKey: m.ServicesKey().Public(), events: map[string]int{}, agents: map[string][]string{}}
 	var err error

@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
@@ -25,7 +24,7 @@ import (
 // connection, a client connection and a log of registry events.
 type fixture struct {
 	t       *testing.T
-	m       *devenv.Mesh
+	m       *bustest.Bus
 	nc      *nats.Conn
 	js      jetstream.JetStream
 	clock   *bustest.Clock
@@ -38,7 +37,7 @@ type fixture struct {
 
 func setup(t *testing.T, cfg registry.Config) *fixture {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	f := &fixture{t: t, m: m, nc: bustest.Client(t, m), clock: &bustest.Clock{}}
 	js, err := jetstream.New(f.nc)
 	if err != nil {

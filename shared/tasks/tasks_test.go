@@ -14,7 +14,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
@@ -27,7 +26,7 @@ import (
 // connection, a client connection, and the three parties of a task.
 type harness struct {
 	t                           *testing.T
-	m                           *devenv.Mesh
+	m                           *bustest.Bus
 	workers                     []*tasks.Worker
 	nc                          *nats.Conn
 	requester, responder, other *keys.Agent
@@ -41,7 +40,7 @@ func newHarness(t *testing.T) *harness {
 
 func newHarnessWith(t *testing.T, cfg tasks.Config) *harness {
 	t.Helper()
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m),
 		requester: bustest.Agent(t), responder: bustest.Agent(t), other: bustest.Agent(t)}
 	for i := range 3 {

@@ -20,7 +20,7 @@ import (
 // A worker main connects with its creds file, signs with the services key,
 // answers on the bus, serves /healthz, and stops on cancel.
 func TestRunServesAWorker(t *testing.T) {
-	m := bustest.Mesh(t)
+	m := bustest.Start(t)
 	dir := t.TempDir()
 	svc, err := m.Trust().MintServiceUser("test-worker")
 	if err != nil {
@@ -45,7 +45,7 @@ func TestRunServesAWorker(t *testing.T) {
 	done := make(chan error, 1)
 	var stderr bytes.Buffer
 	go func() {
-		done <- Run(ctx, "echo", []string{"--nats-url", m.URLs().MeshTCP, "--creds", credsPath, "--services-key", keyPath, "--health-addr", addr},
+		done <- Run(ctx, "echo", []string{"--nats-url", m.ClientURL(), "--creds", credsPath, "--services-key", keyPath, "--health-addr", addr},
 			func(string) string { return "" }, &stderr, func(ctx context.Context, env bus.Env) (Stopper, error) {
 				s, err := bus.NewServiceIn(env, "echo", "test")
 				if err != nil {

@@ -1,5 +1,6 @@
-// Package bustest starts a real in-process mesh for worker tests and hands
-// out the environments of worker copies and of clients.
+// Package bustest starts a real in-process broker for worker tests (only the
+// broker: shared/broker, not the control plane) and hands out the
+// environments of worker copies and of clients.
 package bustest
 
 import (
@@ -9,28 +10,48 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 )
 
-// Mesh starts a mesh on random ports in a temp dir, stopped at cleanup.
-func Mesh(t testing.TB) *devenv.Mesh {
+// Bus is a running broker with a fresh trust chain, and the services key
+// the workers sign with.
+type Bus struct {
+	*broker.Broker
+	servicesKey *keys.Agent
+}
+
+// ServicesKey is the key the workers of this bus sign with.
+func (b *Bus) ServicesKey() *keys.Agent { return b.servicesKey }
+
+// Start starts a broker on random loopback ports in a temp dir, with a
+// fresh trust chain, stopped at cleanup. No worker runs: a worker test
+// starts the copies it counts.
+func Start(t testing.TB) *Bus {
 	t.Helper()
-	// No built-in workers: a worker test starts the copies it counts.
-	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir(), Workers: devenv.WorkerConfig{None: true}})
+	trust, err := creds.Generate()
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = m.Close() })
-	return m
+	key, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Start(t.Context(), broker.Config{DataDir: t.TempDir(), Trust: trust, Name: "bustest"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Shutdown)
+	return &Bus{Broker: b, servicesKey: key}
 }
 
 // Env is the environment of one worker copy: its own service connection,
-// the mesh's services key, and the given clock (nil: time.Now).
-func Env(t testing.TB, m *devenv.Mesh, name string, now func() time.Time) bus.Env {
+// the bus's services key, and the given clock (nil: time.Now).
+func Env(t testing.TB, b *Bus, name string, now func() time.Time) bus.Env {
 	t.Helper()
-	nc, err := m.ConnectService(name)
+	nc, err := b.ConnectService(name)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,13 +59,13 @@ func Env(t testing.TB, m *devenv.Mesh, name string, now func() time.Time) bus.En
 	if now == nil {
 		now = time.Now
 	}
-	return bus.Env{NC: nc, Key: m.ServicesKey(), Log: slog.New(slog.DiscardHandler), Now: now}
+	return bus.Env{NC: nc, Key: b.ServicesKey(), Log: slog.New(slog.DiscardHandler), Now: now}
 }
 
 // Client is a service connection for a test's own calls and subscriptions.
-func Client(t testing.TB, m *devenv.Mesh) *nats.Conn {
+func Client(t testing.TB, b *Bus) *nats.Conn {
 	t.Helper()
-	nc, err := m.ConnectService("test-client")
+	nc, err := b.ConnectService("test-client")
 	if err != nil {
 		t.Fatal(err)
 	}
