@@ -13,11 +13,12 @@ import (
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/registry"
 	"agentmesh.dev/mesh/shared/tasks"
+	"agentmesh.dev/mesh/workers"
 )
 
-// Workers are the running bus workers: Copies of each, every copy on its
-// own connection in its worker's queue group, exactly as separate Cloud Run
-// instances would be.
+// Workers are the running bus workers: Copies of each row of the workers
+// table, every copy on its own connection in its worker's queue group,
+// exactly as separate Cloud Run instances would be.
 type Workers struct {
 	Registry  []*registry.Worker
 	Presence  []*presence.Worker
@@ -28,24 +29,56 @@ type Workers struct {
 	Mailbox   []*mailbox.Worker
 }
 
-// WorkerConfig tunes the workers a mesh runs.
+// add files a started copy under its worker, for tests that reach into one.
+func (w *Workers) add(s workers.Stopper) {
+	switch s := s.(type) {
+	case *registry.Worker:
+		w.Registry = append(w.Registry, s)
+	case *presence.Worker:
+		w.Presence = append(w.Presence, s)
+	case *feeds.Worker:
+		w.Feeds = append(w.Feeds, s)
+	case *tasks.Worker:
+		w.Tasks = append(w.Tasks, s)
+	case *admission.Worker:
+		w.Admission = append(w.Admission, s)
+	case *activity.Worker:
+		w.Activity = append(w.Activity, s)
+	case *mailbox.Worker:
+		w.Mailbox = append(w.Mailbox, s)
+	}
+}
+
+// WorkerConfig tunes the workers a mesh runs. Zero fields take the service
+// packages' defaults, which are also the production configuration of the
+// workers table, except the replicas: one machine runs one of each.
 type WorkerConfig struct {
 	// Copies of each worker (1 by default; tests run 3).
 	Copies int
 	// None runs no worker: for tests that start their own copies.
-	None      bool
+	None bool
+	// Replicas of the workers' streams and buckets (1 by default, the only
+	// count a single broker serves).
+	Replicas  int
 	Registry  registry.Config
 	Presence  presence.Config
+	Feeds     feeds.Config
 	Tasks     tasks.Config
 	Admission admission.Config
 	Activity  activity.Config
 	Mailbox   mailbox.Config
 }
 
+// table is c as the workers table's configuration.
+func (c WorkerConfig) table() workers.Config {
+	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
+		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox}
+}
+
 // Workers returns the running workers.
 func (m *Mesh) Workers() *Workers { return m.workers }
 
-// startWorkers starts every worker, Copies times.
+// startWorkers starts every row of the workers table, Copies times.
 func (m *Mesh) startWorkers(cfg Config) error {
 	w := &Workers{}
 	m.workers = w
@@ -67,79 +100,24 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		}
 		return nil
 	})
-	env := func(name string, i int) (bus.Env, error) {
-		nc, err := m.ConnectService(fmt.Sprintf("worker-%s-%d", name, i))
-		if err != nil {
-			return bus.Env{}, fmt.Errorf("devenv: %s worker: %w", name, err)
-		}
-		stops = append(stops, func() error { nc.Close(); return nil })
-		return bus.Env{NC: nc, Key: m.servicesKey, Log: m.log.With("worker", name, "copy", i), Now: now}, nil
-	}
+	wcfg := cfg.Workers.table()
+	table := workers.Table()
 	for i := range copies {
-		e, err := env("registry", i)
-		if err != nil {
-			return err
+		for _, row := range table {
+			nc, err := m.ConnectService(fmt.Sprintf("worker-%s-%d", row.Name, i))
+			if err != nil {
+				return fmt.Errorf("devenv: %s worker: %w", row.Name, err)
+			}
+			stops = append(stops, func() error { nc.Close(); return nil })
+			env := bus.Env{NC: nc, Key: m.servicesKey, Log: m.log.With("worker", row.Name, "copy", i), Now: now}
+			s, err := row.Start(ctx, env, wcfg)
+			if err != nil {
+				return fmt.Errorf("devenv: %s: %w", row.Name, err)
+			}
+			w.add(s)
+			stops = append(stops, s.Stop)
 		}
-		r, err := registry.Start(ctx, e, cfg.Workers.Registry)
-		if err != nil {
-			return fmt.Errorf("devenv: registry: %w", err)
-		}
-		w.Registry, stops = append(w.Registry, r), append(stops, r.Stop)
-
-		if e, err = env("presence", i); err != nil {
-			return err
-		}
-		p, err := presence.Start(ctx, e, cfg.Workers.Presence)
-		if err != nil {
-			return fmt.Errorf("devenv: presence: %w", err)
-		}
-		w.Presence, stops = append(w.Presence, p), append(stops, p.Stop)
-
-		if e, err = env("feeds", i); err != nil {
-			return err
-		}
-		f, err := feeds.Start(ctx, e, feeds.Config{})
-		if err != nil {
-			return fmt.Errorf("devenv: feeds: %w", err)
-		}
-		w.Feeds, stops = append(w.Feeds, f), append(stops, f.Stop)
-
-		if e, err = env("tasks", i); err != nil {
-			return err
-		}
-		tk, err := tasks.Start(ctx, e, cfg.Workers.Tasks)
-		if err != nil {
-			return fmt.Errorf("devenv: tasks: %w", err)
-		}
-		w.Tasks, stops = append(w.Tasks, tk), append(stops, tk.Stop)
-
-		if e, err = env("admission", i); err != nil {
-			return err
-		}
-		a, err := admission.Start(ctx, e, cfg.Workers.Admission)
-		if err != nil {
-			return fmt.Errorf("devenv: admission: %w", err)
-		}
-		w.Admission, stops = append(w.Admission, a), append(stops, a.Stop)
-
-		if e, err = env("activity", i); err != nil {
-			return err
-		}
-		ac, err := activity.Start(ctx, e, cfg.Workers.Activity)
-		if err != nil {
-			return fmt.Errorf("devenv: activity: %w", err)
-		}
-		w.Activity, stops = append(w.Activity, ac), append(stops, ac.Stop)
-
-		if e, err = env("mailbox", i); err != nil {
-			return err
-		}
-		mb, err := mailbox.Start(ctx, e, cfg.Workers.Mailbox)
-		if err != nil {
-			return fmt.Errorf("devenv: mailbox: %w", err)
-		}
-		w.Mailbox, stops = append(w.Mailbox, mb), append(stops, mb.Stop)
 	}
-	m.log.Info("bus workers running", "copies", copies)
+	m.log.Info("bus workers running", "workers", len(table), "copies", copies)
 	return nil
 }

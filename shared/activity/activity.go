@@ -82,14 +82,21 @@ const (
 	KindTrace    = "trace"
 )
 
+// DefaultFlushEvery is how often a copy writes its counter deltas.
+const DefaultFlushEvery = 250 * time.Millisecond
+
 // Config tunes the worker.
 type Config struct {
 	// Official lists the agent ids the catalog marks official.
 	Official []string
 	// FlushEvery is how often a copy writes the counter deltas it has
-	// accumulated (250 ms): counters are eventually consistent within it,
-	// and a crash loses at most that much counting.
+	// accumulated (DefaultFlushEvery, 250 ms): counters are eventually
+	// consistent within it, and a crash loses at most that much counting.
 	FlushEvery time.Duration
+	// Replicas of the timeline stream and the usage bucket (bus.Replicas:
+	// 0 is 1, one server; the cloud's cluster runs 3, set by the workers
+	// table).
+	Replicas int
 }
 
 // delta is what one copy has counted for one agent since its last flush.
@@ -209,11 +216,12 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	st, err := svc.JS.CreateOrUpdateStream(ctx, streamConfig(ctx, svc.JS))
+	st, err := svc.JS.CreateOrUpdateStream(ctx, streamConfig(ctx, svc.JS, cfg.Replicas))
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id"})
+	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id",
+		Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(err)
 	}
@@ -227,8 +235,11 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 // be lost, which the mailbox and the control plane's records never may
 // (docs/bus.md, the stream table). The broker sets the persist mode only
 // when it creates a stream (an update may not change it), so a timeline
-// made before keeps its mode.
-func streamConfig(ctx context.Context, js jetstream.JetStream) jetstream.StreamConfig {
+// made before keeps its mode. A replicated stream may not persist
+// asynchronously (the broker refuses it): with more than one replica the
+// timeline is written like every other stream, its replicas being what
+// keeps it.
+func streamConfig(ctx context.Context, js jetstream.JetStream, replicas int) jetstream.StreamConfig {
 	cfg := jetstream.StreamConfig{
 		Name:        Stream,
 		Description: "content-free timeline of observed requests, responses and span events",
@@ -240,6 +251,10 @@ func streamConfig(ctx context.Context, js jetstream.JetStream) jetstream.StreamC
 		Duplicates:  dedupWindow,
 		Storage:     jetstream.FileStorage,
 		PersistMode: jetstream.AsyncPersistMode,
+		Replicas:    bus.Replicas(replicas),
+	}
+	if cfg.Replicas > 1 {
+		cfg.PersistMode = jetstream.DefaultPersistMode
 	}
 	if st, err := js.Stream(ctx, Stream); err == nil {
 		cfg.PersistMode = st.CachedInfo().Config.PersistMode
@@ -254,7 +269,7 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		return nil, err
 	}
 	if cfg.FlushEvery <= 0 {
-		cfg.FlushEvery = 250 * time.Millisecond
+		cfg.FlushEvery = DefaultFlushEvery
 	}
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},

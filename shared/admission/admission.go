@@ -120,6 +120,9 @@ type Config struct {
 	// agent's cap, UNAVAILABLE for the copy's. The inbox subscription
 	// never waits, so one agent cannot stall the others.
 	MaxRelaysPerAgent int
+	// Replicas of the worker's buckets (bus.Replicas: 0 is 1, one
+	// server; the cloud's cluster runs 3, set by the workers table).
+	Replicas int
 }
 
 // Record is the value stored under an agent id in mesh_admission.
@@ -233,11 +236,12 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "admission guard and roster, keyed by agent id"})
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "admission guard and roster, keyed by agent id",
+		Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(err)
 	}
-	held, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: HeldBucket, TTL: HeldTTL,
+	held, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: HeldBucket, TTL: HeldTTL, Replicas: bus.Replicas(cfg.Replicas),
 		Description: "requests held for the owner, keyed by <agent>.<request id>"})
 	if err != nil {
 		return fail(err)

@@ -22,6 +22,12 @@ func Bucket(ctx context.Context, js jetstream.JetStream, cfg jetstream.KeyValueC
 	return kv, nil
 }
 
+// Replicas is the replica count of a stream or bucket configured as n: 0
+// (unset) is 1, a single server. The cloud's three-server cluster runs 3.
+// Replicas are configuration, never code (DESIGN §4): every worker takes
+// them from its Config, which the workers table fills in.
+func Replicas(n int) int { return max(n, 1) }
+
 // ErrNoChange is returned by an update function that leaves the value as it
 // is; CAS then writes nothing and reports changed=false.
 var ErrNoChange = errors.New("no change")

@@ -39,7 +39,11 @@ const (
 )
 
 // Config tunes the worker. It has nothing to tune yet.
-type Config struct{}
+type Config struct {
+	// Replicas of the worker's bucket (bus.Replicas: 0 is 1, one
+	// server; the cloud's cluster runs 3, set by the workers table).
+	Replicas int
+}
 
 // Stats counts what one copy did with the publishes it received.
 type Stats struct {
@@ -62,12 +66,13 @@ type Worker struct {
 
 // Start runs one copy of the worker in env: binds the bucket, serves
 // mesh.feed.get and subscribes mesh.feed.*.* in the worker's queue group.
-func Start(ctx context.Context, env bus.Env, _ Config) (*Worker, error) {
+func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	svc, err := bus.NewServiceIn(env, Name, "latest envelope of every feed")
 	if err != nil {
 		return nil, err
 	}
-	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "latest envelope of every feed, keyed <agent>.<topic>"})
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "latest envelope of every feed, keyed <agent>.<topic>",
+		Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		_ = svc.Stop()
 		return nil, err

@@ -120,10 +120,10 @@ func (l *Limits) Knobs() []ratelimit.Knob {
 	}
 }
 
-// StreamConfig is the one configuration of the mailbox stream for l.
-// Whoever creates the stream uses exactly this, so copies that
-// create-or-update it concurrently never flip it back and forth.
-func StreamConfig(l Limits) jetstream.StreamConfig {
+// StreamConfig is the one configuration of the mailbox stream for l and
+// replicas (bus.Replicas). Whoever creates the stream uses exactly this, so
+// copies that create-or-update it concurrently never flip it back and forth.
+func StreamConfig(l Limits, replicas int) jetstream.StreamConfig {
 	l = l.orDefault()
 	return jetstream.StreamConfig{
 		Name:        protocol.MailboxStream,
@@ -139,7 +139,7 @@ func StreamConfig(l Limits) jetstream.StreamConfig {
 		MaxMsgsPerSubject:    l.MaxMsgsPerAgent,
 		MaxMsgSize:           int32(min(l.MaxMsgSize, math.MaxInt32)),
 		Storage:              jetstream.FileStorage,
-		Replicas:             1,
+		Replicas:             bus.Replicas(replicas),
 		// No publish acks: a JetStream ack on the inbox subject would race
 		// the agent's live reply to the requester (upstream §6.1).
 		NoAck: true,
@@ -153,11 +153,11 @@ func StreamConfig(l Limits) jetstream.StreamConfig {
 // halved until it can (down to minMailboxBytes) and the bound in force is
 // returned, so a small disk starts with a smaller mailbox rather than not
 // at all.
-func EnsureStream(ctx context.Context, js jetstream.JetStream, l Limits) (Limits, error) {
+func EnsureStream(ctx context.Context, js jetstream.JetStream, l Limits, replicas int) (Limits, error) {
 	l = l.orDefault()
 	var err error
 	for range 64 { // halvings from any int64 down to the floor, and retries
-		if _, err = js.CreateOrUpdateStream(ctx, StreamConfig(l)); err == nil {
+		if _, err = js.CreateOrUpdateStream(ctx, StreamConfig(l, replicas)); err == nil {
 			return l, nil
 		}
 		var apiErr *jetstream.APIError
@@ -200,6 +200,10 @@ type Config struct {
 	// a subject nobody will read must have been quiet before it is purged
 	// (1 h).
 	SweepEvery, SweepGrace time.Duration
+	// Replicas of the mailbox stream and the readers bucket (bus.Replicas:
+	// 0 is 1, one server; the cloud's cluster runs 3, set by the workers
+	// table).
+	Replicas int
 	// Now is the worker's clock (nil: the env's).
 	Now func() time.Time
 }
@@ -247,7 +251,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	inForce, err := EnsureStream(ctx, svc.JS, cfg.Limits)
+	inForce, err := EnsureStream(ctx, svc.JS, cfg.Limits, cfg.Replicas)
 	if err != nil {
 		return fail(err)
 	}
@@ -264,7 +268,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	} else if n > 0 {
 		svc.Log.Info("mailbox: deleted the per-agent consumers of an earlier version", "count", n)
 	}
-	readers, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: ReadersBucket, TTL: inForce.MaxAge,
+	readers, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: ReadersBucket, TTL: inForce.MaxAge, Replicas: bus.Replicas(cfg.Replicas),
 		Description: "agents that fetch their mail, keyed by agent id (the mailbox sweep)"})
 	if err != nil {
 		return fail(err)

@@ -549,7 +549,7 @@ func TestStartRetiresTheConsumersOfEarlierVersions(t *testing.T) {
 func TestEnsureStreamFitsTheDisk(t *testing.T) {
 	m := bustest.Start(t)
 	js, _ := jetstream.New(bustest.Client(t, m))
-	got, err := mailbox.EnsureStream(t.Context(), js, mailbox.Limits{MaxBytes: 1 << 60})
+	got, err := mailbox.EnsureStream(t.Context(), js, mailbox.Limits{MaxBytes: 1 << 60}, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

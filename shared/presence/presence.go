@@ -72,6 +72,9 @@ type Config struct {
 	OfflineAfter time.Duration
 	// SweepEvery is how often each copy sweeps for silent nodes (10 s).
 	SweepEvery time.Duration
+	// Replicas of the worker's bucket (bus.Replicas: 0 is 1, one
+	// server; the cloud's cluster runs 3, set by the workers table).
+	Replicas int
 }
 
 // Defaults.
@@ -133,7 +136,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "node presence, keyed by node id"})
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "node presence, keyed by node id",
+		Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		_ = svc.Stop()
 		return nil, err

@@ -65,6 +65,10 @@ type Config struct {
 	// SandboxTTL is how long a sandbox registration survives its node's
 	// silence (1 h: spec §3.3, "guest registration swept").
 	SandboxTTL time.Duration
+	// Replicas of the registrations bucket (bus.Replicas: 0 is 1, one
+	// server; the cloud's cluster runs 3, set by the workers table). The
+	// guest roster stays at one replica (docs/bus.md).
+	Replicas int
 }
 
 // Worker is one running copy of the registry.
@@ -109,7 +113,8 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
 	}
-	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "agent registrations, keyed by agent id"})
+	kv, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: Bucket, Description: "agent registrations, keyed by agent id",
+		Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(err)
 	}

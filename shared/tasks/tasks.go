@@ -59,7 +59,8 @@ type Config struct {
 	Bucket string
 	// TTL is how long a task record lives after its last write; 7 days.
 	TTL time.Duration
-	// Replicas of the bucket; 0 is 1 (a single server). Production: 3.
+	// Replicas of the bucket (bus.Replicas: 0 is 1, one server; the cloud's
+	// cluster runs 3, set by the workers table).
 	Replicas int
 	// HistoryLimit caps a record's history (oldest dropped); 50.
 	HistoryLimit int
@@ -88,9 +89,7 @@ func (c Config) withDefaults() Config {
 	if c.TTL <= 0 {
 		c.TTL = DefaultTTL
 	}
-	if c.Replicas <= 0 {
-		c.Replicas = 1
-	}
+	c.Replicas = bus.Replicas(c.Replicas)
 	if c.HistoryLimit <= 0 {
 		c.HistoryLimit = DefaultHistoryLimit
 	}
