@@ -44,6 +44,11 @@ var depRules = []depRule{
 		"github.com/nats-io/nats-server/v2": "the protocol core is shared with the adapter",
 		"github.com/GoogleCloudPlatform":    "the protocol core is shared with the adapter",
 	}},
+	{"./shared/...", map[string]string{
+		"agentmesh.dev/mesh/devenv":    "the domain never depends on the composition root (DESIGN §2: dependencies point one way)",
+		"agentmesh.dev/mesh/functions": "the domain never depends on the HTTP adapters",
+		"agentmesh.dev/mesh/workers":   "the domain never depends on the worker table",
+	}},
 	{"./shared/errs/...", map[string]string{
 		"cloud.google.com/go": "the error table is shared by everything",
 		"github.com/nats-io":  "the error table is shared by everything",

@@ -180,8 +180,8 @@ func startBinary(t *testing.T, path string, b *bustest.Bus, name, keyPath string
 			p.log.Write(sc.Bytes())
 			p.log.WriteByte('\n')
 			p.mu.Unlock()
-			var line struct{ Msg, Health string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "worker running" {
+			var line struct{ Message, Health string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "worker running" {
 				running <- line.Health
 			}
 		}
@@ -223,7 +223,7 @@ func (p *process) stop(t *testing.T) {
 	case <-time.After(binWait):
 		t.Fatalf("no exit after SIGTERM\n%s", p.logs())
 	}
-	if !strings.Contains(p.logs(), `"msg":"worker stopped"`) {
+	if !strings.Contains(p.logs(), `"message":"worker stopped"`) {
 		t.Fatalf("no clean stop in the log:\n%s", p.logs())
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/cloudlog"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/ratelimit"
@@ -62,7 +63,8 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	if err != nil {
 		return err
 	}
-	log := slog.New(slog.NewJSONHandler(stderr, &slog.HandlerOptions{Level: opts.LogLevel})).With("worker", w.Name)
+	// Cloud Run reads JSON lines with Cloud Logging's field names.
+	log := cloudlog.New(stderr, opts.LogLevel, "").With("worker", w.Name)
 	key, err := keys.ReadSeedFile[keys.AgentRole](opts.ServicesKey)
 	if err != nil {
 		return fmt.Errorf("services key: %w", err)

@@ -53,8 +53,8 @@ func healthAddr(t *testing.T, logs io.Reader) string {
 	go func() {
 		sc := bufio.NewScanner(logs)
 		for sc.Scan() {
-			var line struct{ Msg, Health string }
-			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Msg == "worker running" {
+			var line struct{ Message, Health string }
+			if json.Unmarshal(sc.Bytes(), &line) == nil && line.Message == "worker running" {
 				found <- line.Health
 				break
 			}

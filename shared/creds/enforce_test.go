@@ -14,7 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -277,7 +277,7 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 // CONNECT line exceeds its max_control_line. The client, still writing a
 // long CONNECT when the broker closes, sometimes sees only a broken pipe or
 // EOF, so a few attempts are made.
-func controlLineTooShort(m *devenv.Mesh, userJWT string, sign nats.SignatureHandler) bool {
+func controlLineTooShort(m *broker.Broker, userJWT string, sign nats.SignatureHandler) bool {
 	for range 5 {
 		nc, err := connect(m, userJWT, sign)
 		if err == nil {
@@ -294,7 +294,7 @@ func controlLineTooShort(m *devenv.Mesh, userJWT string, sign nats.SignatureHand
 // nodeCase proves a node credential hosting n agents: live traffic of its
 // last agent and its first agent's feed, its replies arriving under its own
 // prefix, and the broker's refusals.
-func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, forbid []forbidden) {
+func nodeCase(t *testing.T, m *broker.Broker, svc *nats.Conn, n int, forbid []forbidden) {
 	nodeKey, err := keys.Generate[keys.NodeRole]()
 	if err != nil {
 		t.Fatal(err)
@@ -311,7 +311,7 @@ func nodeCase(t *testing.T, m *devenv.Mesh, svc *nats.Conn, n int, forbid []forb
 	})
 	if controlLineTooShort(m, jwtStr, nodeKey.SignNonce) {
 		t.Skipf("SKIPPED, NOT PROVEN: the broker refuses a %d-byte node JWT in the CONNECT line "+
-			"(max_control_line 4096); devenv must set server.Options.MaxControlLine >= creds.MaxControlLine (%d)",
+			"(max_control_line 4096); the broker must set server.Options.MaxControlLine >= creds.MaxControlLine (%d)",
 			len(jwtStr), creds.MaxControlLine)
 	}
 	nc := dial(t, m, jwtStr, nodeKey.SignNonce, creds.PrivateInbox(nodeKey.Public()))
@@ -501,25 +501,26 @@ type watched struct {
 	closed chan struct{}
 }
 
-func startMesh(t *testing.T) *devenv.Mesh {
+func startMesh(t *testing.T) *broker.Broker {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	// No workers: these tests are about what the broker lets each
 	// credential do.
-	m, err := devenv.Start(ctx, devenv.Config{
-		DataDir: t.TempDir(),
-		Logger:  slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError + 4})),
-		Workers: devenv.WorkerConfig{None: true},
-	})
+	trust, err := creds.Generate()
 	if err != nil {
-		t.Fatalf("devenv.Start: %v", err)
+		t.Fatal(err)
 	}
-	t.Cleanup(func() { _ = m.Close() })
+	m, err := broker.Start(ctx, broker.Config{DataDir: t.TempDir(), Trust: trust,
+		Logger: slog.New(slog.NewTextHandler(t.Output(), &slog.HandlerOptions{Level: slog.LevelError + 4}))})
+	if err != nil {
+		t.Fatalf("broker.Start: %v", err)
+	}
+	t.Cleanup(m.Shutdown)
 	return m
 }
 
-func serviceConn(t *testing.T, m *devenv.Mesh) *nats.Conn {
+func serviceConn(t *testing.T, m *broker.Broker) *nats.Conn {
 	t.Helper()
 	nc, err := m.ConnectService("enforce-test-service")
 	if err != nil {
@@ -529,7 +530,7 @@ func serviceConn(t *testing.T, m *devenv.Mesh) *nats.Conn {
 	return nc
 }
 
-func mint(t *testing.T, m *devenv.Mesh, spec creds.UserSpec) string {
+func mint(t *testing.T, m *broker.Broker, spec creds.UserSpec) string {
 	t.Helper()
 	s, err := m.Trust().MintUser(spec)
 	if err != nil {
@@ -540,15 +541,15 @@ func mint(t *testing.T, m *devenv.Mesh, spec creds.UserSpec) string {
 
 // connect dials the broker's TCP listener with a user JWT and the key that
 // signs the nonce, never reconnecting.
-func connect(m *devenv.Mesh, userJWT string, sign nats.SignatureHandler, opts ...nats.Option) (*nats.Conn, error) {
-	return nats.Connect(m.URLs().MeshTCP, append([]nats.Option{
+func connect(m *broker.Broker, userJWT string, sign nats.SignatureHandler, opts ...nats.Option) (*nats.Conn, error) {
+	return nats.Connect(m.ClientURL(), append([]nats.Option{
 		nats.UserJWT(func() (string, error) { return userJWT, nil }, sign),
 		nats.NoReconnect(),
 		nats.Timeout(5 * time.Second),
 	}, opts...)...)
 }
 
-func dial(t *testing.T, m *devenv.Mesh, userJWT string, sign nats.SignatureHandler, opts ...nats.Option) *watched {
+func dial(t *testing.T, m *broker.Broker, userJWT string, sign nats.SignatureHandler, opts ...nats.Option) *watched {
 	t.Helper()
 	w := &watched{errs: make(chan error, 64), closed: make(chan struct{})}
 	nc, err := connect(m, userJWT, sign, append(opts,
