@@ -580,3 +580,19 @@ func FuzzConfigOperator(f *testing.F) {
 		}
 	})
 }
+
+// docs/secrets.md describes every secret of the table.
+func TestDocsNameEverySecret(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/secrets.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range Secrets {
+		if !strings.Contains(string(doc), "| `"+s.Name+"` |") {
+			t.Errorf("docs/secrets.md has no row for %s", s.Name)
+		}
+	}
+	if !strings.Contains(string(doc), "| `"+WorkerCredsSecret("<name>")+"` |") {
+		t.Error("docs/secrets.md has no row for the worker creds")
+	}
+}

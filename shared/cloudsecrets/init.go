@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"regexp"
+	"strconv"
 	"strings"
 
 	secretmanager "cloud.google.com/go/secretmanager/apiv1"
@@ -313,8 +314,7 @@ func payload(s Secret, fresh *freshTrust, t *creds.Trust, o InitOptions) ([]byte
 		return ServerConfig(t, o.ResolverDir, o.MeshName)
 	}
 	if s.Kind == WorkerCreds {
-		worker := strings.TrimSuffix(strings.TrimPrefix(s.Name, "mesh-worker-"), "-creds")
-		u, err := t.MintServiceUser(WorkerUser(worker))
+		u, err := t.MintServiceUser(WorkerUser(s.Worker))
 		if err != nil {
 			return nil, fmt.Errorf("secret %s: %w", s.Name, err)
 		}
@@ -391,8 +391,7 @@ func (r reader) enabledVersion(ctx context.Context, id string) (string, error) {
 			continue // the filter already says so; not trusted blindly
 		}
 		num := v.GetName()[strings.LastIndexByte(v.GetName(), '/')+1:]
-		var n int
-		if _, err := fmt.Sscan(num, &n); err == nil && n > bestN {
+		if n, err := strconv.Atoi(num); err == nil && n > bestN {
 			best, bestN = num, n
 		}
 	}

@@ -67,18 +67,19 @@ type Secret struct {
 	Kind   Kind
 	Holds  string // what its payload is
 	ReadBy string // who reads it
+	Worker string // the worker whose creds it holds (WorkerCreds only)
 }
 
 // Secrets is the table of the mesh's secrets, in the order Init makes
 // them, without the per-worker rows (see All). The trust seeds come first.
 var Secrets = []Secret{
-	{OperatorSeed, TrustSeed, "the NATS operator's nkeys seed (SO…): signs both account JWTs", "control plane (functions)"},
-	{SystemAccountSeed, TrustSeed, "the NATS system account's seed (SA…): signs the system users that push account updates", "control plane (functions)"},
-	{AccountSeed, TrustSeed, "the mesh account's identity seed (SA…): names the account; signs nothing day to day", "control plane (functions)"},
-	{AccountSigningSeed, TrustSeed, "the mesh account's signing seed (SA…): signs every user JWT the control plane mints", "control plane (functions)"},
-	{RegistrarSeed, KeySeed, "the registrar's card-signing seed (SU…)", "control plane (functions)"},
-	{ServicesSeed, KeySeed, "the services key's seed (SU…): the bus workers sign their answers with it, the account views their calls", "control plane (functions), every bus worker"},
-	{NATSConfig, ConfigFragment, "a NATS server configuration fragment: the operator JWT inline, the system account, the directory resolver and the two account JWTs preloaded", "the NATS servers, at boot (include it)"},
+	{Name: OperatorSeed, Kind: TrustSeed, Holds: "the NATS operator's nkeys seed (SO…): signs both account JWTs", ReadBy: "control plane (functions)"},
+	{Name: SystemAccountSeed, Kind: TrustSeed, Holds: "the NATS system account's seed (SA…): signs the system users that push account updates", ReadBy: "control plane (functions)"},
+	{Name: AccountSeed, Kind: TrustSeed, Holds: "the mesh account's identity seed (SA…): names the account; signs nothing day to day", ReadBy: "control plane (functions)"},
+	{Name: AccountSigningSeed, Kind: TrustSeed, Holds: "the mesh account's signing seed (SA…): signs every user JWT the control plane mints", ReadBy: "control plane (functions)"},
+	{Name: RegistrarSeed, Kind: KeySeed, Holds: "the registrar's card-signing seed (SU…)", ReadBy: "control plane (functions)"},
+	{Name: ServicesSeed, Kind: KeySeed, Holds: "the services key's seed (SU…): the bus workers sign their answers with it, the account views their calls", ReadBy: "control plane (functions), every bus worker"},
+	{Name: NATSConfig, Kind: ConfigFragment, Holds: "a NATS server configuration fragment: the operator JWT inline, the system account, the directory resolver and the two account JWTs preloaded", ReadBy: "the NATS servers, at boot (include it)"},
 }
 
 // workerName is what a worker name may be: it becomes part of a secret ID
@@ -96,9 +97,9 @@ func All(workers []string) ([]Secret, error) {
 		if slices.Contains(workers[:i], w) {
 			return nil, fmt.Errorf("worker %q is listed twice", w)
 		}
-		out = append(out, Secret{WorkerCredsSecret(w), WorkerCreds,
-			fmt.Sprintf("a NATS creds file (user JWT and seed) for %s, minted by the account signing key with the service permissions", WorkerUser(w)),
-			"the " + w + " worker"})
+		out = append(out, Secret{Name: WorkerCredsSecret(w), Kind: WorkerCreds, Worker: w,
+			Holds:  fmt.Sprintf("a NATS creds file (user JWT and seed) for %s, minted by the account signing key with the service permissions", WorkerUser(w)),
+			ReadBy: "the " + w + " worker"})
 	}
 	return out, nil
 }
