@@ -29,7 +29,7 @@ func parseAnywhere(fs *flag.FlagSet, args []string) ([]string, error) {
 
 // valueless are the top-level flags that take no value, so that
 // splitCommand does not mistake the word after them for their value.
-var valueless = map[string]bool{"h": true, "help": true, "json": true}
+var valueless = map[string]bool{"h": true, "help": true, "json": true, "dry-run": true, "create-missing": true}
 
 // splitCommand finds meshd's command, the first word that is not a flag's
 // value, and returns it with the other arguments in order: flags given

@@ -92,11 +92,14 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 	usage := func(w io.Writer) {
 		fmt.Fprint(w, "Usage: meshd [serve] [flags]\n"+
 			"       meshd admin [flags] COMMAND …   operator commands (meshd admin --help)\n"+
+			"       meshd cloud init --project P    a Google Cloud deployment's secrets (meshd cloud --help)\n"+
 			"       meshd help [COMMAND]            this help, or a command's\n\n"+
 			"Commands:\n"+
 			"  serve   run the whole mesh on this machine and print the URLs an adapter needs (the default)\n"+
 			"  admin   operator commands on this host: create accounts, mint agent keys, retire agents,\n"+
 			"          disable accounts (meshd admin --help lists them)\n"+
+			"  cloud   cloud init: add the first version of every secret of a Google Cloud\n"+
+			"          deployment in Secret Manager (meshd cloud --help)\n"+
 			"  help    show the help of a command, e.g. meshd help admin agent-token\n\n"+
 			"Flags of serve (anywhere on the line). Each can also be set with the environment\n"+
 			"variable shown; a flag wins. Use 127.0.0.1:0 for any address to pick a free port.\n\n")

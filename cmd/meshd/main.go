@@ -4,6 +4,7 @@
 //
 //	meshd [serve] [flags]
 //	meshd admin [flags] COMMAND …
+//	meshd cloud init --project P [flags]
 //	meshd help [COMMAND]
 //
 // Every flag can also be set through an environment variable (flags win).
@@ -47,8 +48,9 @@ type lookupEnv func(string) (string, bool)
 
 // run dispatches a subcommand: "serve", which is also what runs when
 // there is no command word; "admin" runs operator commands against a data
-// directory; "help" shows the help of any of them. The command word may
-// come after flags, and flags may follow it.
+// directory; "cloud" prepares a Google Cloud deployment's secrets; "help"
+// shows the help of any of them. The command word may come after flags,
+// and flags may follow it.
 func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Writer) error {
 	cmd, args := splitCommand(args)
 	switch cmd {
@@ -60,6 +62,8 @@ func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Wr
 		return serve(ctx, cfg, stdout, stderr)
 	case "admin":
 		return admin(ctx, args, env, stdout, stderr)
+	case "cloud":
+		return cloud(ctx, args, stdout, stderr, adcSecrets)
 	case "help":
 		// meshd help [COMMAND [WORDS…]] is COMMAND WORDS… --help.
 		sub, rest := splitCommand(args)
@@ -69,7 +73,7 @@ func run(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.Wr
 		}
 		return run(ctx, append(append(again, rest...), "--help"), env, stdout, stderr)
 	default:
-		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve, admin, help; meshd --help explains them)\n", cmd)
+		fmt.Fprintf(stderr, "meshd: unknown command %q (commands: serve, admin, cloud, help; meshd --help explains them)\n", cmd)
 		return errUsage
 	}
 }

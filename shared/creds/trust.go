@@ -101,6 +101,22 @@ func Generate() (*Trust, error) {
 	return t, nil
 }
 
+// FromKeys builds a trust chain from its four keys held in memory, as a
+// caller reading them from a secret store has them (the seeds decoded with
+// keys.FromSeed, which checks each seed's kind). The two account keys and
+// the signing key must be three different keys: a signing key equal to its
+// account, or the system account doubling as the mesh account, is a
+// misplaced seed, not a chain.
+func FromKeys(operator *keys.Operator, system, mesh, meshSigning *keys.Account) (*Trust, error) {
+	if operator == nil || system == nil || mesh == nil || meshSigning == nil {
+		return nil, errors.New("trust: all four keys are needed (operator, system account, mesh account, mesh signing key)")
+	}
+	if system.Public() == mesh.Public() || system.Public() == meshSigning.Public() || mesh.Public() == meshSigning.Public() {
+		return nil, errors.New("trust: the system account, mesh account and mesh signing key must be three different keys")
+	}
+	return &Trust{operator: operator, system: system, mesh: mesh, meshSigning: meshSigning}, nil
+}
+
 // Load reads a trust chain written by Save. It refuses seed files readable by
 // group or others (as ssh does), since a leaked operator or signing seed lets
 // anyone mint credentials for the mesh.

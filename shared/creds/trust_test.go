@@ -293,3 +293,51 @@ func mustUserKey(t *testing.T) *keys.Credential {
 	}
 	return k
 }
+
+func TestFromKeys(t *testing.T) {
+	gen := func() *keys.Account {
+		k, err := keys.Generate[keys.AccountRole]()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	op, err := keys.Generate[keys.OperatorRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sys, mesh, signing := gen(), gen(), gen()
+	tr, err := FromKeys(op, sys, mesh, signing)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := PublicKeys{Operator: op.Public(), SystemAccount: sys.Public(), MeshAccount: mesh.Public(), MeshSigningKey: signing.Public()}
+	if tr.PublicKeys() != want {
+		t.Fatalf("public keys = %+v, want %+v", tr.PublicKeys(), want)
+	}
+	// The chain works: a user minted with the signing key names the mesh account.
+	u, err := tr.MintServiceUser("worker-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	uc, err := jwt.DecodeUserClaims(u.JWT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uc.Issuer != signing.Public() || uc.IssuerAccount != mesh.Public() {
+		t.Fatalf("user issued by %s for %s, want %s for %s", uc.Issuer, uc.IssuerAccount, signing.Public(), mesh.Public())
+	}
+
+	for _, c := range []struct {
+		name                  string
+		system, mesh, signing *keys.Account
+	}{
+		{"missing key", sys, nil, signing},
+		{"signing is the account", sys, mesh, mesh},
+		{"system is the mesh", sys, sys, signing},
+	} {
+		if _, err := FromKeys(op, c.system, c.mesh, c.signing); err == nil {
+			t.Errorf("%s: accepted", c.name)
+		}
+	}
+}
