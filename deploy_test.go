@@ -16,6 +16,10 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/routes"
+	"agentmesh.dev/mesh/shared/broker"
+	"agentmesh.dev/mesh/shared/cloudsecrets"
+	"agentmesh.dev/mesh/shared/cloudsecrets/secretfake"
+	"agentmesh.dev/mesh/workers"
 )
 
 // functionServerEnv makes the test binary a function instance: it serves
@@ -79,12 +83,12 @@ func startFunction(t *testing.T, entry string, env ...string) string {
 // cloudEnv is a function instance's configuration with nothing behind it
 // that a test cannot provide: Firestore points at a closed port (the
 // routes exercised here never reach the store), SMTP is never dialled, and
-// there is no trust chain, so the minting doors answer 501.
+// there are no keys (MESH_KEYS=none), so the minting doors answer 501.
 func cloudEnv() []string {
 	return []string{"GOOGLE_CLOUD_PROJECT=mesh-test", "FIRESTORE_EMULATOR_HOST=127.0.0.1:9", "MESH_NAME=functest",
 		"MESH_CONTROL_URL=https://mesh.example.org", "MESH_CONSOLE_URL=https://mesh.example.org/console/",
-		"SMTP_ADDR=127.0.0.1:25", "SMTP_FROM=mesh@example.org", "MESH_NATS_URLS=nats://127.0.0.1:4222",
-		"MESH_TRUST_DIR=", "MESH_SERVICES_KEY_FILE=", "MESH_REGISTRAR_KEY_FILE="}
+		"SMTP_ADDR=127.0.0.1:25", "SMTP_FROM=mesh@example.org", "MESH_NATS_URLS=nats://127.0.0.1:9",
+		"MESH_KEYS=none", "MESH_SECRETS_PROJECT=", "MESH_SECRETMANAGER_EMULATOR_HOST="}
 }
 
 func do(t *testing.T, method, url string) (int, string) {
@@ -131,16 +135,49 @@ func TestFunctionsFrameworkServesEveryRow(t *testing.T) {
 	}
 }
 
-// One route answers through the Functions Framework end to end: the
-// instance builds its dependencies from the environment on the first
-// request (functions/cloud, api.NewDeps) and answers with them.
+// Routes answer through the Functions Framework end to end, the way a
+// cold start runs in the cloud: `meshd cloud init`'s Init writes the keys
+// to Secret Manager (the real client against an in-process fake), the
+// broker trusts the operator they hold, and a function instance reads the
+// keys at its first request (functions/cloud, api.NewDeps), connects to
+// the broker and answers: the capabilities say it mints, and the
+// registrar's key set is the key from Secret Manager.
 func TestFunctionAnswersEndToEnd(t *testing.T) {
-	base := startFunction(t, "Capabilities", cloudEnv()...)
-	st, body := do(t, http.MethodGet, base+"/v1/capabilities")
+	fake, err := secretfake.Start(cloudsecrets.EmulatorToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(fake.Close)
+	sm, err := fake.NewClient(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sm.Close()
+	names := make([]string, 0, len(workers.Table()))
+	for _, w := range workers.Table() {
+		names = append(names, w.Name)
+	}
+	if _, err := cloudsecrets.Init(t.Context(), sm, cloudsecrets.InitOptions{Project: "keys-project", Workers: names, CreateMissing: true}); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := cloudsecrets.Load(t.Context(), sm, "keys-project")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := broker.Start(t.Context(), broker.Config{DataDir: t.TempDir(), Trust: ks.Trust})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Shutdown)
+
+	env := append(cloudEnv(), "MESH_KEYS=secret-manager", "MESH_SECRETS_PROJECT=keys-project",
+		"MESH_SECRETMANAGER_EMULATOR_HOST="+fake.Addr, "MESH_NATS_URLS="+b.ClientURL())
+	caps := startFunction(t, "Capabilities", env...)
+	st, body := do(t, http.MethodGet, caps+"/v1/capabilities")
 	if st != http.StatusOK {
 		t.Fatalf("GET /v1/capabilities: %d %s", st, body)
 	}
-	var caps struct {
+	var c struct {
 		OK       bool   `json:"ok"`
 		Mesh     string `json:"mesh"`
 		Protocol string `json:"protocol"`
@@ -149,10 +186,24 @@ func TestFunctionAnswersEndToEnd(t *testing.T) {
 		} `json:"node_credential"`
 		Guest *struct{} `json:"guest"`
 	}
-	if err := json.Unmarshal([]byte(body), &caps); err != nil {
+	if err := json.Unmarshal([]byte(body), &c); err != nil {
 		t.Fatal(err)
 	}
-	if !caps.OK || caps.Mesh != "functest" || caps.Protocol == "" || caps.Node.Minting || caps.Guest == nil {
+	if !c.OK || c.Mesh != "functest" || c.Protocol == "" || !c.Node.Minting || c.Guest == nil {
 		t.Errorf("capabilities from the function: %s", body)
+	}
+
+	reg := startFunction(t, "RegistrarKey", env...)
+	st, body = do(t, http.MethodGet, reg+"/api/registrar-key")
+	if st != http.StatusOK || !strings.Contains(body, ks.Registrar.Public()) {
+		t.Errorf("GET /api/registrar-key: %d %s, want the key from Secret Manager (%s)", st, body, ks.Registrar.Public())
+	}
+
+	// Without its keys the instance does not start serving: it answers
+	// 503 and names what is missing in its log, and the next request
+	// tries again.
+	empty := startFunction(t, "Capabilities", append(env, "MESH_SECRETS_PROJECT=no-such-project")...)
+	if st, body := do(t, http.MethodGet, empty+"/v1/capabilities"); st != http.StatusServiceUnavailable {
+		t.Errorf("without keys: %d %s, want 503", st, body)
 	}
 }

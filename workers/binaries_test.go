@@ -21,6 +21,8 @@ import (
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/cloudsecrets"
+	"agentmesh.dev/mesh/shared/cloudsecrets/secretfake"
 	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/workers"
 )
@@ -43,10 +45,14 @@ var calls = map[string]struct {
 }
 
 // Every worker binary builds, starts against an in-process broker with the
-// credential the cloud mints for it (MintServiceUser("worker-<name>") as a
-// 0600 creds file, and the services seed), answers GET /healthz with 200,
-// serves its micro service and its subjects on the bus, and exits 0 on
-// SIGTERM.
+// credential the cloud mints for it, answers GET /healthz with 200, serves
+// its micro service and its subjects on the bus, and exits 0 on SIGTERM.
+// Its keys come the cloud's way: `meshd cloud init` (cloudsecrets.Init)
+// writes the trust chain, the services seed and one credential per worker
+// (MintServiceUser("worker-<name>")) to Secret Manager — here the real
+// client against an in-process fake — the broker trusts that chain, and
+// the binary reads its credential and the services key from there at
+// start. One more run reads them from 0600 files instead.
 func TestWorkerBinaries(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds every worker binary")
@@ -77,15 +83,33 @@ func TestWorkerBinaries(t *testing.T) {
 		t.Fatalf("binaries %q, want one per row of the table: %q", built, want)
 	}
 
-	b := bustest.Start(t)
-	client := bustest.Client(t, b)
-	keyPath := filepath.Join(t.TempDir(), "services.nk")
-	if err := b.ServicesKey().WriteSeedFile(keyPath); err != nil {
+	fake, err := secretfake.Start(cloudsecrets.EmulatorToken)
+	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(fake.Close)
+	sm, err := fake.NewClient(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sm.Close()
+	var names []string
+	for _, w := range table {
+		names = append(names, w.Name)
+	}
+	if _, err := cloudsecrets.Init(t.Context(), sm, cloudsecrets.InitOptions{Project: "mesh-p", Workers: names, CreateMissing: true}); err != nil {
+		t.Fatal(err)
+	}
+	ks, err := cloudsecrets.Load(t.Context(), sm, "mesh-p")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := bustest.StartWith(t, ks.Trust, ks.Services)
+	client := bustest.Client(t, b)
+	fromSecrets := []string{"MESH_SECRETS_PROJECT=mesh-p", "MESH_SECRETMANAGER_EMULATOR_HOST=" + fake.Addr}
 	for _, w := range table {
 		t.Run(w.Name, func(t *testing.T) {
-			p := startBinary(t, filepath.Join(bin, w.Name+"-worker"), b, w.Name, keyPath)
+			p := startBinary(t, filepath.Join(bin, w.Name+"-worker"), b, w.Name, fromSecrets)
 			if code, err := get(p.health); err != nil || code != http.StatusOK {
 				t.Fatalf("GET /healthz: %d %v\n%s", code, err, p.logs())
 			}
@@ -104,6 +128,21 @@ func TestWorkerBinaries(t *testing.T) {
 			p.stop(t)
 		})
 	}
+	// The same binary with its keys in files (a deployment that mounts
+	// them, or a worker run by hand).
+	t.Run("files", func(t *testing.T) {
+		keyPath := filepath.Join(t.TempDir(), "services.nk")
+		if err := b.ServicesKey().WriteSeedFile(keyPath); err != nil {
+			t.Fatal(err)
+		}
+		p := startBinary(t, filepath.Join(bin, "registry-worker"), b, "registry", []string{"MESH_SERVICES_KEY_FILE=" + keyPath,
+			"MESH_CREDS_FILE=" + credsFile(t, b, "registry")})
+		if code, err := get(p.health); err != nil || code != http.StatusOK {
+			t.Fatalf("GET /healthz: %d %v\n%s", code, err, p.logs())
+		}
+		ping(t, client, "registry")
+		p.stop(t)
+	})
 }
 
 // ping asks the worker's micro service for its name and endpoints.
@@ -143,27 +182,13 @@ func (p *process) logs() string {
 // startBinary runs path as Cloud Run would: configured by the environment,
 // with its own credential file, and its health port on a random loopback
 // port (read back from its "worker running" line).
-func startBinary(t *testing.T, path string, b *bustest.Bus, name, keyPath string) *process {
+func startBinary(t *testing.T, path string, b *bustest.Bus, name string, keysEnv []string) *process {
 	t.Helper()
-	svc, err := b.Trust().MintServiceUser("worker-" + name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	file, err := jwt.FormatUserConfig(svc.JWT, svc.Key.Seed())
-	if err != nil {
-		t.Fatal(err)
-	}
-	credsPath := filepath.Join(t.TempDir(), name+".creds")
-	if err := os.WriteFile(credsPath, file, 0o600); err != nil {
-		t.Fatal(err)
-	}
 	cmd := exec.Command(path, "--health-addr", "127.0.0.1:0")
-	cmd.Env = []string{
+	cmd.Env = append([]string{
 		"MESH_NATS_URL=" + b.ClientURL(),
-		"MESH_CREDS_FILE=" + credsPath,
-		"MESH_SERVICES_KEY_FILE=" + keyPath,
 		"MESH_REPLICAS=1", // one server here; the cloud's cluster runs the table's 3
-	}
+	}, keysEnv...)
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -235,4 +260,23 @@ func get(addr string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// credsFile writes the credential the cloud mints for a worker as a 0600
+// creds file.
+func credsFile(t *testing.T, b *bustest.Bus, name string) string {
+	t.Helper()
+	svc, err := b.Trust().MintServiceUser("worker-" + name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	file, err := jwt.FormatUserConfig(svc.JWT, svc.Key.Seed())
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), name+".creds")
+	if err := os.WriteFile(path, file, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return path
 }

@@ -20,6 +20,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/cloudlog"
+	"agentmesh.dev/mesh/shared/cloudsecrets"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/ratelimit"
@@ -33,6 +34,13 @@ type Options struct {
 	ServicesKey string // --services-key, MESH_SERVICES_KEY_FILE: the seed file the answers are signed with
 	HealthAddr  string // --health-addr, :$PORT on Cloud Run
 	LogLevel    slog.Level
+	// SecretsProject (--secrets-project, MESH_SECRETS_PROJECT) reads the
+	// credential and the services key from that project's Secret Manager
+	// instead of the two files.
+	SecretsProject string
+	// secretManagerHost is MESH_SECRETMANAGER_EMULATOR_HOST: a Secret
+	// Manager emulator, for tests of the binaries.
+	secretManagerHost string
 }
 
 // Main is the whole main of a worker binary: it runs the row named name
@@ -65,13 +73,13 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	}
 	// Cloud Run reads JSON lines with Cloud Logging's field names.
 	log := cloudlog.New(stderr, opts.LogLevel, "").With("worker", w.Name)
-	key, err := keys.ReadSeedFile[keys.AgentRole](opts.ServicesKey)
+	key, credsOpt, err := workerKeys(ctx, w, opts)
 	if err != nil {
-		return fmt.Errorf("services key: %w", err)
+		return err
 	}
 	// Replies arrive under the services' prefix, which no client credential
 	// may subscribe (docs/security.md).
-	nc, err := nats.Connect(opts.NATSURL, nats.UserCredentials(opts.CredsFile), nats.Name(w.Name+"-worker"), creds.ServiceInbox(),
+	nc, err := nats.Connect(opts.NATSURL, credsOpt, nats.Name(w.Name+"-worker"), creds.ServiceInbox(),
 		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from the bus", "err", err) }),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to the bus") }))
@@ -115,6 +123,27 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	return err
 }
 
+// workerKeys reads the worker's service credential and the services key:
+// from Secret Manager when a project is named (the cloud: the secrets
+// `meshd cloud init` wrote, read through the API, so no seed file sits on
+// a volume whose mode must be right), else from the two files.
+func workerKeys(ctx context.Context, w Worker, o Options) (*keys.Agent, nats.Option, error) {
+	if o.SecretsProject != "" {
+		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		defer cancel()
+		wk, err := cloudsecrets.OpenWorker(ctx, o.SecretsProject, w.Name, cloudsecrets.EmulatorOptions(o.secretManagerHost)...)
+		if err != nil {
+			return nil, nil, fmt.Errorf("keys: %w", err)
+		}
+		return wk.Services, wk.Creds.NATSOption(), nil
+	}
+	key, err := keys.ReadSeedFile[keys.AgentRole](o.ServicesKey)
+	if err != nil {
+		return nil, nil, fmt.Errorf("services key: %w", err)
+	}
+	return key, nats.UserCredentials(o.CredsFile), nil
+}
+
 // health answers GET /healthz: 200 while the worker runs on a live bus
 // connection, 503 while the connection is down (reconnecting) or the worker
 // is stopping, so the platform restarts a worker that lost the bus for good
@@ -155,6 +184,9 @@ func parse(w Worker, args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&o.NATSURL, "nats-url", def("MESH_NATS_URL", "nats://127.0.0.1:4222"), "the bus (env MESH_NATS_URL)")
 	fs.StringVar(&o.CredsFile, "creds", getenv("MESH_CREDS_FILE"), "the worker's service credential, a NATS creds file (env MESH_CREDS_FILE)")
 	fs.StringVar(&o.ServicesKey, "services-key", getenv("MESH_SERVICES_KEY_FILE"), "seed file of the services key answers are signed with (env MESH_SERVICES_KEY_FILE)")
+	fs.StringVar(&o.SecretsProject, "secrets-project", getenv("MESH_SECRETS_PROJECT"),
+		"read the credential and the services key from this project's Secret Manager instead of files (env MESH_SECRETS_PROJECT)")
+	o.secretManagerHost = getenv("MESH_SECRETMANAGER_EMULATOR_HOST")
 	fs.StringVar(&o.HealthAddr, "health-addr", ":"+def("PORT", "8080"), "where GET /healthz answers (env PORT: Cloud Run sets it)")
 	level := fs.String("log-level", def("MESH_LOG_LEVEL", "info"), "debug, info, warn or error (env MESH_LOG_LEVEL)")
 	for _, k := range knobs {
@@ -178,8 +210,8 @@ func parse(w Worker, args []string, getenv func(string) string, stderr io.Writer
 	if err := o.LogLevel.UnmarshalText([]byte(*level)); err != nil {
 		return o, cfg, fmt.Errorf("--log-level: %w", err)
 	}
-	if o.CredsFile == "" || o.ServicesKey == "" {
-		return o, cfg, errors.New("--creds and --services-key are required (or MESH_CREDS_FILE and MESH_SERVICES_KEY_FILE)")
+	if o.SecretsProject == "" && (o.CredsFile == "" || o.ServicesKey == "") {
+		return o, cfg, errors.New("--secrets-project, or --creds and --services-key, are required (or MESH_SECRETS_PROJECT, or MESH_CREDS_FILE and MESH_SERVICES_KEY_FILE)")
 	}
 	return o, cfg, nil
 }

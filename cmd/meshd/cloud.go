@@ -11,6 +11,7 @@ import (
 	secretmanager "cloud.google.com/go/secretmanager/apiv1"
 
 	"agentmesh.dev/mesh/shared/cloudsecrets"
+	"agentmesh.dev/mesh/workers"
 )
 
 const cloudUsage = `Usage: meshd cloud init --project P [--mesh-name N] [--create-missing] [--dry-run]
@@ -45,8 +46,14 @@ Example:
 `
 
 // cloudWorkers are the bus workers deployed on their own, one creds secret
-// each: the worker table's names (workers/).
-var cloudWorkers = []string{"registry", "presence", "feeds", "tasks", "admission", "activity", "mailbox"}
+// each: the worker table's names.
+func cloudWorkers() []string {
+	var names []string
+	for _, w := range workers.Table() {
+		names = append(names, w.Name)
+	}
+	return names
+}
 
 // dialSecrets makes the Secret Manager client. meshd's is the real one with
 // Application Default Credentials; tests pass one reaching a fake, so no
@@ -95,7 +102,7 @@ func cloud(ctx context.Context, args []string, stdout, stderr io.Writer, dial di
 	case strings.TrimSpace(o.Project) == "":
 		return cloudUsageErr(stderr, "init needs --project P")
 	}
-	o.Workers = cloudWorkers
+	o.Workers = cloudWorkers()
 	o.Progress = func(s cloudsecrets.Step) { fmt.Fprintln(stdout, s) }
 
 	c, err := dial(ctx)

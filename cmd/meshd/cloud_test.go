@@ -29,7 +29,7 @@ func fakeSecrets(t *testing.T) (*secretfake.Fake, dialSecrets) {
 // terraformApply creates every secret container, as terraform/ does.
 func terraformApply(t *testing.T, f *secretfake.Fake, project string) {
 	t.Helper()
-	table, err := cloudsecrets.All(cloudWorkers)
+	table, err := cloudsecrets.All(cloudWorkers())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -55,7 +55,7 @@ func runCloud(t *testing.T, dial dialSecrets, args ...string) (string, string, e
 func TestCloudInit(t *testing.T) {
 	f, dial := fakeSecrets(t)
 	terraformApply(t, f, "acme")
-	n := len(cloudsecrets.Secrets) + len(cloudWorkers)
+	n := len(cloudsecrets.Secrets) + len(cloudWorkers())
 
 	out, errOut, err := runCloud(t, dial, "cloud", "init", "--project", "acme", "--nats-resolver-dir", "/srv/nats/jwt")
 	if err != nil {

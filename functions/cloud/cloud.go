@@ -1,8 +1,8 @@
 // Package cloud builds the dependencies of the HTTP routes when they run as
-// Cloud Functions: Firestore for the store, SMTP for mail, the trust chain
-// from a mounted secret, and revocation over the managed NATS cluster. It
-// is the one place the function binary reads its environment, once, in the
-// lazy init of the first request (DESIGN §2, §3).
+// Cloud Functions: Firestore for the store, SMTP for mail, the keys from
+// Secret Manager, and revocation over the managed NATS cluster. It is the
+// one place the function binary reads its environment, once, in the lazy
+// init of the first request (DESIGN §2, §3).
 package cloud
 
 import (
@@ -21,11 +21,11 @@ import (
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/cloudlog"
+	"agentmesh.dev/mesh/shared/cloudsecrets"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
-	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/store/firestorestore"
@@ -40,27 +40,28 @@ type Config struct {
 	// RegistrarURL is the registrar's public base, named in every card
 	// (MESH_REGISTRAR_URL; the control URL when unset).
 	RegistrarURL string
-	// RegistrarKeyFile is the registrar's card-signing seed, mounted from
-	// Secret Manager as a file (MESH_REGISTRAR_KEY_FILE). It must be
-	// readable by its owner only (0400 or 0600): keys.ReadSeedFile refuses
-	// group or other bits, and a secret volume's default is 0444 (see
-	// docs/registrar.md, "Deployment note"). Without it (or when it cannot
-	// be read) resolve answers 503, logged once when the instance starts: a
-	// registrar never serves an unsigned card.
-	RegistrarKeyFile string
-	NATSURLs         []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
-	WSURLs           []string // MESH_WS_URLS, comma-separated wss:// URLs
-	// TrustDir holds the operator and account seed files, mounted from
-	// Secret Manager as files (MESH_TRUST_DIR).
-	TrustDir string
-	// ServicesKeyFile is the seed the account views sign their bus calls
-	// with (MESH_SERVICES_KEY_FILE); without it the views answer 501.
-	ServicesKeyFile  string
-	SMTP             mail.SMTPConfig // SMTP_ADDR, SMTP_FROM, SMTP_USERNAME, SMTP_PASSWORD, SMTP_TLS
-	NoExpiry         bool            // MESH_NODE_CREDENTIAL_NO_EXPIRY=true
-	MarkupPct        int             // CREDITS_PLATFORM_MARKUP_PCT (10)
-	TrustedProxyHops int             // MESH_TRUSTED_PROXY_HOPS (1: Google's front end)
-	RateLimit        int             // MESH_RATE_LIMIT_PER_MINUTE (30, upstream §16.2)
+	NATSURLs     []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
+	WSURLs       []string // MESH_WS_URLS, comma-separated wss:// URLs
+	// SecretsProject is the project whose Secret Manager holds the keys
+	// (MESH_SECRETS_PROJECT; GOOGLE_CLOUD_PROJECT when unset): the trust
+	// chain, the registrar's and the services' seeds, written once by
+	// `meshd cloud init` (docs/secrets.md).
+	SecretsProject string
+	// NoKeys runs the instance without keys (MESH_KEYS=none): it mints
+	// nothing (the doors answer 501), resolve answers 503, and it has no
+	// bus connection. For a deployment that serves accounts only, and for
+	// tests.
+	NoKeys bool
+	// SecretManagerHost, when set (MESH_SECRETMANAGER_EMULATOR_HOST, as
+	// FIRESTORE_EMULATOR_HOST is for Firestore), reaches a Secret Manager
+	// emulator at that address without TLS, sending the bearer token
+	// cloudsecrets.EmulatorToken: for tests only.
+	SecretManagerHost string
+	SMTP              mail.SMTPConfig // SMTP_ADDR, SMTP_FROM, SMTP_USERNAME, SMTP_PASSWORD, SMTP_TLS
+	NoExpiry          bool            // MESH_NODE_CREDENTIAL_NO_EXPIRY=true
+	MarkupPct         int             // CREDITS_PLATFORM_MARKUP_PCT (10)
+	TrustedProxyHops  int             // MESH_TRUSTED_PROXY_HOPS (1: Google's front end)
+	RateLimit         int             // MESH_RATE_LIMIT_PER_MINUTE (30, upstream §16.2)
 	// GuestLimits and AccountLimits bound guest leases, sign-up, sign-in
 	// and connect per client address, per network and overall; each field
 	// is one MESH_LIMIT_* variable (guest.Limits.Knobs,
@@ -100,12 +101,19 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
 		ProjectID: getenv("GOOGLE_CLOUD_PROJECT"), MeshName: getenv("MESH_NAME"),
 		ControlURL: getenv("MESH_CONTROL_URL"), ConsoleURL: getenv("MESH_CONSOLE_URL"),
-		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"), TrustDir: getenv("MESH_TRUST_DIR"),
-		ServicesKeyFile: getenv("MESH_SERVICES_KEY_FILE"),
-		RegistrarURL:    getenv("MESH_REGISTRAR_URL"), RegistrarKeyFile: getenv("MESH_REGISTRAR_KEY_FILE"),
+		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"),
+		SecretsProject: getenv("MESH_SECRETS_PROJECT"), SecretManagerHost: getenv("MESH_SECRETMANAGER_EMULATOR_HOST"),
+		RegistrarURL: getenv("MESH_REGISTRAR_URL"),
 		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
 			Password: getenv("SMTP_PASSWORD"), TLS: mail.TLSPolicy(getenv("SMTP_TLS"))},
 		NoExpiry: getenv("MESH_NODE_CREDENTIAL_NO_EXPIRY") == "true",
+	}
+	switch k := getenv("MESH_KEYS"); k {
+	case "", "secret-manager":
+	case "none":
+		c.NoKeys = true
+	default:
+		return c, fmt.Errorf("MESH_KEYS must be secret-manager (the default) or none, not %q", k)
 	}
 	var err error
 	if c.MarkupPct, err = num("CREDITS_PLATFORM_MARKUP_PCT", 10); err != nil {
@@ -144,14 +152,16 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.RegistrarURL == "" {
 		c.RegistrarURL = c.ControlURL
 	}
+	if c.SecretsProject == "" {
+		c.SecretsProject = c.ProjectID
+	}
 	return c, nil
 }
 
 // Build makes the route dependencies from c: the cloud's backends
-// (Firestore, SMTP, the trust chain from mounted secrets, revocation over
-// the managed NATS cluster) given to the one constructor meshd uses too.
-// Without MESH_TRUST_DIR the instance does not mint (the doors answer 501)
-// but still serves accounts.
+// (Firestore, SMTP, the keys from Secret Manager, revocation and the
+// services' calls over the managed NATS cluster) given to the one
+// constructor meshd uses too.
 func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	st, err := firestorestore.New(ctx, c.ProjectID)
 	if err != nil {
@@ -161,62 +171,41 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("smtp: %w", err)
 	}
-	b := api.Backends{Log: log, Store: st, Mail: smtp, RegistrarKey: registrarKey(c.RegistrarKeyFile, log),
+	b := api.Backends{Log: log, Store: st, Mail: smtp,
 		Mesh:       credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs},
 		ControlURL: c.ControlURL, ConsoleURL: c.ConsoleURL, RegistrarURL: c.RegistrarURL,
 		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
 			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()}}
-	if c.TrustDir != "" {
-		if b.Trust, err = creds.Load(c.TrustDir); err != nil {
-			return nil, fmt.Errorf("trust: %w", err)
-		}
-		sysCreds, err := b.Trust.MintSystemUser("control-plane")
-		if err != nil {
-			return nil, err
-		}
-		sys, err := nats.Connect(strings.Join(c.NATSURLs, ","), sysCreds.NATSOption(), nats.Name("control-plane"),
-			nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
-		if err != nil {
-			return nil, fmt.Errorf("nats: %w", err)
-		}
-		b.Revoker = &creds.Revoker{Trust: b.Trust, Sys: sys}
-		if c.ServicesKeyFile != "" {
-			key, err := keys.ReadSeedFile[keys.AgentRole](c.ServicesKeyFile)
-			if err != nil {
-				return nil, fmt.Errorf("services key: %w", err)
-			}
-			svc, err := b.Trust.MintServiceUser("control-plane-views")
-			if err != nil {
-				return nil, err
-			}
-			nc, err := nats.Connect(strings.Join(c.NATSURLs, ","), svc.NATSOption(), creds.ServiceInbox(), nats.Name("control-plane-views"),
-				nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
-			if err != nil {
-				return nil, fmt.Errorf("nats: %w", err)
-			}
-			b.Bus = &bus.Caller{NC: nc, Key: key}
-		}
+	if c.NoKeys {
+		log.Warn("running without keys (MESH_KEYS=none): nothing is minted, resolve answers 503, and the account views have no bus")
+		return api.NewDeps(b)
 	}
-	return api.NewDeps(b)
-}
-
-// registrarKey loads the registrar's card-signing key from path, or says
-// once, when the instance starts (Build runs in its lazy init), why there
-// is none. A registrar without its key still takes claims and pairings;
-// only resolution (which must be signed) answers 503, and codes are hashed
-// unkeyed. So a missing or unreadable key is logged, not fatal to every
-// function of the binary.
-func registrarKey(path string, log *slog.Logger) keys.Signer {
-	if path == "" {
-		log.Warn("registrar has no signing key (MESH_REGISTRAR_KEY_FILE is not set): resolve and registrar-key answer 503, and codes are stored under an unkeyed hash")
-		return nil
-	}
-	k, err := keys.ReadSeedFile[keys.RegistrarRole](path)
+	ks, err := cloudsecrets.Open(ctx, c.SecretsProject, cloudsecrets.EmulatorOptions(c.SecretManagerHost)...)
 	if err != nil {
-		log.Error("registrar key unreadable: resolve and registrar-key answer 503 (a secret file must be mode 0400 or 0600)", "err", err)
-		return nil
+		return nil, fmt.Errorf("keys: %w", err)
 	}
-	return k
+	b.Trust, b.RegistrarKey = ks.Trust, ks.Registrar
+	url := strings.Join(c.NATSURLs, ",")
+	sysCreds, err := b.Trust.MintSystemUser("control-plane")
+	if err != nil {
+		return nil, err
+	}
+	sys, err := nats.Connect(url, sysCreds.NATSOption(), nats.Name("control-plane"), nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	b.Revoker = &creds.Revoker{Trust: b.Trust, Sys: sys}
+	svc, err := b.Trust.MintServiceUser("control-plane-views")
+	if err != nil {
+		return nil, err
+	}
+	nc, err := nats.Connect(url, svc.NATSOption(), creds.ServiceInbox(), nats.Name("control-plane-views"),
+		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second))
+	if err != nil {
+		return nil, fmt.Errorf("nats: %w", err)
+	}
+	b.Bus = &bus.Caller{NC: nc, Key: ks.Services}
+	return api.NewDeps(b)
 }
 
 // Deps builds the dependencies of a Cloud Function instance from its

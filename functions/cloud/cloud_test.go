@@ -1,17 +1,12 @@
 package cloud
 
 import (
-	"bytes"
-	"log/slog"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/guest"
-	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/ratelimit"
 )
 
@@ -33,7 +28,7 @@ func TestFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 ||
-		c.RegistrarURL != "https://api.example.org" || c.RegistrarKeyFile != "" {
+		c.RegistrarURL != "https://api.example.org" || c.SecretsProject != "p1" || c.NoKeys || c.SecretManagerHost != "" {
 		t.Errorf("defaults: %+v", c)
 	}
 	for name, over := range map[string]map[string]string{
@@ -43,6 +38,7 @@ func TestFromEnv(t *testing.T) {
 		"bad hops":        {"MESH_TRUSTED_PROXY_HOPS": "one"},
 		"missing smtp":    {"SMTP_ADDR": ""},
 		"missing console": {"MESH_CONSOLE_URL": ""},
+		"bad keys mode":   {"MESH_KEYS": "files"},
 	} {
 		if _, err := FromEnv(env(over)); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -51,8 +47,8 @@ func TestFromEnv(t *testing.T) {
 		}
 	}
 	c, _ = FromEnv(env(map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "0", "MESH_NODE_CREDENTIAL_NO_EXPIRY": "true",
-		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_REGISTRAR_KEY_FILE": "/secrets/registrar.nk"}))
-	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.RegistrarKeyFile != "/secrets/registrar.nk" {
+		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_SECRETS_PROJECT": "keys-project", "MESH_KEYS": "none"}))
+	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.SecretsProject != "keys-project" || !c.NoKeys {
 		t.Errorf("explicit values: %+v", c)
 	}
 }
@@ -103,38 +99,5 @@ func TestFromEnvLimits(t *testing.T) {
 		if _, err := FromEnv(env(over)); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(name, "reserve")) {
 			t.Errorf("%s: %v", name, err)
 		}
-	}
-}
-
-// The registrar key is loaded from a file readable by its owner only; an
-// instance without one says so once at start, with what to fix.
-func TestRegistrarKey(t *testing.T) {
-	var buf bytes.Buffer
-	log := slog.New(slog.NewTextHandler(&buf, nil))
-	if k := registrarKey("", log); k != nil || !strings.Contains(buf.String(), "MESH_REGISTRAR_KEY_FILE is not set") || !strings.Contains(buf.String(), "503") {
-		t.Fatalf("no key file: %v %q", k, buf.String())
-	}
-	key, err := keys.Generate[keys.RegistrarRole]()
-	if err != nil {
-		t.Fatal(err)
-	}
-	path := filepath.Join(t.TempDir(), "registrar.nk")
-	if err := key.WriteSeedFile(path); err != nil {
-		t.Fatal(err)
-	}
-	// A secret volume's default mode: refused, and logged with the fix.
-	if err := os.Chmod(path, 0o444); err != nil {
-		t.Fatal(err)
-	}
-	buf.Reset()
-	if k := registrarKey(path, log); k != nil || !strings.Contains(buf.String(), "0400 or 0600") || !strings.Contains(buf.String(), "mode 0444") {
-		t.Fatalf("a 0444 key file: %v %q", k, buf.String())
-	}
-	if err := os.Chmod(path, 0o400); err != nil {
-		t.Fatal(err)
-	}
-	buf.Reset()
-	if k := registrarKey(path, log); k == nil || k.Public() != key.Public() || buf.Len() != 0 {
-		t.Fatalf("a 0400 key file: %v %q", k, buf.String())
 	}
 }

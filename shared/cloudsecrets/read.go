@@ -11,8 +11,11 @@ import (
 	secretmanager "cloud.google.com/go/secretmanager/apiv1"
 	"cloud.google.com/go/secretmanager/apiv1/secretmanagerpb"
 	"github.com/nats-io/jwt/v2"
+	"golang.org/x/oauth2"
 	"google.golang.org/api/option"
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"agentmesh.dev/mesh/shared/creds"
@@ -283,4 +286,31 @@ func (r reader) exists(ctx context.Context, id string) (bool, error) {
 		return false, nil
 	}
 	return false, r.explain(ctx, "look", id, err)
+}
+
+// EmulatorToken is the bearer token sent to a Secret Manager emulator.
+const EmulatorToken = "mesh-secretmanager-emulator"
+
+// EmulatorOptions reach a Secret Manager emulator at host (the value of
+// MESH_SECRETMANAGER_EMULATOR_HOST, as FIRESTORE_EMULATOR_HOST is for
+// Firestore): no TLS, the bearer token EmulatorToken. For tests of the
+// function and worker binaries, which are separate processes; empty host
+// means the real service with Application Default Credentials.
+func EmulatorOptions(host string) []option.ClientOption {
+	if host == "" {
+		return nil
+	}
+	return []option.ClientOption{option.WithEndpoint(host),
+		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
+		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: EmulatorToken, TokenType: "Bearer"}))}
+}
+
+// OpenWorker reads a worker's keys (LoadWorker) with a client of its own.
+func OpenWorker(ctx context.Context, project, worker string, opts ...option.ClientOption) (*WorkerKeys, error) {
+	c, err := secretmanager.NewClient(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("secret manager client: %w", err)
+	}
+	defer c.Close()
+	return LoadWorker(ctx, c, project, worker)
 }

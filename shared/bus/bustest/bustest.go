@@ -39,6 +39,13 @@ func Start(t testing.TB) *Bus {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return StartWith(t, trust, key)
+}
+
+// StartWith starts a broker trusting trust, whose workers sign with key:
+// for tests whose keys come from elsewhere (Secret Manager).
+func StartWith(t testing.TB, trust *creds.Trust, key *keys.Agent) *Bus {
+	t.Helper()
 	b, err := broker.Start(t.Context(), broker.Config{DataDir: t.TempDir(), Trust: trust, Name: "bustest"})
 	if err != nil {
 		t.Fatal(err)
