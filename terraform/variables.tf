@@ -29,6 +29,11 @@ variable "labels" {
 variable "domain" {
   description = "The one public host of the control plane, the registrar and the console, e.g. mesh.example.org. Point its DNS A record at the output http_ip; the managed certificate is issued once it resolves."
   type        = string
+
+  validation {
+    condition     = can(regex("^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$", var.domain))
+    error_message = "The domain is a lower-case host name such as mesh.example.org (no scheme, no path)."
+  }
 }
 
 variable "nats_domain" {
@@ -100,6 +105,11 @@ variable "trusted_proxy_hops" {
 variable "smtp_addr" {
   description = "host:port of the SMTP relay that sends sign-in codes and agent keys."
   type        = string
+
+  validation {
+    condition     = can(regex("^[^:]+:[0-9]+$", var.smtp_addr))
+    error_message = "smtp_addr is host:port, e.g. smtp.example.org:587."
+  }
 }
 
 variable "smtp_from" {
