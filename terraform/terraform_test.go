@@ -3,6 +3,7 @@ package terraform
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -417,5 +418,42 @@ func TestFunctionEnvironment(t *testing.T) {
 	}
 	if regexp.MustCompile(`(?m)^\s+SMTP_PASSWORD\s+=\s+var\.`).Match(src) {
 		t.Error("SMTP_PASSWORD comes from a variable: it would be in the state; it comes from the mesh-smtp-password secret")
+	}
+}
+
+// Terraform's own configuration loader accepts the module (both syntaxes,
+// block structure, depends_on, duplicate names), when a terraform binary
+// is installed. `terraform providers` reads the whole configuration
+// without a provider or the network; the copy drops the GCS backend, which
+// would need init. Schemas are not checked: that needs the provider.
+func TestTerraformLoadsModule(t *testing.T) {
+	bin, err := exec.LookPath("terraform")
+	if err != nil {
+		t.Skip("no terraform binary on PATH")
+	}
+	dir := t.TempDir()
+	files, _ := filepath.Glob("*.tf*")
+	files = append(files, "nats-startup.sh")
+	backend := regexp.MustCompile(`(?s)\n  backend "gcs" \{.*?\n  \}\n`)
+	for _, name := range files {
+		src, err := os.ReadFile(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if name == "versions.tf" {
+			if !backend.Match(src) {
+				t.Fatal("versions.tf has no gcs backend block to drop; update this test")
+			}
+			src = backend.ReplaceAll(src, []byte("\n"))
+		}
+		if err := os.WriteFile(filepath.Join(dir, name), src, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cmd := exec.Command(bin, "-chdir="+dir, "providers", "-no-color")
+	cmd.Env = append(os.Environ(), "TF_IN_AUTOMATION=1", "CHECKPOINT_DISABLE=1")
+	out, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(out), "hashicorp/google") {
+		t.Fatalf("terraform providers: %v\n%s", err, out)
 	}
 }
