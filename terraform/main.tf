@@ -24,6 +24,7 @@ locals {
     MESH_CONSOLE_URL        = "${local.control_url}/console/"
     MESH_REGISTRAR_URL      = local.control_url
     MESH_NATS_URLS          = local.nats_public_urls
+    MESH_NATS_INTERNAL_URLS = local.nats_internal_urls
     MESH_WS_URLS            = local.ws_public_urls
     MESH_TRUSTED_PROXY_HOPS = tostring(var.trusted_proxy_hops)
     SMTP_ADDR               = var.smtp_addr

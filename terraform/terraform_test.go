@@ -331,7 +331,8 @@ func workerBinaries(t *testing.T) []string {
 
 // Every worker binary runs as a Cloud Run service with CPU always
 // allocated, at least one copy, its own account, the bus's private
-// addresses, and its two secrets as files readable by their owner only.
+// addresses, and read access to exactly its credential and the services
+// seed, which it reads through the Secret Manager API.
 func TestWorkersAreDeployed(t *testing.T) {
 	m := loadModule(t)
 	bins := workerBinaries(t)
@@ -366,25 +367,13 @@ func TestWorkersAreDeployed(t *testing.T) {
 		for _, e := range blocks(c, "env") {
 			env[str(e, "name")] = str(e, "value")
 		}
-		if env["MESH_NATS_URL"] != "${local.nats_internal_urls}" || env["MESH_CREDS_FILE"] == "" || env["MESH_SERVICES_KEY_FILE"] == "" {
+		// The worker reads its keys through the Secret Manager API (as
+		// the functions do), so nothing is mounted as a file.
+		if env["MESH_NATS_URL"] != "${local.nats_internal_urls}" || env["MESH_SECRETS_PROJECT"] != "${var.project}" {
 			t.Errorf("worker %s environment %v", name, env)
 		}
-		secrets := map[string]bool{}
-		for _, v := range blocks(tmpl, "volumes") {
-			secrets[str(v, "secret", "secret")] = true
-			for _, item := range blocks(get(v, "secret").(map[string]any), "items") {
-				if item["mode"] != float64(0o400) {
-					t.Errorf("worker %s: secret file %s has mode %v, want 256 (0400): the worker refuses a seed others may read", name, str(item, "path"), item["mode"])
-				}
-			}
-		}
-		for _, s := range []string{"mesh-worker-" + name + "-creds", "mesh-services-seed"} {
-			if !secrets[`${google_secret_manager_secret.mesh["`+s+`"].secret_id}`] {
-				t.Errorf("worker %s does not mount %s", name, s)
-			}
-		}
-		if len(secrets) != 2 {
-			t.Errorf("worker %s mounts %d secrets, want its credential and the services seed", name, len(secrets))
+		if v := blocks(tmpl, "volumes"); len(v) != 0 {
+			t.Errorf("worker %s mounts volumes %v: its keys are read through the API", name, v)
 		}
 	}
 	// Each worker's account reads exactly its credential and the seed.
@@ -410,7 +399,7 @@ func TestFunctionEnvironment(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, k := range []string{"GOOGLE_CLOUD_PROJECT", "MESH_SECRETS_PROJECT", "MESH_CONTROL_URL", "MESH_CONSOLE_URL", "MESH_NATS_URLS", "MESH_WS_URLS",
+	for _, k := range []string{"GOOGLE_CLOUD_PROJECT", "MESH_SECRETS_PROJECT", "MESH_CONTROL_URL", "MESH_CONSOLE_URL", "MESH_NATS_URLS", "MESH_NATS_INTERNAL_URLS", "MESH_WS_URLS",
 		"SMTP_ADDR", "SMTP_FROM", "MESH_TRUSTED_PROXY_HOPS"} {
 		if !regexp.MustCompile(`(?m)^\s+` + k + `\s+=`).Match(src) {
 			t.Errorf("local.function_env does not set %s", k)

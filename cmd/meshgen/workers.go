@@ -3,43 +3,29 @@ package main
 import (
 	"fmt"
 	"regexp"
+
+	"agentmesh.dev/mesh/workers"
 )
 
 // Worker is one row of the worker table, as much of it as the deployment
 // needs: the name (the binary is ./workers/cmd/<name>-worker, its image
-// <name>-worker) and how many copies Cloud Run keeps.
+// <name>-worker), how many copies Cloud Run keeps, and their size.
 type Worker struct {
 	Name         string
 	MinInstances int
 	MaxInstances int
+	CPU, Memory  string
 }
 
-// workerRows is the worker table as the generator reads it. It is the one
-// place the generator learns the workers and their replica counts: when
-// the worker table (package workers, with each row's production
-// configuration) is on main, this function returns its rows instead.
-//
-// One copy of each is enough for correctness (every endpoint is in a
-// queue group and every state change a compare-and-set, DESIGN §5); the
-// maximum lets Cloud Run add copies under CPU load.
+// workerRows is the worker table (package workers) as the generator reads
+// it.
 func workerRows() []Worker {
 	var rows []Worker
-	for _, name := range []string{"registry", "presence", "feeds", "tasks", "admission", "activity", "mailbox"} {
-		rows = append(rows, Worker{Name: name, MinInstances: 1, MaxInstances: 3})
+	for _, w := range workers.Table() {
+		rows = append(rows, Worker{Name: w.Name, MinInstances: w.MinInstances, MaxInstances: w.MaxInstances, CPU: w.CPU, Memory: w.Memory})
 	}
 	return rows
 }
-
-// The paths the worker's secrets are mounted at. Each secret is its own
-// volume (Cloud Run mounts one secret per directory), every file mode
-// 0400: the worker refuses a seed file that group or others may read.
-const (
-	credsDir     = "/secrets/creds"
-	credsFile    = "worker.creds"
-	servicesDir  = "/secrets/services"
-	servicesFile = "services.seed"
-	secretMode   = 0o400
-)
 
 var workerName = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
 
@@ -88,24 +74,19 @@ func workerConfig(workers []Worker) (tf, error) {
 				"service_account": account,
 				"scaling":         tf{"min_instance_count": w.MinInstances, "max_instance_count": w.MaxInstances},
 				"vpc_access":      tf{"connector": "${google_vpc_access_connector.mesh.id}", "egress": "PRIVATE_RANGES_ONLY"},
-				"volumes": []tf{
-					secretVolume("creds", creds, credsFile),
-					secretVolume("services", seed, servicesFile),
-				},
 				"containers": tf{
 					"image": "${local.worker_image_prefix}/" + w.Name + "-worker:${var.image_tag}",
+					// The worker reads its credential and the services seed
+					// through the Secret Manager API at start, as the
+					// functions do: no seed sits on a volume whose file mode
+					// must be right.
 					"env": []tf{
 						{"name": "MESH_NATS_URL", "value": "${local.nats_internal_urls}"},
-						{"name": "MESH_CREDS_FILE", "value": credsDir + "/" + credsFile},
-						{"name": "MESH_SERVICES_KEY_FILE", "value": servicesDir + "/" + servicesFile},
+						{"name": "MESH_SECRETS_PROJECT", "value": "${var.project}"},
 					},
 					// CPU stays allocated between requests: a worker's work
 					// arrives on the bus, never as a request.
-					"resources": tf{"cpu_idle": false, "limits": tf{"cpu": "${var.worker_cpu}", "memory": "${var.worker_memory}"}},
-					"volume_mounts": []tf{
-						{"name": "creds", "mount_path": credsDir},
-						{"name": "services", "mount_path": servicesDir},
-					},
+					"resources":      tf{"cpu_idle": false, "limits": tf{"cpu": w.CPU, "memory": w.Memory}},
 					"startup_probe":  tf{"http_get": tf{"path": "/healthz"}, "period_seconds": 5, "failure_threshold": 12},
 					"liveness_probe": tf{"http_get": tf{"path": "/healthz"}, "period_seconds": 30, "failure_threshold": 3},
 				},
@@ -118,7 +99,7 @@ func workerConfig(workers []Worker) (tf, error) {
 		}
 	}
 	return tf{
-		"//":     header("the worker table (cmd/meshgen workerRows)"),
+		"//":     header("the worker table (package workers)"),
 		"locals": tf{"worker_names": names},
 		"resource": tf{
 			"google_service_account":                  accounts,
@@ -132,11 +113,4 @@ func workerConfig(workers []Worker) (tf, error) {
 // terraform/secrets.tf.
 func secretRef(secret string) string {
 	return `google_secret_manager_secret.mesh["` + secret + `"]`
-}
-
-func secretVolume(name, secret, file string) tf {
-	return tf{"name": name, "secret": tf{
-		"secret": "${" + secret + ".secret_id}",
-		"items":  []tf{{"version": "latest", "path": file, "mode": secretMode}},
-	}}
 }

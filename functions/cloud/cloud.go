@@ -40,8 +40,13 @@ type Config struct {
 	// RegistrarURL is the registrar's public base, named in every card
 	// (MESH_REGISTRAR_URL; the control URL when unset).
 	RegistrarURL string
-	NATSURLs     []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs
-	WSURLs       []string // MESH_WS_URLS, comma-separated wss:// URLs
+	NATSURLs     []string // MESH_NATS_URLS, comma-separated tls:// or nats:// URLs: what clients are told
+	// InternalNATSURLs are what the functions themselves dial
+	// (MESH_NATS_INTERNAL_URLS; MESH_NATS_URLS when unset): the cluster's
+	// private addresses, reached through the VPC, where clients get the
+	// public load balancer's.
+	InternalNATSURLs []string
+	WSURLs           []string // MESH_WS_URLS, comma-separated wss:// URLs
 	// SecretsProject is the project whose Secret Manager holds the keys
 	// (MESH_SECRETS_PROJECT; GOOGLE_CLOUD_PROJECT when unset): the trust
 	// chain, the registrar's and the services' seeds, written once by
@@ -101,7 +106,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	c := Config{
 		ProjectID: getenv("GOOGLE_CLOUD_PROJECT"), MeshName: getenv("MESH_NAME"),
 		ControlURL: getenv("MESH_CONTROL_URL"), ConsoleURL: getenv("MESH_CONSOLE_URL"),
-		NATSURLs: list("MESH_NATS_URLS"), WSURLs: list("MESH_WS_URLS"),
+		NATSURLs: list("MESH_NATS_URLS"), InternalNATSURLs: list("MESH_NATS_INTERNAL_URLS"), WSURLs: list("MESH_WS_URLS"),
 		SecretsProject: getenv("MESH_SECRETS_PROJECT"), SecretManagerHost: getenv("MESH_SECRETMANAGER_EMULATOR_HOST"),
 		RegistrarURL: getenv("MESH_REGISTRAR_URL"),
 		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
@@ -155,6 +160,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if c.SecretsProject == "" {
 		c.SecretsProject = c.ProjectID
 	}
+	if len(c.InternalNATSURLs) == 0 {
+		c.InternalNATSURLs = c.NATSURLs
+	}
 	return c, nil
 }
 
@@ -185,7 +193,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 		return nil, fmt.Errorf("keys: %w", err)
 	}
 	b.Trust, b.RegistrarKey = ks.Trust, ks.Registrar
-	url := strings.Join(c.NATSURLs, ",")
+	url := strings.Join(c.InternalNATSURLs, ",")
 	sysCreds, err := b.Trust.MintSystemUser("control-plane")
 	if err != nil {
 		return nil, err

@@ -28,7 +28,8 @@ func TestFromEnv(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 ||
-		c.RegistrarURL != "https://api.example.org" || c.SecretsProject != "p1" || c.NoKeys || c.SecretManagerHost != "" {
+		c.RegistrarURL != "https://api.example.org" || c.SecretsProject != "p1" || c.NoKeys || c.SecretManagerHost != "" ||
+		len(c.InternalNATSURLs) != 2 || c.InternalNATSURLs[0] != "tls://a:4222" {
 		t.Errorf("defaults: %+v", c)
 	}
 	for name, over := range map[string]map[string]string{
@@ -47,8 +48,10 @@ func TestFromEnv(t *testing.T) {
 		}
 	}
 	c, _ = FromEnv(env(map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "0", "MESH_NODE_CREDENTIAL_NO_EXPIRY": "true",
-		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_SECRETS_PROJECT": "keys-project", "MESH_KEYS": "none"}))
-	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.SecretsProject != "keys-project" || !c.NoKeys {
+		"MESH_REGISTRAR_URL": "https://names.example.org", "MESH_SECRETS_PROJECT": "keys-project", "MESH_KEYS": "none",
+		"MESH_NATS_INTERNAL_URLS": "nats://10.0.0.2:4222"}))
+	if c.MarkupPct != 0 || !c.NoExpiry || c.RegistrarURL != "https://names.example.org" || c.SecretsProject != "keys-project" || !c.NoKeys ||
+		len(c.InternalNATSURLs) != 1 || c.NATSURLs[0] != "tls://a:4222" {
 		t.Errorf("explicit values: %+v", c)
 	}
 }

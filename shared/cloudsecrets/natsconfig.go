@@ -15,8 +15,9 @@ import (
 // DefaultResolverDir is where the NATS servers keep the account JWTs of
 // their directory resolver. It must be on the server's persistent disk:
 // the revocations the control plane pushes live there, and the preloaded
-// JWTs replace a stored one only when they are newer.
-const DefaultResolverDir = "/data/nats/accounts"
+// JWTs replace a stored one only when they are newer. The servers of
+// terraform/ mount their data disk at /data (terraform/nats-startup.sh).
+const DefaultResolverDir = "/data/jwt"
 
 // ServerConfig is the NATS server configuration fragment of the trust
 // chain t, which every server of the cluster includes at boot: the operator
