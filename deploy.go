@@ -10,6 +10,9 @@
 package mesh
 
 import (
+	"log/slog"
+	"os"
+
 	"github.com/GoogleCloudPlatform/functions-framework-go/functions"
 
 	"agentmesh.dev/mesh/functions/api"
@@ -20,7 +23,14 @@ import (
 
 func init() {
 	lazy := api.NewLazy(cloud.Deps)
+	// A standalone row (health) needs no dependency: it is served without
+	// them, behind no limiter, so it answers whatever else is broken.
+	bare := &api.Deps{Log: cloudlog.New(os.Stderr, slog.LevelInfo, os.Getenv("GOOGLE_CLOUD_PROJECT"))}
 	for _, rt := range routes.All() {
-		functions.HTTP(rt.EntryPoint, cloudlog.Trace(lazy.Handler(rt)).ServeHTTP)
+		h := lazy.Handler(rt)
+		if rt.Standalone {
+			h = bare.Function(rt).ServeHTTP
+		}
+		functions.HTTP(rt.EntryPoint, cloudlog.Trace(h).ServeHTTP)
 	}
 }

@@ -206,4 +206,9 @@ func TestFunctionAnswersEndToEnd(t *testing.T) {
 	if st, body := do(t, http.MethodGet, empty+"/v1/capabilities"); st != http.StatusServiceUnavailable {
 		t.Errorf("without keys: %d %s, want 503", st, body)
 	}
+	// Health needs nothing: it answers where the keys are missing.
+	health := startFunction(t, "Health", append(env, "MESH_SECRETS_PROJECT=no-such-project")...)
+	if st, body := do(t, http.MethodGet, health+"/v1/health"); st != http.StatusOK {
+		t.Errorf("health without keys: %d %s, want 200", st, body)
+	}
 }

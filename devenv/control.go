@@ -11,6 +11,7 @@ import (
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/routes"
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
@@ -133,12 +134,14 @@ func (m *Mesh) Revoke(ctx context.Context, keys []string, at time.Time) error {
 	})
 }
 
-// PruneRevocations forgets the mesh account's revocations older than
-// before (credential.RevocationPruner).
-func (m *Mesh) PruneRevocations(ctx context.Context, before time.Time) (n int, err error) {
+// SyncRevocations brings the mesh account's revocation list in line with
+// the store's records (credential.RevocationSyncer, creds.SyncRevocations).
+func (m *Mesh) SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error) {
 	err = m.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
-		n = creds.PruneRevocations(ac, before)
+		if added, forgotten = creds.SyncRevocations(ac, keep, forget); added+forgotten == 0 {
+			return broker.ErrUnchanged
+		}
 		return nil
 	})
-	return n, err
+	return added, forgotten, err
 }

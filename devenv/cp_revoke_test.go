@@ -10,6 +10,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
@@ -115,11 +116,41 @@ func TestDisablingAnAccountRevokesItsCredentials(t *testing.T) {
 	}
 }
 
+// brokerRevoked reads whether the broker's mesh account JWT revokes key.
+func brokerRevoked(t *testing.T, c *cp, key string) bool {
+	t.Helper()
+	sys, err := c.m.ConnectSystem("test-sys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+	msg, err := sys.Request(creds.AccountLookupSubject(c.m.Trust().PublicKeys().MeshAccount), nil, 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ac, err := jwt.DecodeAccountClaims(string(msg.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, ok := ac.Revocations[key]
+	return ok
+}
+
+func storedRevocations(t *testing.T, c *cp) int {
+	t.Helper()
+	var docs []map[string]any
+	if err := store.List(t.Context(), c.m.Control().Store, credential.CollRevocations, store.Query{}, &docs); err != nil {
+		t.Fatal(err)
+	}
+	return len(docs)
+}
+
 // The revocation list only grows as credentials are revoked; the
-// credential sweep (a scheduled row) forgets the entries whose
-// credentials have all expired, at the broker and in the store, and keeps
-// the ones that still protect something.
-func TestSweepForgetsRevocationsThatProtectNothing(t *testing.T) {
+// credential sweep (a scheduled row) keeps the broker's list in line with
+// the store's records: it forgets a revocation once every credential it
+// covers has expired, pushes again one the broker lost, and never forgets
+// one the store does not know (made by hand).
+func TestSweepKeepsRevocationsInLineWithTheStore(t *testing.T) {
 	c := startCP(t)
 	acct, _ := c.signIn("ana@example.org")
 	agent := newAgent(t)
@@ -134,43 +165,67 @@ func TestSweepForgetsRevocationsThatProtectNothing(t *testing.T) {
 	if err := c.m.Control().Credentials.DisableAccount(t.Context(), acct, "terms"); err != nil {
 		t.Fatal(err)
 	}
-	sys, err := c.m.ConnectSystem("test-sys")
-	if err != nil {
+	byHand := newNode(t).Public()
+	if err := c.m.Revoke(t.Context(), []string{byHand}, time.Now().Add(-400*24*time.Hour)); err != nil {
 		t.Fatal(err)
 	}
-	defer sys.Close()
-	revoked := func() bool {
-		msg, err := sys.Request(creds.AccountLookupSubject(c.m.Trust().PublicKeys().MeshAccount), nil, 5*time.Second)
+	if !brokerRevoked(t, c, uc.Subject) || storedRevocations(t, c) != 1 {
+		t.Fatalf("after disabling: revoked at the broker %v, %d stored", brokerRevoked(t, c, uc.Subject), storedRevocations(t, c))
+	}
+	sweep := func() int {
+		t.Helper()
+		n, err := c.m.Control().Credentials.Sweep(t.Context())
 		if err != nil {
 			t.Fatal(err)
 		}
-		ac, err := jwt.DecodeAccountClaims(string(msg.Data))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, ok := ac.Revocations[uc.Subject]
-		return ok
+		return n
 	}
-	stored := func() int {
-		var docs []map[string]any
-		if err := store.List(t.Context(), c.m.Control().Store, credential.CollRevocations, store.Query{}, &docs); err != nil {
-			t.Fatal(err)
-		}
-		return len(docs)
+	// A revocation the broker lost (two instances updating the account
+	// JWT at once) comes back with the next sweep.
+	if err := c.m.UpdateMeshAccount(t.Context(), func(ac *jwt.AccountClaims) error {
+		delete(ac.Revocations, uc.Subject)
+		return nil
+	}); err != nil {
+		t.Fatal(err)
 	}
-	if !revoked() || stored() != 1 {
-		t.Fatalf("after disabling: revoked at the broker %v, %d stored", revoked(), stored())
+	if n := sweep(); n != 1 || !brokerRevoked(t, c, uc.Subject) {
+		t.Fatalf("sweep after the broker lost the revocation: %d, revoked %v", n, brokerRevoked(t, c, uc.Subject))
 	}
-	// Within a credential lifetime (30 days) plus the margin, it stays.
+	// While the credential (30 days) could still be valid, it stays.
 	c.clock.Advance(30 * 24 * time.Hour)
-	if n, err := c.m.Control().Credentials.Sweep(t.Context()); err != nil || !revoked() || stored() != 1 {
-		t.Fatalf("sweep inside the lifetime: %d, %v; revoked %v, %d stored", n, err, revoked(), stored())
+	if sweep(); !brokerRevoked(t, c, uc.Subject) || storedRevocations(t, c) != 1 {
+		t.Fatalf("sweep inside the lifetime: revoked %v, %d stored", brokerRevoked(t, c, uc.Subject), storedRevocations(t, c))
 	}
-	c.clock.Advance(2 * 24 * time.Hour)
-	if n, err := c.m.Control().Credentials.Sweep(t.Context()); err != nil || n < 1 {
-		t.Fatalf("sweep after the lifetime: %d, %v", n, err)
+	c.clock.Advance(2 * time.Hour)
+	if n := sweep(); n < 1 || brokerRevoked(t, c, uc.Subject) || storedRevocations(t, c) != 0 {
+		t.Errorf("sweep after the lifetime: %d; still revoked at the broker %v, %d stored", n, brokerRevoked(t, c, uc.Subject), storedRevocations(t, c))
 	}
-	if revoked() || stored() != 0 {
-		t.Errorf("after the sweep: still revoked at the broker %v, %d stored", revoked(), stored())
+	if !brokerRevoked(t, c, byHand) {
+		t.Error("a revocation the store does not know (made by hand) was forgotten")
+	}
+}
+
+// A revocation covering a credential without expiry is never forgotten,
+// even after the mesh stops minting such credentials.
+func TestSweepKeepsRevocationsOfCredentialsWithoutExpiry(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) { cfg.NoExpiry = true })
+	acct, _ := c.signIn("ana@example.org")
+	agent, node := newAgent(t), newNode(t)
+	if st, out := c.post("/v1/bootstrap", bootstrapBody(c.agentKey(acct, "coder"), agent), ""); st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, out)
+	}
+	st, out := c.post("/v1/node-credential", nodeRequest(node, []*keys.Agent{agent}, time.Now().Unix()), "")
+	if st != 200 || out["expires_at"] != nil {
+		t.Fatalf("node credential without expiry: %d %v", st, out)
+	}
+	if err := c.m.Control().Credentials.RetireAgent(t.Context(), agent.Public(), "gone"); err != nil {
+		t.Fatal(err)
+	}
+	c.clock.Advance(400 * 24 * time.Hour)
+	if _, err := c.m.Control().Credentials.Sweep(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	if !brokerRevoked(t, c, node.Public()) {
+		t.Error("the revocation of a credential that never expires was forgotten")
 	}
 }

@@ -79,7 +79,9 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	}
 	// Replies arrive under the services' prefix, which no client credential
 	// may subscribe (docs/security.md).
+	closed := make(chan struct{})
 	nc, err := nats.Connect(opts.NATSURL, credsOpt, nats.Name(w.Name+"-worker"), creds.ServiceInbox(),
+		nats.DrainTimeout(8*time.Second), nats.ClosedHandler(func(*nats.Conn) { close(closed) }),
 		nats.MaxReconnects(-1), nats.ReconnectWait(time.Second),
 		nats.DisconnectErrHandler(func(_ *nats.Conn, err error) { log.Warn("disconnected from the bus", "err", err) }),
 		nats.ReconnectHandler(func(*nats.Conn) { log.Info("reconnected to the bus") }))
@@ -114,9 +116,15 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	shutdown, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = s.Stop()
-	// Drain lets in-flight answers go out before the connection closes.
+	// Drain lets in-flight answers go out before the connection closes;
+	// it returns at once, so wait for the close it ends with.
 	if derr := nc.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) {
 		log.Warn("draining the bus connection", "err", derr)
+	}
+	select {
+	case <-closed:
+	case <-shutdown.Done():
+		log.Warn("the bus connection did not drain in time")
 	}
 	_ = srv.Shutdown(shutdown)
 	log.Info("worker stopped")
@@ -131,7 +139,11 @@ func workerKeys(ctx context.Context, w Worker, o Options) (*keys.Agent, nats.Opt
 	if o.SecretsProject != "" {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		wk, err := cloudsecrets.OpenWorker(ctx, o.SecretsProject, w.Name, cloudsecrets.EmulatorOptions(o.secretManagerHost)...)
+		opts, err := cloudsecrets.EmulatorOptions(o.secretManagerHost)
+		if err != nil {
+			return nil, nil, err
+		}
+		wk, err := cloudsecrets.OpenWorker(ctx, o.SecretsProject, w.Name, opts...)
 		if err != nil {
 			return nil, nil, fmt.Errorf("keys: %w", err)
 		}

@@ -74,18 +74,27 @@ func (d *Deps) wrap(h httpx.HandlerFunc) http.Handler {
 
 // Lazy serves rows as Cloud Functions: the dependencies are built once per
 // instance, on the first request (a function's lazy init is the one place
-// configuration is read from the environment); if that fails, the request
-// is answered 503 and the next one tries again.
+// configuration is read from the environment). One build runs at a time;
+// if it fails, requests are answered 503 for RetryAfter, then the next one
+// tries again, so a broken configuration does not queue every request
+// behind its own slow, failing build.
 type Lazy struct {
 	build func() (*Deps, error)
+	now   func() time.Time
 
 	mu       sync.Mutex
 	d        *Deps
 	handlers map[string]http.Handler
+	err      error
+	failed   time.Time
 }
 
+// RetryAfter is how long a failed build is answered from memory before the
+// next request builds again.
+const RetryAfter = 5 * time.Second
+
 // NewLazy returns a Lazy that builds its dependencies with build.
-func NewLazy(build func() (*Deps, error)) *Lazy { return &Lazy{build: build} }
+func NewLazy(build func() (*Deps, error)) *Lazy { return &Lazy{build: build, now: time.Now} }
 
 // Handler serves rt, building the dependencies and the row's handler on
 // first use.
@@ -104,11 +113,15 @@ func (l *Lazy) handler(rt Route) (http.Handler, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.d == nil {
+		if l.err != nil && l.now().Sub(l.failed) < RetryAfter {
+			return nil, l.err
+		}
 		d, err := l.build()
 		if err != nil {
+			l.err, l.failed = err, l.now()
 			return nil, err
 		}
-		l.d, l.handlers = d, map[string]http.Handler{}
+		l.d, l.handlers, l.err = d, map[string]http.Handler{}, nil
 	}
 	h, ok := l.handlers[rt.EntryPoint]
 	if !ok {

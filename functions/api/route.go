@@ -29,6 +29,11 @@ type Route struct {
 	Auth Auth
 	// Handler builds the route's handler, once per instance.
 	Handler Handler
+	// Standalone marks a row whose handler uses no dependency (health): its
+	// function serves it without building them, so it answers even when
+	// the keys, the store or the bus cannot be reached, and a request
+	// for it never makes an instance load the keys.
+	Standalone bool
 	// job is a scheduled row's work, which meshd's ticker calls directly
 	// (JobRoute sets it and builds Handler around it).
 	job func(d *Deps) Job

@@ -125,3 +125,33 @@ func TestJobWithoutItsService(t *testing.T) {
 		t.Errorf("%d %s", rec.Code, rec.Body)
 	}
 }
+
+// A failed build is answered from memory for RetryAfter, then tried again;
+// a successful one is kept.
+func TestLazyRetriesAFailedBuildLater(t *testing.T) {
+	now := time.Unix(1000, 0)
+	builds := 0
+	fail := true
+	l := NewLazy(func() (*Deps, error) {
+		builds++
+		if fail {
+			return nil, context.DeadlineExceeded
+		}
+		return &Deps{Log: slog.New(slog.DiscardHandler)}, nil
+	})
+	l.now = func() time.Time { return now }
+	rt := Route{EntryPoint: "A", Method: "GET", Path: "/a", Handler: okHandler}
+	get := func() int {
+		rec := httptest.NewRecorder()
+		l.Handler(rt).ServeHTTP(rec, httptest.NewRequest("GET", "/a", nil))
+		return rec.Code
+	}
+	if get() != 503 || get() != 503 || builds != 1 {
+		t.Fatalf("two requests after a failure built %d times, want 1", builds)
+	}
+	now = now.Add(RetryAfter)
+	fail = false
+	if get() != 200 || get() != 200 || builds != 2 {
+		t.Fatalf("after RetryAfter: built %d times, want 2", builds)
+	}
+}

@@ -170,11 +170,22 @@ func FromEnv(getenv func(string) string) (Config, error) {
 // (Firestore, SMTP, the keys from Secret Manager, revocation and the
 // services' calls over the managed NATS cluster) given to the one
 // constructor meshd uses too.
-func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
+func Build(ctx context.Context, c Config, log *slog.Logger) (d *api.Deps, err error) {
+	// What a failed build opened is closed again: the next request builds
+	// anew, and a leaked connection would reconnect forever.
+	var opened []func()
+	defer func() {
+		if err != nil {
+			for i := len(opened) - 1; i >= 0; i-- {
+				opened[i]()
+			}
+		}
+	}()
 	st, err := firestorestore.New(ctx, c.ProjectID)
 	if err != nil {
 		return nil, fmt.Errorf("firestore: %w", err)
 	}
+	opened = append(opened, func() { _ = st.Close() })
 	smtp, err := mail.NewSMTP(c.SMTP)
 	if err != nil {
 		return nil, fmt.Errorf("smtp: %w", err)
@@ -188,7 +199,11 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 		log.Warn("running without keys (MESH_KEYS=none): nothing is minted, resolve answers 503, and the account views have no bus")
 		return api.NewDeps(b)
 	}
-	ks, err := cloudsecrets.Open(ctx, c.SecretsProject, cloudsecrets.EmulatorOptions(c.SecretManagerHost)...)
+	opts, err := cloudsecrets.EmulatorOptions(c.SecretManagerHost)
+	if err != nil {
+		return nil, err
+	}
+	ks, err := cloudsecrets.Open(ctx, c.SecretsProject, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("keys: %w", err)
 	}
@@ -202,6 +217,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
+	opened = append(opened, sys.Close)
 	b.Revoker = &creds.Revoker{Trust: b.Trust, Sys: sys}
 	svc, err := b.Trust.MintServiceUser("control-plane-views")
 	if err != nil {
@@ -212,6 +228,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (*api.Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nats: %w", err)
 	}
+	opened = append(opened, nc.Close)
 	b.Bus = &bus.Caller{NC: nc, Key: ks.Services}
 	return api.NewDeps(b)
 }

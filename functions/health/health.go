@@ -14,7 +14,7 @@ import (
 
 // Routes is the group's route table.
 var Routes = []api.Route{
-	{EntryPoint: "Health", Method: http.MethodGet, Path: "/v1/health", Auth: api.Public,
+	{EntryPoint: "Health", Method: http.MethodGet, Path: "/v1/health", Auth: api.Public, Standalone: true,
 		Handler: func(*api.Deps) httpx.HandlerFunc { return handle }},
 }
 

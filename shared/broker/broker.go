@@ -392,6 +392,10 @@ func (b *Broker) connect(c creds.UserCreds, name string, opts ...nats.Option) (*
 	return nc, nil
 }
 
+// ErrUnchanged, returned by an UpdateMeshAccount edit, says it changed
+// nothing: no update is signed or pushed.
+var ErrUnchanged = errors.New("the account claims are unchanged")
+
 // UpdateMeshAccount applies edit to the mesh account's current claims, signs
 // them with the operator key and pushes them to the broker, which applies them
 // at once (revoked keys are disconnected). Updates are serialised.
@@ -407,7 +411,9 @@ func (b *Broker) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountCl
 	if err != nil {
 		return fmt.Errorf("update mesh account: decode current jwt: %w", err)
 	}
-	if err := edit(claims); err != nil {
+	if err := edit(claims); errors.Is(err, ErrUnchanged) {
+		return nil
+	} else if err != nil {
 		return fmt.Errorf("update mesh account: %w", err)
 	}
 	updated, err := b.trust.EncodeAccount(claims)

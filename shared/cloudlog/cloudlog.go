@@ -8,9 +8,11 @@ package cloudlog
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"strings"
 )
 
@@ -67,7 +69,11 @@ func (h *traceHandler) Handle(ctx context.Context, r slog.Record) error {
 		r = r.Clone()
 		r.AddAttrs(slog.String(fieldTrace, "projects/"+h.project+"/traces/"+t.id))
 		if t.span != "" {
-			r.AddAttrs(slog.String(fieldSpan, t.span))
+			// The header carries the span as a decimal number; the log
+			// field wants 16 hex digits.
+			if n, err := strconv.ParseUint(t.span, 10, 64); err == nil {
+				r.AddAttrs(slog.String(fieldSpan, fmt.Sprintf("%016x", n)))
+			}
 		}
 		if t.sampled {
 			r.AddAttrs(slog.Bool(fieldSampled, true))

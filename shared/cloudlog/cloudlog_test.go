@@ -34,7 +34,7 @@ func TestLinesCloudLoggingReads(t *testing.T) {
 	}
 	want := []map[string]any{
 		{"severity": "WARNING", "message": "slow store", "component": "http", "ms": float64(12),
-			fieldTrace: "projects/proj-1/traces/105445aa7843bc8bf206b12000100000", fieldSpan: "1", fieldSampled: true},
+			fieldTrace: "projects/proj-1/traces/105445aa7843bc8bf206b12000100000", fieldSpan: "0000000000000001", fieldSampled: true},
 		{"severity": "DEBUG", "message": "detail", fieldTrace: "projects/proj-1/traces/105445aa7843bc8bf206b12000100000"},
 		{"severity": "ERROR", "message": "no request", fieldTrace: nil},
 	}

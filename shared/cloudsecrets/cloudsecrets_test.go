@@ -596,3 +596,15 @@ func TestDocsNameEverySecret(t *testing.T) {
 		t.Error("docs/secrets.md has no row for the worker creds")
 	}
 }
+
+// The emulator variable reaches only a loopback address: set by mistake in
+// a deployment it must not let another host hand out the keys.
+func TestEmulatorOptionsLoopbackOnly(t *testing.T) {
+	for host, ok := range map[string]bool{"": true, "127.0.0.1:9": true, "localhost:9": true, "[::1]:9": true,
+		"10.0.0.2:443": false, "secrets.example.org:443": false, "127.0.0.1": false} {
+		_, err := EmulatorOptions(host)
+		if (err == nil) != ok {
+			t.Errorf("%q: %v", host, err)
+		}
+	}
+}

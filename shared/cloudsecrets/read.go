@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/crc32"
+	"net"
 	"sync"
 	"time"
 
@@ -295,14 +296,21 @@ const EmulatorToken = "mesh-secretmanager-emulator"
 // MESH_SECRETMANAGER_EMULATOR_HOST, as FIRESTORE_EMULATOR_HOST is for
 // Firestore): no TLS, the bearer token EmulatorToken. For tests of the
 // function and worker binaries, which are separate processes; empty host
-// means the real service with Application Default Credentials.
-func EmulatorOptions(host string) []option.ClientOption {
+// means the real service with Application Default Credentials. Only a
+// loopback address is taken: set by mistake in a deployment, the variable
+// would otherwise let whoever answers at that host hand the instance its
+// keys.
+func EmulatorOptions(host string) ([]option.ClientOption, error) {
 	if host == "" {
-		return nil
+		return nil, nil
+	}
+	h, _, err := net.SplitHostPort(host)
+	if ip := net.ParseIP(h); err != nil || (h != "localhost" && (ip == nil || !ip.IsLoopback())) {
+		return nil, fmt.Errorf("MESH_SECRETMANAGER_EMULATOR_HOST %q: an emulator is reached on a loopback host:port only (tests); unset it to use Secret Manager", host)
 	}
 	return []option.ClientOption{option.WithEndpoint(host),
 		option.WithGRPCDialOption(grpc.WithTransportCredentials(insecure.NewCredentials())),
-		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: EmulatorToken, TokenType: "Bearer"}))}
+		option.WithTokenSource(oauth2.StaticTokenSource(&oauth2.Token{AccessToken: EmulatorToken, TokenType: "Bearer"}))}, nil
 }
 
 // OpenWorker reads a worker's keys (LoadWorker) with a client of its own.

@@ -156,12 +156,13 @@ func (s *Service) RevokeApp(ctx context.Context, accountID, appID string) error 
 			return err
 		}
 		key = app.Key
-		if app.RevokedAt == 0 {
-			if err := tx.Update(CollApps, appID, map[string]any{"revoked_at": ms(now)}); err != nil {
-				return err
-			}
+		if err := recordRevocations(tx, []string{key}, now); err != nil {
+			return err
 		}
-		return recordRevocations(tx, []string{key}, now)
+		if app.RevokedAt == 0 {
+			return tx.Update(CollApps, appID, map[string]any{"revoked_at": ms(now)})
+		}
+		return nil
 	})
 	if err != nil {
 		return txErr(err)

@@ -111,4 +111,9 @@ type Revoker interface {
 type revocation struct {
 	Key string `json:"key"`
 	At  int64  `json:"at"` // Unix ms
+	// Until is when every credential the revocation covers (issued up to
+	// At) has expired, Unix ms; 0 when one never expires or the store
+	// does not know them all. Until then the revocation protects
+	// something; after it, the sweep may forget it.
+	Until int64 `json:"until,omitempty"`
 }

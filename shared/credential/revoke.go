@@ -35,14 +35,14 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 			return err
 		}
 		revoke = hs.Keys
+		if err := recordRevocations(tx, revoke, now); err != nil {
+			return err
+		}
 		if known {
 			a.Enabled = false
 			if err := tx.Set(CollAgents, agentID, a); err != nil {
 				return err
 			}
-		}
-		if err := recordRevocations(tx, revoke, now); err != nil {
-			return err
 		}
 		return tx.Set(CollTombstones, agentID, Tombstone{AgentID: agentID, AccountID: a.AccountID, Reason: reason, At: ms(now)})
 	})
@@ -107,15 +107,62 @@ func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) 
 // own transaction, earlier, so the broker (which refuses iat <= the
 // revocation) refuses that JWT whatever order concurrent transactions were
 // queued in; a time read before RunTx could be earlier than a mint that
-// commits first.
+// commits first. Each record says until when it protects something: the
+// latest expiry of the key's credentials it covers, from their mint
+// records (none without expiry, and at least one known). It reads before
+// it writes, as a transaction must: call it before the caller's own
+// writes.
 func recordRevocations(tx store.Tx, keys []string, at time.Time) error {
 	at = at.Truncate(time.Second)
-	for _, k := range keys {
-		if err := tx.Set(CollRevocations, k, revocation{Key: k, At: ms(at)}); err != nil {
+	untils := make([]int64, len(keys))
+	for i, k := range keys {
+		var mints []Mint
+		if err := tx.Query(CollMints, store.Query{Where: []store.Eq{{Field: "key", Value: k}}}, &mints); err != nil {
+			return err
+		}
+		var until int64
+		for _, m := range mints {
+			if m.IssuedAt >= ms(at.Add(time.Second)) {
+				continue // issued after the revocation's second: not covered
+			}
+			if m.ExpiresAt == 0 {
+				until = 0
+				break
+			}
+			until = max(until, m.ExpiresAt)
+		}
+		untils[i] = until
+	}
+	for i, k := range keys {
+		if err := tx.Set(CollRevocations, k, revocation{Key: k, At: ms(at), Until: untils[i]}); err != nil {
 			return err
 		}
 	}
 	return nil
+}
+
+// RecordRevocations records, in its own transaction, revocations made by
+// another service (guest leases) whose credentials all expire by until:
+// the broker's list is kept in line with these records (Sweep), and the
+// records are forgotten once until has passed.
+func RecordRevocations(ctx context.Context, st store.Store, keys []string, at, until time.Time) error {
+	at = at.Truncate(time.Second)
+	return st.RunTx(ctx, func(tx store.Tx) error {
+		for _, k := range keys {
+			var cur revocation
+			err := tx.Get(CollRevocations, k, &cur)
+			switch {
+			case err == nil && (cur.At > ms(at) || cur.Until == 0):
+				continue // a later or unbounded revocation stands
+			case err != nil && !errors.Is(err, store.ErrNotFound):
+				return err
+			}
+			if err := tx.Set(CollRevocations, k, revocation{Key: k, At: ms(at), Until: ms(until)}); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
 }
 
 func (s *Service) revoke(ctx context.Context, keys []string, at time.Time) error {
@@ -130,68 +177,90 @@ func (s *Service) revoke(ctx context.Context, keys []string, at time.Time) error
 	return nil
 }
 
-// RevocationPruner is a Revoker that can also forget revocations older
-// than an instant (devenv.Mesh, creds.Revoker).
-type RevocationPruner interface {
-	PruneRevocations(ctx context.Context, before time.Time) (int, error)
+// RevocationSyncer is a Revoker that can also bring the broker's list in
+// line with the store's records (devenv.Mesh, creds.Revoker): keys of keep
+// revoked at least up to their instants, keys of forget deleted unless
+// revoked later.
+type RevocationSyncer interface {
+	SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error)
 }
 
-// revocationMargin is kept beyond the longest credential lifetime before a
-// revocation is forgotten: clock skew between the minting instances and
-// the brokers, and guest credentials (24 h) minted by another service.
-const revocationMargin = 24 * time.Hour
+// revocationMargin is kept after a revocation's last credential expires
+// before it is forgotten: clock skew between the minting instances and the
+// brokers.
+const revocationMargin = time.Hour
 
 // Sweep is the credential service's scheduled job: it deletes expired
-// rate-limit counters and forgets revocations that protect nothing any
-// more, and reports how many documents and entries it removed.
+// rate-limit counters and keeps the broker's revocation list in line with
+// the store (SyncRevocations), and reports how many counters, records and
+// entries it removed or restored.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	n, err := s.SweepLimits(ctx)
 	if err != nil {
 		return n, err
 	}
-	m, err := s.SweepRevocations(ctx)
+	m, err := s.SyncRevocations(ctx)
 	return n + m, err
 }
 
-// SweepRevocations forgets every revocation older than the longest
-// credential lifetime (plus a margin): every JWT it covered has expired,
-// so the broker would refuse it anyway. The account JWT's list only grows
-// otherwise, and every server receives the whole JWT on each change. With
-// NoExpiry, node credentials never lapse and nothing is forgotten. The
-// broker is pruned first, then the store; a crash between the two leaves
-// documents that a restart re-applies harmlessly and the next sweep
-// removes.
-func (s *Service) SweepRevocations(ctx context.Context) (int, error) {
-	pruner, ok := s.cfg.Revoker.(RevocationPruner)
-	if s.cfg.NoExpiry || !ok {
+// SyncRevocations makes the broker's revocation list match the store's
+// records, the one source of truth for revocations the control plane made:
+//   - a recorded revocation missing at the broker is pushed again (one lost
+//     to two instances updating the account JWT at once, or to a NATS
+//     configuration regenerated with a fresh preload);
+//   - a revocation whose credentials have all expired (its Until, plus a
+//     margin, has passed) is forgotten at the broker, then in the store:
+//     the list would otherwise only grow, and every server receives the
+//     whole JWT on each change.
+//
+// A revocation without a bound (Until 0: it covers a credential without
+// expiry, or ones the store does not know) is never forgotten, whatever
+// the current NoExpiry setting; nor is one the store does not hold (made
+// by hand). A crash between the broker and the store leaves records that
+// the next sweep (or a restart) reconciles.
+func (s *Service) SyncRevocations(ctx context.Context) (int, error) {
+	syncer, ok := s.cfg.Revoker.(RevocationSyncer)
+	if !ok {
 		return 0, nil
-	}
-	before := s.now().Add(-s.cfg.CredentialTTL - revocationMargin).Truncate(time.Second)
-	if _, err := pruner.PruneRevocations(ctx, before); err != nil {
-		return 0, errs.Wrap(errs.DependencyFailed, "the broker's revocation list could not be pruned", err)
 	}
 	var revs []revocation
 	if err := store.List(ctx, s.st, CollRevocations, store.Query{}, &revs); err != nil {
 		return 0, txErr(err)
 	}
-	n := 0
+	cutoff := ms(s.now().Add(-revocationMargin))
+	keep, forget := map[string]time.Time{}, map[string]time.Time{}
 	for _, r := range revs {
-		if r.At >= before.UnixMilli() {
-			continue
+		if r.Until != 0 && r.Until < cutoff {
+			forget[r.Key] = time.UnixMilli(r.At)
+		} else {
+			keep[r.Key] = time.UnixMilli(r.At)
 		}
+	}
+	if len(keep)+len(forget) == 0 {
+		return 0, nil
+	}
+	added, _, err := syncer.SyncRevocations(ctx, keep, forget)
+	if err != nil {
+		return 0, errs.Wrap(errs.DependencyFailed, "the broker's revocation list could not be brought in line with the store", err)
+	}
+	if added > 0 {
+		s.log.Warn("revocations missing at the broker were pushed again", "count", added)
+	}
+	n := added
+	for k, at := range forget {
 		deleted := false
 		err := s.st.RunTx(ctx, func(tx store.Tx) error {
 			// A newer revocation of the same key may have been recorded
 			// since the listing; it stays.
 			var cur revocation
-			if err := tx.Get(CollRevocations, r.Key, &cur); err != nil {
+			if err := tx.Get(CollRevocations, k, &cur); err != nil {
 				return err
 			}
-			deleted = cur.At < before.UnixMilli()
+			deleted = cur.At == ms(at) && cur.Until != 0 && cur.Until < cutoff
 			if !deleted {
 				return nil
 			}
-			return tx.Delete(CollRevocations, r.Key)
+			return tx.Delete(CollRevocations, k)
 		})
 		if err != nil && !errors.Is(err, store.ErrNotFound) {
 			return n, txErr(err)

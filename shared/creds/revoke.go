@@ -64,48 +64,62 @@ func RevokedAt(ac *jwt.AccountClaims, publicKey string) time.Time {
 	return time.Unix(latest, 0)
 }
 
-// PruneRevocations deletes from ac every key's revocation older than
-// before (whole seconds), and returns how many it deleted. It is for
-// revocations whose credentials have all expired anyway: a JWT issued up to
-// the revocation instant expires at most one credential lifetime later, so
-// once that has passed the entry protects nothing and only makes the
-// account JWT (pushed to every server on each change) longer. The all-keys
-// entry is never pruned.
-func PruneRevocations(ac *jwt.AccountClaims, before time.Time) int {
+// SyncRevocations brings ac's revocation list in line with what the
+// control plane recorded: every key of keep is revoked at least up to its
+// instant (a revocation lost to a concurrent update of the account JWT, or
+// to a regenerated NATS configuration whose preload replaced the JWT, comes
+// back), and every key of forget whose revocation is not later than its
+// instant is deleted (its credentials have all expired, so the entry only
+// makes the JWT every server receives on each change longer). Keys in
+// neither map are left as they are: a revocation made by hand, which the
+// store does not know, is never forgotten. It returns how many entries it
+// added and deleted. The all-keys entry is never touched.
+func SyncRevocations(ac *jwt.AccountClaims, keep, forget map[string]time.Time) (added, forgotten int) {
 	if ac == nil {
-		return 0
+		return 0, 0
 	}
-	n := 0
-	for k, ts := range ac.Revocations {
-		if k != jwt.All && ts < before.Unix() {
-			delete(ac.Revocations, k)
-			n++
+	for k, at := range keep {
+		if k == jwt.All || !keys.IsUserPublicKey(k) {
+			continue
+		}
+		if ts, ok := ac.Revocations[k]; !ok || ts < at.Unix() {
+			ac.RevokeAt(k, at)
+			added++
 		}
 	}
-	return n
+	for k, at := range forget {
+		if k == jwt.All {
+			continue
+		}
+		if ts, ok := ac.Revocations[k]; ok && ts <= at.Unix() {
+			delete(ac.Revocations, k)
+			forgotten++
+		}
+	}
+	return added, forgotten
 }
 
-// PruneRevocations deletes the mesh account's revocations older than
-// before on the running cluster (see the function PruneRevocations).
-func (r *Revoker) PruneRevocations(ctx context.Context, before time.Time) (int, error) {
+// SyncRevocations applies the function SyncRevocations to the mesh account
+// on the running cluster, pushing an update only when something changed.
+func (r *Revoker) SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	mesh := r.Trust.PublicKeys().MeshAccount
 	msg, err := r.Sys.RequestWithContext(ctx, AccountLookupSubject(mesh), nil)
 	if err != nil {
-		return 0, fmt.Errorf("prune revocations: look up the mesh account: %w", err)
+		return 0, 0, fmt.Errorf("sync revocations: look up the mesh account: %w", err)
 	}
 	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
 	if err != nil {
-		return 0, fmt.Errorf("prune revocations: the resolver's mesh account jwt: %w", err)
+		return 0, 0, fmt.Errorf("sync revocations: the resolver's mesh account jwt: %w", err)
 	}
-	n := PruneRevocations(claims, before)
-	if n == 0 {
-		return 0, nil
+	added, forgotten = SyncRevocations(claims, keep, forget)
+	if added+forgotten == 0 {
+		return 0, 0, nil
 	}
 	signed, err := r.Trust.EncodeAccount(claims)
 	if err != nil {
-		return 0, err
+		return 0, 0, err
 	}
-	return n, PushAccountJWT(ctx, r.Sys, signed)
+	return added, forgotten, PushAccountJWT(ctx, r.Sys, signed)
 }

@@ -61,11 +61,12 @@ func TestRevokerOverNATS(t *testing.T) {
 	}
 }
 
-// The cloud's Revoker prunes old revocations on the running cluster and
-// keeps the recent ones.
-func TestRevokerPrunesOverNATS(t *testing.T) {
+// The cloud's Revoker brings the cluster's list in line with the store's
+// records: a missing revocation comes back, a forgotten one goes unless it
+// was revoked later, and a revocation in neither list stays.
+func TestRevokerSyncsOverNATS(t *testing.T) {
 	m := startMesh(t)
-	sys, err := m.ConnectSystem("test-pruner")
+	sys, err := m.ConnectSystem("test-syncer")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,16 +74,17 @@ func TestRevokerPrunesOverNATS(t *testing.T) {
 	r := &creds.Revoker{Trust: m.Trust(), Sys: sys}
 	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
 	defer cancel()
-	old, recent := agentCredKey(t), agentCredKey(t)
-	now := time.Now()
-	if err := r.Revoke(ctx, []string{old}, now.Add(-40*24*time.Hour)); err != nil {
-		t.Fatal(err)
+	old, later, byHand, lost := agentCredKey(t), agentCredKey(t), agentCredKey(t), agentCredKey(t)
+	now := time.Now().Truncate(time.Second)
+	for k, at := range map[string]time.Time{old: now.Add(-40 * 24 * time.Hour), later: now, byHand: now.Add(-400 * 24 * time.Hour)} {
+		if err := r.Revoke(ctx, []string{k}, at); err != nil {
+			t.Fatal(err)
+		}
 	}
-	if err := r.Revoke(ctx, []string{recent}, now); err != nil {
-		t.Fatal(err)
-	}
-	if n, err := r.PruneRevocations(ctx, now.Add(-31*24*time.Hour)); err != nil || n != 1 {
-		t.Fatalf("prune: %d, %v", n, err)
+	keep := map[string]time.Time{lost: now}
+	forget := map[string]time.Time{old: now.Add(-40 * 24 * time.Hour), later: now.Add(-40 * 24 * time.Hour)}
+	if added, forgotten, err := r.SyncRevocations(ctx, keep, forget); err != nil || added != 1 || forgotten != 1 {
+		t.Fatalf("sync: added %d, forgotten %d, %v", added, forgotten, err)
 	}
 	msg, err := sys.RequestWithContext(ctx, creds.AccountLookupSubject(m.Trust().PublicKeys().MeshAccount), nil)
 	if err != nil {
@@ -92,11 +94,13 @@ func TestRevokerPrunesOverNATS(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !creds.RevokedAt(claims, old).IsZero() || creds.RevokedAt(claims, recent).IsZero() {
-		t.Errorf("after pruning: old %v, recent %v", creds.RevokedAt(claims, old), creds.RevokedAt(claims, recent))
+	for k, want := range map[string]bool{old: false, later: true, byHand: true, lost: true} {
+		if got := !creds.RevokedAt(claims, k).IsZero(); got != want {
+			t.Errorf("after sync: %s revoked %v, want %v", k, got, want)
+		}
 	}
-	if n, err := r.PruneRevocations(ctx, now.Add(-31*24*time.Hour)); err != nil || n != 0 {
-		t.Errorf("second prune: %d, %v (nothing left to prune)", n, err)
+	if added, forgotten, err := r.SyncRevocations(ctx, keep, forget); err != nil || added+forgotten != 0 {
+		t.Errorf("second sync: added %d, forgotten %d, %v (nothing left to do)", added, forgotten, err)
 	}
 }
 

@@ -332,6 +332,13 @@ func (s *Service) revoke(ctx context.Context, keys []string, now time.Time) bool
 	// the next sweep or restart does not bring it back. A lease with
 	// something to clear stays pending, and the sweep revokes it again;
 	// otherwise the JWT's own expiry bounds the damage.
+	// Recorded first, with the instant every covered credential has
+	// expired by (none outlives its issue plus the credential lifetime):
+	// the credential sweep keeps the broker's list in line with the
+	// records and forgets them once that has passed.
+	if err := credential.RecordRevocations(ctx, s.st, keys, now, now.Add(s.cfg.CredentialTTL)); err != nil {
+		s.log.Warn("guest revocations not recorded: the broker keeps them for good", "count", len(keys), "err", err)
+	}
 	if err := s.cfg.Revoker.Revoke(ctx, keys, now.Truncate(time.Second)); err != nil {
 		s.log.Warn("guest credentials not revoked at the broker", "count", len(keys), "err", err)
 		return false
