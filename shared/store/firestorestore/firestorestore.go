@@ -10,8 +10,10 @@
 //
 // Transactions use Client.RunTransaction, which runs fn again when
 // Firestore aborts the transaction for contention (up to
-// firestore.DefaultTransactionMaxAttempts times; then RunTx returns
-// store.ErrContention).
+// firestore.DefaultTransactionMaxAttempts times, or as WithMaxAttempts
+// says, with the client's jittered exponential backoff between them; then
+// RunTx returns store.ErrContention). The caller's context bounds the
+// whole.
 //
 // Create's "already exists" and Update's "not found" are preconditions
 // that Firestore checks at commit: tx.Create and tx.Update return nil and
@@ -23,6 +25,16 @@
 // the real service (deploy it with the project's index configuration);
 // without one Firestore answers FAILED_PRECONDITION with a link to create
 // it. Emulators do not check this.
+//
+// Document-id order descending (a Query with Desc and no OrderBy) is never
+// sent as such: Firestore refuses a query ordered by document id
+// descending ("Firestore does not support descending key scans",
+// FAILED_PRECONDITION, not a missing index; Google's emulator refuses it in
+// the same words, and projects that shipped such a query report the same
+// refusal from the service). The backend reads those documents in
+// ascending id order, reverses them and applies the limit itself, so such
+// a query reads every matching document; order by a field to page through
+// a large collection newest first.
 package firestorestore
 
 import (
@@ -45,8 +57,9 @@ import (
 // Store is the Firestore-backed store.Store. Its methods are safe for
 // concurrent use.
 type Store struct {
-	c      *firestore.Client
-	prefix string
+	c        *firestore.Client
+	prefix   string
+	attempts int // 0: the client's default
 }
 
 var _ store.Store = (*Store)(nil)
@@ -72,7 +85,20 @@ func NewFromClient(c *firestore.Client) *Store {
 // of every collection name (tests use it to isolate runs sharing one
 // emulator or project). Closing either Store closes the shared client.
 func (s *Store) WithPrefix(prefix string) *Store {
-	return &Store{c: s.c, prefix: s.prefix + prefix}
+	return &Store{c: s.c, prefix: s.prefix + prefix, attempts: s.attempts}
+}
+
+// WithMaxAttempts returns a Store on the same client whose transactions
+// run at most n times under contention (n < 1: the client's default,
+// firestore.DefaultTransactionMaxAttempts, 5). Production keeps the
+// default: Firestore settles contention by delaying or failing one of the
+// contending operations. Google's emulator settles a lock conflict only by
+// a fixed 2-second lock timeout that fails every waiting commit, and a
+// 50-way race on one document there now and then stalls for about a minute
+// before it drains (measured; docs/control-plane.md, "The store"): tests
+// against it raise this.
+func (s *Store) WithMaxAttempts(n int) *Store {
+	return &Store{c: s.c, prefix: s.prefix, attempts: n}
 }
 
 // Client returns the underlying Firestore client.
@@ -90,13 +116,17 @@ func (s *Store) RunTx(ctx context.Context, fn func(tx store.Tx) error) error {
 	if err := ctx.Err(); err != nil {
 		return fmt.Errorf("firestorestore: transaction not started: %w", err)
 	}
+	var opts []firestore.TransactionOption
+	if s.attempts > 0 {
+		opts = append(opts, firestore.MaxAttempts(s.attempts))
+	}
 	err := s.c.RunTransaction(ctx, func(ctx context.Context, ft *firestore.Transaction) error {
 		t := &tx{s: s, ft: ft, ctx: ctx}
 		if err := fn(t); err != nil {
 			return &fnError{err}
 		}
 		return t.spoiled
-	})
+	}, opts...)
 	if err == nil {
 		return nil
 	}
@@ -198,16 +228,19 @@ func (t *tx) Query(coll string, q store.Query, dst any) error {
 	for i, w := range q.Where {
 		fq = fq.WherePath(firestore.FieldPath{w.Field}, "==", jsondoc.ToNative(vals[i]))
 	}
-	dir := firestore.Asc
-	if q.Desc {
-		dir = firestore.Desc
-	}
+	// Document-id order is Firestore's default. Descending, it would be a
+	// descending key scan, which Firestore refuses (package doc): the
+	// documents are read ascending and reversed below, and the limit can
+	// only be applied after that.
+	idDesc := q.OrderBy == "" && q.Desc
 	if q.OrderBy != "" {
+		dir := firestore.Asc
+		if q.Desc {
+			dir = firestore.Desc
+		}
 		fq = fq.OrderByPath(firestore.FieldPath{q.OrderBy}, dir)
-	} else if q.Desc {
-		fq = fq.OrderBy(firestore.DocumentID, firestore.Desc)
 	}
-	if q.Limit > 0 {
+	if q.Limit > 0 && !idDesc {
 		fq = fq.Limit(q.Limit)
 	}
 	snaps, err := t.ft.Documents(fq).GetAll()
@@ -215,9 +248,10 @@ func (t *tx) Query(coll string, q store.Query, dst any) error {
 		return mapErr(t.ctx, "query "+coll, err)
 	}
 	// Firestore itself leaves out documents without the order field and
-	// orders by document id when no order is given. Both steps below are
-	// no-ops against it; they make emulators that sort missing fields last
-	// or return insertion order agree with it.
+	// orders by document id when no order is given. The first step and the
+	// ascending sort below are no-ops against it; they make emulators that
+	// sort missing fields last or return insertion order agree with it. The
+	// descending sort is the reversal of an id-order query (idDesc).
 	if q.OrderBy != "" {
 		kept := snaps[:0]
 		for _, sn := range snaps {

@@ -89,7 +89,20 @@ func openStore(t *testing.T, open func(t *testing.T) store.Store) store.Store {
 }
 
 func ctx(t *testing.T) context.Context {
-	c, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	return ctxFor(t, 30*time.Second)
+}
+
+// raceCtx bounds a concurrency case. It is longer than ctx: an emulator
+// that settles lock conflicts only by timing them out (Google's Firestore
+// emulator: 2 s, aborting every waiting commit) now and then needs about a
+// minute, and many attempts, to drain a 50-way race on one document. It is
+// a guard against a hang, not a measure of speed.
+func raceCtx(t *testing.T) context.Context {
+	return ctxFor(t, 3*time.Minute)
+}
+
+func ctxFor(t *testing.T, d time.Duration) context.Context {
+	c, cancel := context.WithTimeout(t.Context(), d)
 	t.Cleanup(cancel)
 	return c
 }
@@ -709,7 +722,7 @@ func testSingleUse(t *testing.T, s store.Store, _ Options) {
 		winners []string
 		saw     int
 	)
-	c0 := ctx(t)
+	c0 := raceCtx(t)
 	for i := range n {
 		wg.Go(func() {
 			me := fmt.Sprintf("g%02d", i)
@@ -760,7 +773,7 @@ func testCounter(t *testing.T, s store.Store, _ Options) {
 	create(t, s, "counters", "c", counter{})
 	const n = 20
 	var wg sync.WaitGroup
-	c0 := ctx(t)
+	c0 := raceCtx(t)
 	for range n {
 		wg.Go(func() {
 			err := s.RunTx(c0, func(tx store.Tx) error {
