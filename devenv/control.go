@@ -44,15 +44,20 @@ type Control struct {
 	Deps        *api.Deps
 }
 
-// startControlPlane opens the store and builds the control plane with the
-// constructor the Cloud Functions use (api.NewDeps), mounts the route
-// table on the mux, and runs its scheduled rows from a ticker.
+// startControlPlane opens the store (or takes cfg.Store) and builds the
+// control plane with the constructor the Cloud Functions use
+// (api.NewDeps), mounts the route table on the mux, and runs its scheduled
+// rows from a ticker.
 func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error {
-	st, err := boltstore.Open(filepath.Join(dataDir, storeFile))
-	if err != nil {
-		return fmt.Errorf("devenv: control store: %w", err)
+	st := cfg.Store
+	if st == nil {
+		bst, err := boltstore.Open(filepath.Join(dataDir, storeFile))
+		if err != nil {
+			return fmt.Errorf("devenv: control store: %w", err)
+		}
+		m.closers = append(m.closers, bst.Close)
+		st = bst
 	}
-	m.closers = append(m.closers, st.Close)
 	mailer := cfg.Mail
 	if mailer == nil {
 		ob, err := mail.NewOutbox(filepath.Join(dataDir, outboxDir), m.log)

@@ -44,6 +44,9 @@ func startCP(t *testing.T, mut ...func(*devenv.Config)) *cp {
 	}
 	c := &cp{t: t, smtp: srv, clock: &clock{}, dir: t.TempDir()}
 	cfg := devenv.Config{DataDir: c.dir, Mail: sender, Now: c.clock.Now, MeshName: "test-mesh", MarkupPct: 10}
+	if cpStore != nil {
+		cfg.Store = cpStore(t)
+	}
 	for _, f := range mut {
 		f(&cfg)
 	}

@@ -30,6 +30,7 @@ import (
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/store"
 )
 
 // Config is what Start needs. Empty addresses mean "127.0.0.1:0": a random
@@ -52,6 +53,11 @@ type Config struct {
 
 	// MeshName names this mesh in credential answers ("meshd" by default).
 	MeshName string
+	// Store is the control plane's store; nil opens the bbolt file in
+	// DataDir, as meshd does. Tests put Firestore (an emulator) behind the
+	// control plane this way, without devenv linking it. The caller owns
+	// it: Close leaves it open.
+	Store store.Store
 	// Mail delivers the control plane's mail; nil writes it to the data
 	// directory's outbox (and logs where, never the body).
 	Mail mail.Sender
