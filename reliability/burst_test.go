@@ -576,10 +576,12 @@ type burstDrain struct {
 	errs map[string]int // failed fetches and acks, by error
 	// unacked are ids whose ack failed: a later fetch may read them again.
 	unacked map[string]bool
+	// timeout bounds each fetch and each ack (15 s, as adapter/node).
+	timeout time.Duration
 }
 
 func newBurstDrain() *burstDrain {
-	return &burstDrain{ids: map[string]int{}, errs: map[string]int{}, unacked: map[string]bool{}}
+	return &burstDrain{ids: map[string]int{}, errs: map[string]int{}, unacked: map[string]bool{}, timeout: 15 * time.Second}
 }
 
 func (d *burstDrain) count() int {
@@ -588,15 +590,15 @@ func (d *burstDrain) count() int {
 	return len(d.ids)
 }
 
-// drain is one agent's node, as adapter/node drains: fetch (15 s), handle,
-// ack (15 s); a failed ack leaves the mail for the next fetch, which then
+// drain is one agent's node, as adapter/node drains: fetch, handle, ack
+// (each within d.timeout); a failed ack leaves the mail for the next fetch, which then
 // reads it again. When the box is empty it waits a little (a node drains
 // on a timer and at reconnect), within the mailbox's 60 fetches per agent
 // in 10 s.
 func (d *burstDrain) drain(ctx context.Context, nc *nats.Conn, a *keys.Agent) {
 	var after uint64
 	for ctx.Err() == nil {
-		fctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		fctx, cancel := context.WithTimeout(ctx, d.timeout)
 		msgs, res, err := mailbox.Fetch(fctx, nc, a, after, mailbox.MaxFetch)
 		cancel()
 		if err == nil && len(msgs) > 0 {
@@ -606,7 +608,7 @@ func (d *burstDrain) drain(ctx context.Context, nc *nats.Conn, a *keys.Agent) {
 					ids = append(ids, e.ID)
 				}
 			}
-			actx, cancel := context.WithTimeout(ctx, 15*time.Second)
+			actx, cancel := context.WithTimeout(ctx, d.timeout)
 			err = mailbox.Ack(actx, nc, a, res.Box, res.Last+1, nil)
 			cancel()
 			d.mu.Lock()
@@ -640,6 +642,17 @@ func (d *burstDrain) drain(ctx context.Context, nc *nats.Conn, a *keys.Agent) {
 		case <-time.After(wait):
 		}
 	}
+}
+
+// failures counts the fetches and acks that failed.
+func (d *burstDrain) failures() int {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	n := 0
+	for _, c := range d.errs {
+		n += c
+	}
+	return n
 }
 
 // check reports mail never fetched, or fetched again though its first

@@ -607,3 +607,59 @@ func (l *crashLedger) takeKey(round int) *crashKey {
 	}
 	return pick
 }
+
+// ---------------------------------------------------------------------------
+// Worker copies, through the broker's system account
+
+// crashConnz lists the mesh account's connections named with prefix:
+// their connection ids by name, and the broker's server id.
+func crashConnz(ctx context.Context, sys *nats.Conn, account, prefix string) (server string, cids map[string]uint64, err error) {
+	req, _ := json.Marshal(map[string]any{"acc": account, "limit": 10000})
+	msg, err := sys.RequestWithContext(ctx, "$SYS.REQ.SERVER.PING.CONNZ", req)
+	if err != nil {
+		return "", nil, fmt.Errorf("connz: %w", err)
+	}
+	var out struct {
+		Server struct {
+			ID string `json:"id"`
+		} `json:"server"`
+		Data struct {
+			Conns []struct {
+				Cid  uint64 `json:"cid"`
+				Name string `json:"name"`
+			} `json:"connections"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(msg.Data, &out); err != nil {
+		return "", nil, fmt.Errorf("connz: %w", err)
+	}
+	cids = map[string]uint64{}
+	for _, c := range out.Data.Conns {
+		if strings.HasPrefix(c.Name, prefix) {
+			cids[c.Name] = c.Cid
+		}
+	}
+	return out.Server.ID, cids, nil
+}
+
+// crashKick closes connections at the broker (a copy's process dying
+// looks the same to everyone else: its connection is gone, and what it
+// held unanswered with it).
+func crashKick(ctx context.Context, sys *nats.Conn, server string, cids map[string]uint64) error {
+	for name, cid := range cids {
+		req, _ := json.Marshal(map[string]any{"cid": cid})
+		msg, err := sys.RequestWithContext(ctx, "$SYS.REQ.SERVER."+server+".KICK", req)
+		if err != nil {
+			return fmt.Errorf("kick %s: %w", name, err)
+		}
+		var out struct {
+			Error *struct {
+				Description string `json:"description"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(msg.Data, &out); err != nil || out.Error != nil {
+			return fmt.Errorf("kick %s: %s %v", name, msg.Data, err)
+		}
+	}
+	return nil
+}

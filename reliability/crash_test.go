@@ -9,14 +9,20 @@ import (
 	"net/http"
 	"os"
 	"slices"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // soak reports whether the long runs were asked for (MESH_SOAK=1).
@@ -582,4 +588,248 @@ func crashVerify(t *testing.T, m *crashMeshd, led *crashLedger, recipients []*cr
 		}
 		rc.Close()
 	}
+}
+
+// TestWorkerCopyCrashUnderLoad runs the whole mesh in-process with three
+// copies of every worker, as the cloud runs them, under a load of
+// registrations, mail to offline agents drained as nodes drain it, and
+// answers on agent outboxes; it kills copy 1 of every worker and later copy
+// 2 (their connections closed at the broker, which is all the rest of the
+// mesh sees of a process dying; ten kills with MESH_SOAK=1), and each
+// comes back as Cloud Run would bring it back (its client reconnects). A request a dying copy held is
+// not answered; its caller's retry is, by another copy. Checked: every
+// registration acknowledged is there, every mail sent is fetched and
+// deleted (fetched twice only where an ack went unanswered), and the taps
+// of the copies back record everything sent after they returned.
+func TestWorkerCopyCrashUnderLoad(t *testing.T) {
+	ctx := t.Context()
+	m, err := devenv.Start(ctx, devenv.Config{DataDir: t.TempDir(), Workers: devenv.WorkerConfig{Copies: 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = m.Close() })
+	conn := func(name string, opts ...nats.Option) *nats.Conn {
+		nc, err := m.ConnectService(name, opts...)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(nc.Close)
+		return nc
+	}
+	caller := conn("load")
+	sys, err := m.ConnectSystem("kick")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sys.Close)
+	account := m.Trust().PublicKeys().MeshAccount
+
+	lctx, stopLoad := context.WithCancel(ctx)
+	var lwg sync.WaitGroup
+	run := func(f func()) {
+		lwg.Add(1)
+		go func() { defer lwg.Done(); f() }()
+	}
+
+	// Registrations from six callers at once, so that a dying copy is
+	// likely to hold some, each tried until the registry answers it.
+	var regMu sync.Mutex
+	registered := map[string]string{}
+	var retries atomic.Int64
+	for range 6 {
+		run(func() {
+			for lctx.Err() == nil {
+				agent, node := crashNewAgent(t), crashNewNode(t)
+				for lctx.Err() == nil {
+					rctx, cancel := context.WithTimeout(lctx, 2*time.Second)
+					err := crashRegister(rctx, caller, agent, node)
+					cancel()
+					if err == nil {
+						regMu.Lock()
+						registered[agent.Public()] = node.Public()
+						regMu.Unlock()
+						break
+					}
+					retries.Add(1)
+				}
+			}
+		})
+	}
+
+	// Mail to offline agents, drained as nodes drain it.
+	offline := make([]*keys.Agent, 20)
+	for i := range offline {
+		offline[i] = crashNewAgent(t)
+	}
+	sender := crashNewAgent(t)
+	var mailMu sync.Mutex
+	var sentMail []burstMsg
+	run(func() {
+		for n := 0; lctx.Err() == nil; n++ {
+			to := offline[n%len(offline)].Public()
+			id, err := crashMailTo(caller, sender, to, n)
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			mailMu.Lock()
+			sentMail = append(sentMail, burstMsg{id: id})
+			mailMu.Unlock()
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+	drained := newBurstDrain()
+	drained.timeout = 2 * time.Second
+	dctx, stopDrain := context.WithCancel(ctx)
+	var dwg sync.WaitGroup
+	drainer := conn("drainer", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix("Ucrash")))
+	for _, a := range offline {
+		dwg.Add(1)
+		go func() { defer dwg.Done(); drained.drain(dctx, drainer, a) }()
+	}
+	defer func() { stopDrain(); dwg.Wait() }()
+
+	// Answers on outboxes, for the activity taps.
+	performer, requester := crashNewAgent(t), crashNewAgent(t)
+	answer := func() []byte {
+		e, err := protocol.New(protocol.TypeRespond, performer.Public(), map[string]any{"status": "completed", "output": map[string]any{"text": "ok"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.To, e.InReplyTo = requester.Public(), protocol.NewID()
+		return burstSign(t, e, performer)
+	}
+	run(func() {
+		for lctx.Err() == nil {
+			if err := caller.Publish(protocol.OutboxSubject(performer.Public()), answer()); err != nil {
+				t.Error(err)
+				return
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	})
+
+	waitFor := func(what string, cond func() bool) {
+		t.Helper()
+		for deadline := time.Now().Add(60 * time.Second); !cond(); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				t.Fatalf("timed out waiting for %s", what)
+			}
+		}
+	}
+	waitFor("the load to get going", func() bool {
+		regMu.Lock()
+		defer regMu.Unlock()
+		return len(registered) >= 5 && drained.count() >= 50
+	})
+
+	// Kill copy 1 of every worker, then copy 2, each once the one before is
+	// back and serving.
+	kills, rounds := 0, []string{"-1", "-2"}
+	if soak() {
+		rounds = slices.Repeat(rounds, 5)
+	}
+	for _, copyN := range rounds {
+		server, all, err := crashConnz(ctx, sys, account, "worker-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		victims := map[string]uint64{}
+		for name, cid := range all {
+			if strings.HasSuffix(name, copyN) {
+				victims[name] = cid
+			}
+		}
+		if len(victims) == 0 {
+			t.Fatalf("no worker connection ends in %s: %v", copyN, all)
+		}
+		if err := crashKick(ctx, sys, server, victims); err != nil {
+			t.Fatal(err)
+		}
+		kills += len(victims)
+		waitFor("the killed copies to come back", func() bool {
+			_, now, err := crashConnz(ctx, sys, account, "worker-")
+			if err != nil {
+				return false
+			}
+			for name, cid := range victims {
+				if c, ok := now[name]; !ok || c == cid {
+					return false
+				}
+			}
+			return true
+		})
+		time.Sleep(300 * time.Millisecond) // load on the copy that came back
+	}
+
+	stopLoad()
+	lwg.Wait()
+
+	// Every registration the registry answered is there.
+	regMu.Lock()
+	for agent, node := range registered {
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		got, err := crashRegistration(rctx, caller, sender, agent)
+		cancel()
+		if err != nil || got != node {
+			t.Errorf("registration of %s acknowledged; now %q %v", agent, got, err)
+		}
+	}
+	nreg := len(registered)
+	regMu.Unlock()
+
+	// Every mail sent is fetched and deleted.
+	mailMu.Lock()
+	sent := slices.Clone(sentMail)
+	mailMu.Unlock()
+	waitFor("every mail to be fetched", func() bool { return drained.count() >= len(sent) })
+	if err := drained.check(sent); err != nil {
+		t.Error(err)
+	}
+	js, err := jetstream.New(caller)
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := js.Stream(ctx, protocol.MailboxStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor("the mailbox stream to empty", func() bool {
+		info, err := st.Info(ctx)
+		return err == nil && info.State.Msgs == 0
+	})
+
+	// The taps, all three copies back, record everything sent now.
+	taps := m.Workers().Activity
+	var before activity.Stats
+	waitFor("the taps to settle", func() bool {
+		s := burstTapStats(taps)
+		time.Sleep(300 * time.Millisecond)
+		before = burstTapStats(taps)
+		return s == before
+	})
+	const after = 300
+	for range after {
+		if err := caller.Publish(protocol.OutboxSubject(performer.Public()), answer()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor("the taps to record the answers sent after the kills", func() bool {
+		return burstTapStats(taps).Recorded >= before.Recorded+2*after
+	})
+	if s := burstTapStats(taps); s.Recorded != before.Recorded+2*after || s.Duplicates != before.Duplicates {
+		t.Errorf("taps %+v after %d answers, from %+v", s, after, before)
+	}
+	t.Logf("killed %d worker connections (copies 1 and 2 of every worker, %d times); %d registrations acknowledged, %d retried after no answer; "+
+		"%d mails sent and fetched (%d fetches or acks failed and were tried again); taps recorded %d items (%d overflowed)",
+		kills, len(rounds), nreg, retries.Load(), len(sent), drained.failures(), before.Recorded, before.Overflow)
+}
+
+func crashNewNode(t *testing.T) *keys.Node {
+	t.Helper()
+	k, err := keys.Generate[keys.NodeRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k
 }
