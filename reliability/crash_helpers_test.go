@@ -308,7 +308,7 @@ func (m *crashMeshd) mailedCode(ctx context.Context, addr string) (string, error
 			return "", err
 		}
 		for _, msg := range msgs {
-			if strings.Contains(msg.To, addr) && msg.Kind != "agent-key" {
+			if (msg.To == addr || strings.HasSuffix(msg.To, "<"+addr+">")) && msg.Kind != "agent-key" {
 				if c := crashCodeRE.FindStringSubmatch(msg.Text); c != nil {
 					return c[1], nil
 				}
