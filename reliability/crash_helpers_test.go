@@ -16,6 +16,8 @@ import (
 	"regexp"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -207,12 +209,31 @@ func crashNewClient(m *crashMeshd) *crashClient {
 		base: m.urls.Control,
 		// No keep-alive: a pooled connection to a killed meshd would fail
 		// the first request after the restart.
-		http: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}},
+		http: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
+			DialContext: crashDialManyAddrs}},
 		admin: &http.Client{Timeout: 15 * time.Second, Transport: &http.Transport{DisableKeepAlives: true,
 			DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 				return (&net.Dialer{}).DialContext(ctx, "unix", sock)
 			}}},
 	}
+}
+
+// crashSource picks the next loopback source address.
+var crashSource atomic.Uint32
+
+// crashDialManyAddrs dials from 127.0.0.2–127.0.0.201 in turn: the load
+// comes from many client addresses, as real traffic does, so the control
+// plane's per-address limit of every route (600 requests a minute) does
+// not throttle a load and its checks that all come from one test. Where
+// the system does not route all of 127/8 to the loopback (it does on
+// Linux), it dials from the default address.
+func crashDialManyAddrs(ctx context.Context, network, addr string) (net.Conn, error) {
+	src := net.IPv4(127, 0, 0, byte(2+crashSource.Add(1)%200))
+	c, err := (&net.Dialer{LocalAddr: &net.TCPAddr{IP: src}}).DialContext(ctx, network, addr)
+	if err != nil && errors.Is(err, syscall.EADDRNOTAVAIL) {
+		return (&net.Dialer{}).DialContext(ctx, network, addr)
+	}
+	return c, err
 }
 
 // errStatus is an answer that is not 2xx.
@@ -327,8 +348,14 @@ func (c *crashClient) signUp(ctx context.Context, m *crashMeshd, email string) (
 	if _, err := c.call(ctx, http.MethodPost, "/v1/accounts", map[string]any{"email": email}, ""); err != nil {
 		return "", "", fmt.Errorf("sign-up: %w", err)
 	}
-	code, err := m.mailedCode(ctx, email)
+	mctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	code, err := m.mailedCode(mctx, email)
+	cancel()
 	if err != nil {
+		if ctx.Err() == nil {
+			// meshd answered 202 and mailed nothing.
+			err = &errStatus{Status: http.StatusAccepted, Body: map[string]any{"error": err.Error()}}
+		}
 		return "", "", err
 	}
 	out, err := c.call(ctx, http.MethodPost, "/v1/login/verify", map[string]any{"email": email, "code": code}, "")
