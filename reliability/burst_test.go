@@ -189,7 +189,7 @@ type burstPlan struct {
 }
 
 func burstPlanFor() burstPlan {
-	if soak() {
+	if crashSoak() {
 		return burstPlan{steady: 500, steadyFor: 5 * time.Second, burstFor: 10 * time.Second, mailboxes: 400, performers: 200, copies: 2}
 	}
 	return burstPlan{steady: 300, steadyFor: time.Second, burstFor: 2 * time.Second, mailboxes: 60, performers: 50, copies: 2}
@@ -364,7 +364,7 @@ func TestMailboxAndActivityUnderABurst(t *testing.T) {
 	waitDrained(warm)
 	base := burstMeasure()
 	bound := burstBound(plan)
-	t.Logf("baseline: heap %.1f MiB, %d goroutines; bound on growth from the configured limits %.1f MiB", mib(base.heap), base.goroutines, mib(bound))
+	t.Logf("baseline: heap %.1f MiB, %d goroutines; bound on growth from the configured limits %.1f MiB", burstMiB(base.heap), base.goroutines, burstMiB(bound))
 
 	var peak burstSample
 	var peakMu sync.Mutex
@@ -404,16 +404,16 @@ func TestMailboxAndActivityUnderABurst(t *testing.T) {
 		total-warm, total-warm, plan.steady, steadyAt.Sub(start).Round(time.Millisecond), 10*plan.steady, plan.burstFor,
 		sentAt.Sub(start).Round(time.Millisecond), drainedAt.Sub(sentAt).Round(time.Millisecond))
 	t.Logf("test process: peak heap %.1f MiB (+%.1f MiB over the baseline, bound %.1f MiB), peak %d goroutines (+%d); after the drain %.1f MiB, %d goroutines (%+d)",
-		mib(peak.heap), mib(peak.heap)-mib(base.heap), mib(bound), peak.goroutines, peak.goroutines-base.goroutines,
-		mib(after.heap), after.goroutines, after.goroutines-base.goroutines)
-	t.Logf("broker process (not bounded here: the mail waits on its disk): peak heap %.1f MiB, %d goroutines", mib(bp.heap), bp.goroutines)
+		burstMiB(peak.heap), burstMiB(peak.heap)-burstMiB(base.heap), burstMiB(bound), peak.goroutines, peak.goroutines-base.goroutines,
+		burstMiB(after.heap), after.goroutines, after.goroutines-base.goroutines)
+	t.Logf("broker process (not bounded here: the mail waits on its disk): peak heap %.1f MiB, %d goroutines", burstMiB(bp.heap), bp.goroutines)
 
 	if len(drained.errs) > 0 {
 		t.Logf("fetches and acks that failed and were tried again: %v", drained.errs)
 	}
 	if peak.heap > base.heap+bound {
 		t.Errorf("the live heap grew %.1f MiB over its baseline during the burst, more than the %.1f MiB the configured limits allow",
-			mib(peak.heap-base.heap), mib(bound))
+			burstMiB(peak.heap-base.heap), burstMiB(bound))
 	}
 	if after.goroutines > base.goroutines+burstGoroutineSlack {
 		t.Errorf("%d goroutines after the drain, %d before the burst: more than %d left over", after.goroutines, base.goroutines, burstGoroutineSlack)
@@ -453,7 +453,7 @@ func TestMailboxAndActivityUnderABurst(t *testing.T) {
 	burstCheckUsage(t, js, performers, total)
 }
 
-func mib(b uint64) float64 { return float64(b) / (1 << 20) }
+func burstMiB(b uint64) float64 { return float64(b) / (1 << 20) }
 
 // burstMsg is one prepared publish.
 type burstMsg struct {

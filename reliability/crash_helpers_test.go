@@ -90,14 +90,14 @@ func crashNewMeshd(t *testing.T, bin string, extra ...string) *crashMeshd {
 		}
 		if t.Failed() {
 			if log, err := os.ReadFile(m.logPath); err == nil {
-				t.Logf("meshd log (last 4 KiB):\n%s", tail(log, 4<<10))
+				t.Logf("meshd log (last 4 KiB):\n%s", crashTail(log, 4<<10))
 			}
 		}
 	})
 	return m
 }
 
-func tail(b []byte, n int) []byte {
+func crashTail(b []byte, n int) []byte {
 	if len(b) > n {
 		return b[len(b)-n:]
 	}
@@ -160,7 +160,7 @@ func (m *crashMeshd) start() {
 		select {
 		case <-m.exited:
 			log, _ := os.ReadFile(m.logPath)
-			t.Fatalf("meshd exited before it was ready (start %d):\n%s", m.starts, tail(log, 4<<10))
+			t.Fatalf("meshd exited before it was ready (start %d):\n%s", m.starts, crashTail(log, 4<<10))
 		case <-time.After(20 * time.Millisecond):
 		}
 		if time.Now().After(deadline) {
@@ -168,12 +168,12 @@ func (m *crashMeshd) start() {
 		}
 	}
 	// Later starts reuse the ports this one bound.
-	m.httpAddr = hostPort(t, m.urls.Control)
-	m.natsAddr = hostPort(t, m.urls.MeshTCP)
-	m.wsAddr = hostPort(t, m.urls.MeshWS)
+	m.httpAddr = crashHostPort(t, m.urls.Control)
+	m.natsAddr = crashHostPort(t, m.urls.MeshTCP)
+	m.wsAddr = crashHostPort(t, m.urls.MeshWS)
 }
 
-func hostPort(t *testing.T, raw string) string {
+func crashHostPort(t *testing.T, raw string) string {
 	u, err := url.Parse(raw)
 	if err != nil || u.Host == "" {
 		t.Fatalf("meshd.json has no address in %q", raw)
@@ -236,18 +236,18 @@ func crashDialManyAddrs(ctx context.Context, network, addr string) (net.Conn, er
 	return c, err
 }
 
-// errStatus is an answer that is not 2xx.
-type errStatus struct {
+// crashErrStatus is an answer that is not 2xx.
+type crashErrStatus struct {
 	Status int
 	Body   map[string]any
 }
 
-func (e *errStatus) Error() string { return fmt.Sprintf("HTTP %d: %v", e.Status, e.Body) }
+func (e *crashErrStatus) Error() string { return fmt.Sprintf("HTTP %d: %v", e.Status, e.Body) }
 
-// statusOf is the HTTP status of an answered refusal, 0 for a transport
+// crashStatusOf is the HTTP status of an answered refusal, 0 for a transport
 // error.
-func statusOf(err error) int {
-	var e *errStatus
+func crashStatusOf(err error) int {
+	var e *crashErrStatus
 	if errors.As(err, &e) {
 		return e.Status
 	}
@@ -287,7 +287,7 @@ func (c *crashClient) do(ctx context.Context, hc *http.Client, method, u string,
 		return nil, fmt.Errorf("%s %s: %d, not JSON: %.200s", method, u, resp.StatusCode, raw)
 	}
 	if resp.StatusCode/100 != 2 {
-		return out, &errStatus{Status: resp.StatusCode, Body: out}
+		return out, &crashErrStatus{Status: resp.StatusCode, Body: out}
 	}
 	return out, nil
 }
@@ -298,7 +298,7 @@ func (c *crashClient) do(ctx context.Context, hc *http.Client, method, u string,
 func (c *crashClient) call(ctx context.Context, method, path string, body any, bearer string) (map[string]any, error) {
 	for {
 		out, err := c.do(ctx, c.http, method, c.base+path, body, bearer)
-		if statusOf(err) != http.StatusTooManyRequests {
+		if crashStatusOf(err) != http.StatusTooManyRequests {
 			return out, err
 		}
 		wait := time.Second
@@ -354,7 +354,7 @@ func (c *crashClient) signUp(ctx context.Context, m *crashMeshd, email string) (
 	if err != nil {
 		if ctx.Err() == nil {
 			// meshd answered 202 and mailed nothing.
-			err = &errStatus{Status: http.StatusAccepted, Body: map[string]any{"error": err.Error()}}
+			err = &crashErrStatus{Status: http.StatusAccepted, Body: map[string]any{"error": err.Error()}}
 		}
 		return "", "", err
 	}

@@ -26,8 +26,8 @@ import (
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// soak reports whether the long runs were asked for (MESH_SOAK=1).
-func soak() bool { return os.Getenv("MESH_SOAK") == "1" }
+// crashSoak reports whether the long runs were asked for (MESH_SOAK=1).
+func crashSoak() bool { return os.Getenv("MESH_SOAK") == "1" }
 
 // crashPlan sizes the SIGKILL test: the default run is small enough for
 // go test ./... on two cores; MESH_SOAK=1 kills more often under a longer
@@ -45,7 +45,7 @@ type crashPlan struct {
 }
 
 func crashPlanFor() crashPlan {
-	if soak() {
+	if crashSoak() {
 		return crashPlan{kills: 20, recipients: 6, killAfter: 3 * time.Second, accountEvery: 150 * time.Millisecond,
 			mailEvery: time.Millisecond, keysPerAccount: 3, exchangers: 3}
 	}
@@ -250,7 +250,7 @@ func (l *crashLoad) stop() {
 // nothing in the load should be refused, and a request cut off by the kill
 // fails without an answer (statusOf 0).
 func (l *crashLoad) fail(what string, err error) {
-	if statusOf(err) == 0 || l.ctx.Err() != nil {
+	if crashStatusOf(err) == 0 || l.ctx.Err() != nil {
 		return
 	}
 	l.mu.Lock()
@@ -531,7 +531,7 @@ func crashVerify(t *testing.T, m *crashMeshd, led *crashLedger, recipients []*cr
 			continue
 		}
 		_, err := c.bootstrap(ctx, k.token, k.consumed.key)
-		if statusOf(err) != http.StatusUnauthorized {
+		if crashStatusOf(err) != http.StatusUnauthorized {
 			t.Errorf("round %d: key %s was spent before the kill; exchanging it again: %v, want 401", round, k.id, err)
 		}
 	}
@@ -727,7 +727,7 @@ func TestWorkerCopyCrashUnderLoad(t *testing.T) {
 	// Kill copy 1 of every worker, then copy 2, each once the one before is
 	// back and serving.
 	kills, rounds := 0, []string{"-1", "-2"}
-	if soak() {
+	if crashSoak() {
 		rounds = slices.Repeat(rounds, 5)
 	}
 	for _, copyN := range rounds {
