@@ -85,6 +85,18 @@ const (
 // DefaultFlushEvery is how often a copy writes its counter deltas.
 const DefaultFlushEvery = 250 * time.Millisecond
 
+// What each tap may hold while its copy is behind (Config.TapPendingMsgs,
+// TapPendingBytes). nats.go's own default, 500,000 messages or 64 MiB per
+// subscription, would let the two taps of a copy hold about 180 MiB of
+// small answers with their overhead, a third of a worker's 512 MiB; these
+// hold at most 2 × (32 MiB + 65,536 × ~300 B) ≈ 100 MiB, and 65,536
+// answers are 13 s of a copy that takes nothing at 5,000 answers a second
+// (docs/bus-admission-activity.md "Bounds").
+const (
+	DefaultTapPendingMsgs  = 65_536
+	DefaultTapPendingBytes = 32 << 20
+)
+
 // Config tunes the worker.
 type Config struct {
 	// Official lists the agent ids the catalog marks official.
@@ -97,6 +109,12 @@ type Config struct {
 	// 0 is 1, one server; the cloud's cluster runs 3, set by the workers
 	// table).
 	Replicas int
+	// TapPendingMsgs and TapPendingBytes bound the messages each tap
+	// holds while the copy is behind (DefaultTapPendingMsgs and
+	// DefaultTapPendingBytes when 0). Past either, the connection drops
+	// what arrives for that tap until it catches up: observability gives
+	// way before the worker's memory does, and Stats.Overflow counts it.
+	TapPendingMsgs, TapPendingBytes int
 }
 
 // delta is what one copy has counted for one agent since its last flush.
@@ -168,6 +186,9 @@ type Stats struct {
 	Duplicates uint64 // messages already recorded (by any copy)
 	Dropped    uint64 // undecodable, unsigned, stale, misattributed or not of the tapped kind
 	Accepts    uint64 // accepts seen and not recorded (the answer records the request)
+	// Overflow counts tapped messages dropped unread because a tap held
+	// its Config.TapPending* already (the copy was behind).
+	Overflow uint64
 }
 
 // Worker is one running copy of the activity worker.
@@ -203,6 +224,10 @@ type Worker struct {
 	closed      bool
 
 	recorded, duplicates, dropped, accepts atomic.Uint64
+	// subsMu guards subs against Stats while Stop closes them; overflow
+	// keeps the taps' Stats.Overflow once they are closed.
+	subsMu   sync.Mutex
+	overflow uint64
 }
 
 // Start runs one copy of the worker in env: creates the stream and the
@@ -271,6 +296,12 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 	if cfg.FlushEvery <= 0 {
 		cfg.FlushEvery = DefaultFlushEvery
 	}
+	if cfg.TapPendingMsgs <= 0 {
+		cfg.TapPendingMsgs = DefaultTapPendingMsgs
+	}
+	if cfg.TapPendingBytes <= 0 {
+		cfg.TapPendingBytes = DefaultTapPendingBytes
+	}
 	w := &Worker{svc: svc, cfg: cfg, official: map[string]bool{}, stream: st, usage: usage,
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
 		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{}),
@@ -302,6 +333,9 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		{protocol.TraceSubject("*"), KindTrace},
 	} {
 		sub, err := env.NC.QueueSubscribe(tap.subject, bus.QueueGroup(Name), w.tap(tap.kind))
+		if err == nil {
+			err = sub.SetPendingLimits(cfg.TapPendingMsgs, cfg.TapPendingBytes)
+		}
 		if err != nil {
 			_ = w.Stop()
 			return nil, fmt.Errorf("%s: tap %s: %w", Name, tap.subject, err)
@@ -320,9 +354,15 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 func (w *Worker) Stop() error {
 	var err error
 	w.once.Do(func() {
+		w.subsMu.Lock()
 		for _, s := range w.subs {
+			if n, err := s.Dropped(); err == nil && n > 0 {
+				w.overflow += uint64(n) // the count goes with the subscription
+			}
 			_ = s.Unsubscribe()
 		}
+		w.subs = nil
+		w.subsMu.Unlock()
 		w.closing.Lock()
 		w.closed = true
 		close(w.acks)
@@ -405,7 +445,16 @@ func (w *Worker) add(agent string, d delta) {
 
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
-	return Stats{Recorded: w.recorded.Load(), Duplicates: w.duplicates.Load(), Dropped: w.dropped.Load(), Accepts: w.accepts.Load()}
+	s := Stats{Recorded: w.recorded.Load(), Duplicates: w.duplicates.Load(), Dropped: w.dropped.Load(), Accepts: w.accepts.Load()}
+	w.subsMu.Lock()
+	defer w.subsMu.Unlock()
+	s.Overflow = w.overflow
+	for _, sub := range w.subs {
+		if n, err := sub.Dropped(); err == nil && n > 0 {
+			s.Overflow += uint64(n)
+		}
+	}
+	return s
 }
 
 // ---------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -564,5 +565,65 @@ func TestStartsOnAnOlderTimeline(t *testing.T) {
 	}
 	if c := st.CachedInfo().Config; c.PersistMode != jetstream.DefaultPersistMode || c.MaxMsgs != activity.MaxMsgs {
 		t.Fatalf("timeline config %+v", c)
+	}
+}
+
+// A copy that falls behind holds at most Config.TapPendingMsgs tapped
+// messages; what arrives beyond them is dropped unread and counted in
+// Stats.Overflow, and what it held is recorded once it catches up. The
+// copy is held back through its clock, which the tap reads first.
+func TestTapBacklogIsBounded(t *testing.T) {
+	m := bustest.Start(t)
+	nc := bustest.Client(t, m)
+	var held atomic.Bool
+	release := make(chan struct{})
+	env := bustest.Env(t, m, "activity-behind", nil)
+	env.Now = func() time.Time {
+		if held.Load() {
+			<-release
+		}
+		return time.Now()
+	}
+	const pending = 3
+	w, err := activity.Start(t.Context(), env, activity.Config{TapPendingMsgs: pending, TapPendingBytes: 1 << 20})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = w.Stop() })
+
+	alice, bob := bustest.Agent(t), bustest.Agent(t)
+	answer := func() []byte {
+		req, _ := request(t, alice, bob.Public())
+		_, data := response(t, bob, req, map[string]any{"status": "completed", "output": map[string]any{"text": "ok"}})
+		return data
+	}
+	held.Store(true)
+	const sent = 10
+	for range sent {
+		if err := nc.Publish(protocol.OutboxSubject(bob.Public()), answer()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The first is in the handler, waiting on the clock, and still counts
+	// as pending until handled; pending-1 wait behind it; the rest overflow.
+	want := uint64(sent - pending)
+	deadline := time.Now().Add(5 * time.Second)
+	for w.Stats().Overflow < want && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	held.Store(false)
+	close(release)
+	for w.Stats().Recorded < 2*(sent-want) && time.Now().Before(deadline) {
+		time.Sleep(5 * time.Millisecond)
+	}
+	if s := w.Stats(); s.Overflow != want || s.Recorded != 2*(sent-want) {
+		t.Fatalf("stats %+v: want %d overflowed and %d items recorded", s, want, 2*(sent-want))
+	}
+	_ = w.Stop()
+	if s := w.Stats(); s.Overflow != want {
+		t.Fatalf("after Stop the overflow reads %d, want %d", s.Overflow, want)
 	}
 }
