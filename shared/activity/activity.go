@@ -601,6 +601,9 @@ func subjectToken(key string) string {
 // the taps wait, which is the back-pressure JetStream asks for.
 const ackQueue = 4096
 
+// The client's cap must not bite before the worker's own.
+var _ = [bus.MaxPublishAsyncPending - 2*ackQueue]struct{}{}
+
 // pendingRecord is a published timeline record whose ack decides whether
 // it is counted.
 type pendingRecord struct {

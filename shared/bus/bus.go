@@ -66,7 +66,11 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Version == "" {
 		cfg.Version = "1.0.0"
 	}
-	js, err := jetstream.New(cfg.NC)
+	// A worker bounds its own asynchronous publishes (the activity
+	// worker's ack queue); the client's cap sits above every such bound,
+	// so a slow broker makes the worker wait at its own limit instead of
+	// failing publishes at the client's default 4,000.
+	js, err := jetstream.New(cfg.NC, jetstream.WithPublishAsyncMaxPending(MaxPublishAsyncPending))
 	if err != nil {
 		return nil, fmt.Errorf("%s: jetstream: %w", cfg.Name, err)
 	}
@@ -345,3 +349,8 @@ func Every(ctx context.Context, d time.Duration, f func(ctx context.Context)) {
 		}
 	}
 }
+
+// MaxPublishAsyncPending is the JetStream client's cap on unacknowledged
+// asynchronous publishes of a worker's connection; it must stay above every
+// worker's own bound (activity's ack queue).
+const MaxPublishAsyncPending = 16384
