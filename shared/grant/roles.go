@@ -171,7 +171,7 @@ var rolesPage = template.Must(template.New("roles").Parse(`<!doctype html>
 func RolesHTML(deployer string) []byte {
 	s := Setup{Deployer: deployer}
 	var b bytes.Buffer
-	_ = rolesPage.Execute(&b, map[string]any{"Deployer": deployer, "Roles": Roles, "Services": Services,
+	_ = rolesPage.Execute(&b, map[string]any{"Deployer": or(deployer, "DEPLOYER (not configured on this instance)"), "Roles": Roles, "Services": Services,
 		"Commands": s.Commands(), "Revoke": s.RevokeCommand()})
 	return b.Bytes()
 }
