@@ -199,6 +199,16 @@ func TestRolesDocIsGenerated(t *testing.T) {
 	if string(got) != want {
 		t.Fatalf("docs/grant-roles.md differs from shared/grant.Roles; regenerate it with UPDATE_GRANT_ROLES=1 go test ./shared/grant -run TestRolesDocIsGenerated")
 	}
+	// The customer's guide gives the same commands, word for word.
+	guide, err := os.ReadFile(filepath.Join("..", "..", "docs", "grants.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range append((Setup{}).Commands(), (Setup{}).RevokeCommand()) {
+		if !strings.Contains(string(guide), c+"\n") {
+			t.Errorf("docs/grants.md lacks the command\n%s", c)
+		}
+	}
 	page := string(RolesHTML("mesh-deployer@mesh-prod.iam.gserviceaccount.com"))
 	for _, r := range Roles {
 		if !strings.Contains(page, r.Role) {
