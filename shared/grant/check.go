@@ -157,6 +157,12 @@ func codeOf(err error) (codes.Code, string) {
 // removed it) and keep, when given, accepts it as it is now.
 func (s *Service) checkAndSettle(ctx context.Context, g Grant, trigger string, keep func(cur Grant) bool) (Grant, error) {
 	v := s.check(ctx, g, trigger)
+	if ctx.Err() != nil {
+		// The caller went away mid-check: its failures say nothing about
+		// the grant, so nothing is written (a pending record is taken up
+		// by the scheduled row).
+		return Grant{}, errs.Wrap(errs.Unavailable, "the check was interrupted; verify again", ctx.Err())
+	}
 	now := s.now()
 	var out Grant
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
@@ -227,9 +233,9 @@ func (s *Service) Recheck(ctx context.Context) (int, error) {
 			due = append(due, g)
 		}
 	}
-	n := 0
+	n, began := 0, time.Now()
 	for _, g := range due {
-		if n >= recheckBatch || ctx.Err() != nil {
+		if n >= recheckBatch || time.Since(began) >= recheckBudget || ctx.Err() != nil {
 			break
 		}
 		was := g.State

@@ -309,8 +309,8 @@ func (s *Service) refusal(ctx context.Context, g Grant, method, resource string,
 }
 
 // lower lowers a verified grant to revoked (a deploy never raises a state)
-// and answers the refusal. A record replaced or deleted meanwhile is left
-// alone.
+// and answers the refusal. A record replaced or deleted meanwhile, or no
+// longer verified, is left alone.
 func (s *Service) lower(ctx context.Context, g Grant, why string) error {
 	err := s.st.RunTx(context.WithoutCancel(ctx), func(tx store.Tx) error {
 		var cur Grant
@@ -324,7 +324,7 @@ func (s *Service) lower(ctx context.Context, g Grant, why string) error {
 		return tx.Set(CollGrants, docID(g.AccountID, g.Provider), cur)
 	})
 	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		s.log.Error("a refused deploy could not lower its grant", "account", g.AccountID, "err", err)
+		return errs.Wrap(errs.Unavailable, "your project refused the deploy ("+why+"), and the grant could not be marked revoked; retry shortly", err)
 	}
 	s.log.Info("cloud grant lowered by a refused deploy", "account", g.AccountID, "provider", g.Provider)
 	e := errs.New(errs.DependencyFailed, "your project refused the deploy, so the grant is now revoked: "+why).WithDetail("grant_state", string(Revoked))

@@ -68,9 +68,11 @@ const (
 	// MaxRecheckWait.
 	RecheckEvery   = 5 * time.Minute
 	MaxRecheckWait = 6 * time.Hour
-	// recheckBatch bounds the grants one run checks; the rest wait for the
-	// next run.
-	recheckBatch = 50
+	// recheckBatch and recheckBudget bound one run (a scheduled function
+	// has a timeout): no check starts after either is reached; the rest
+	// wait for the next run.
+	recheckBatch  = 50
+	recheckBudget = 40 * time.Second
 	// stalePending is how long a pending record may wait for the check of
 	// the call that made it (which may have died with its instance) before
 	// the scheduled row checks it.

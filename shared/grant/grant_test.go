@@ -564,3 +564,32 @@ func TestActionsLimit(t *testing.T) {
 		t.Errorf("another account's log: %+v", other)
 	}
 }
+
+// A POST whose caller goes away during the check writes no verdict (the
+// failures it saw say nothing about the grant): the record stays pending,
+// and the scheduled row checks it once it is older than a few minutes.
+func TestInterruptedCheckLeavesPending(t *testing.T) {
+	w := newWorld(t, 0)
+	w.g.Customer(project, sa, deployer)
+	w.g.Outage("GenerateAccessToken", codes.Unavailable)
+	short, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
+	defer cancel()
+	_, err := w.svc.Create(short, w.acct, grant.Request{Provider: "gcp", ProjectID: project, ServiceAccount: sa})
+	if errs.CodeOf(err) != errs.Unavailable {
+		t.Fatalf("interrupted POST: %v", err)
+	}
+	if v, _ := w.svc.Get(ctx(t), w.acct, "gcp"); v.State != grant.Pending || v.CheckedAt != nil {
+		t.Fatalf("after an interrupted check: %+v", v)
+	}
+	w.g.EndOutage("GenerateAccessToken")
+	if n, _ := w.svc.Recheck(ctx(t)); n != 0 {
+		t.Fatalf("a fresh pending grant was re-checked")
+	}
+	w.clock.Advance(10 * time.Minute)
+	if n, err := w.svc.Recheck(ctx(t)); n != 1 || err != nil {
+		t.Fatalf("recheck of a stale pending grant: %d %v", n, err)
+	}
+	if v, _ := w.svc.Get(ctx(t), w.acct, "gcp"); v.State != grant.Verified {
+		t.Fatalf("after the re-check: %+v", v)
+	}
+}
