@@ -88,7 +88,8 @@ func cloudEnv() []string {
 	return []string{"GOOGLE_CLOUD_PROJECT=mesh-test", "FIRESTORE_EMULATOR_HOST=127.0.0.1:9", "MESH_NAME=functest",
 		"MESH_CONTROL_URL=https://mesh.example.org", "MESH_CONSOLE_URL=https://mesh.example.org/console/",
 		"SMTP_ADDR=127.0.0.1:25", "SMTP_FROM=mesh@example.org", "MESH_NATS_URLS=nats://127.0.0.1:9",
-		"MESH_KEYS=none", "MESH_SECRETS_PROJECT=", "MESH_SECRETMANAGER_EMULATOR_HOST="}
+		"MESH_KEYS=none", "MESH_SECRETS_PROJECT=", "MESH_SECRETMANAGER_EMULATOR_HOST=",
+		"MESH_DEPLOYER_SA=mesh-deployer@mesh-test.iam.gserviceaccount.com"}
 }
 
 func do(t *testing.T, method, url string) (int, string) {

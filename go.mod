@@ -3,6 +3,9 @@ module agentmesh.dev/mesh
 go 1.26.0
 
 require (
+	cloud.google.com/go/iam v1.15.0
+	cloud.google.com/go/resourcemanager v1.18.0
+	cloud.google.com/go/run v1.24.0
 	cloud.google.com/go/secretmanager v1.23.0
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/chromedp/cdproto v0.159.0
@@ -18,7 +21,6 @@ require (
 
 require (
 	cloud.google.com/go/functions v1.25.0 // indirect
-	cloud.google.com/go/iam v1.12.0 // indirect
 	github.com/agext/levenshtein v1.2.1 // indirect
 	github.com/apparentlymart/go-textseg/v15 v15.0.0 // indirect
 	github.com/apparentlymart/go-textseg/v17 v17.0.1 // indirect
@@ -39,7 +41,7 @@ require (
 	cloud.google.com/go/auth/oauth2adapt v0.2.8 // indirect
 	cloud.google.com/go/compute/metadata v0.9.0 // indirect
 	cloud.google.com/go/firestore v1.29.0
-	cloud.google.com/go/longrunning v1.2.0 // indirect
+	cloud.google.com/go/longrunning v1.2.0
 	github.com/antithesishq/antithesis-sdk-go v0.8.0-default-no-op // indirect
 	github.com/cespare/xxhash/v2 v2.3.0 // indirect
 	github.com/cloudevents/sdk-go/v2 v2.15.2 // indirect
@@ -82,7 +84,7 @@ require (
 	golang.org/x/time v0.16.0 // indirect
 	google.golang.org/api v0.288.0
 	google.golang.org/genproto v0.0.0-20260715232425-e75dac1f907d // indirect
-	google.golang.org/genproto/googleapis/api v0.0.0-20260715232425-e75dac1f907d // indirect
+	google.golang.org/genproto/googleapis/api v0.0.0-20260715232425-e75dac1f907d
 	google.golang.org/genproto/googleapis/rpc v0.0.0-20260715232425-e75dac1f907d
 	google.golang.org/grpc v1.83.2
 	google.golang.org/protobuf v1.36.11

@@ -84,9 +84,13 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		ControlURL: m.urls.Control, ConsoleURL: m.urls.Console, RegistrarURL: m.urls.Registrar,
 		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
 			BodyTimeout: cfg.BodyTimeout, GuestIdleTTL: cfg.GuestIdleTTL, GuestLimits: cfg.GuestLimits, AccountLimits: cfg.AccountLimits,
-			Unowned: cfg.Unowned, Classes: cfg.Classes}})
+			Unowned: cfg.Unowned, Classes: cfg.Classes},
+		Grants: cfg.Grants})
 	if err != nil {
 		return fmt.Errorf("devenv: %w", err)
+	}
+	if d.Grants != nil {
+		m.closers = append(m.closers, d.Grants.Close)
 	}
 	m.log.Info("registrar ready", "url", m.urls.Registrar, "registrar_key", regKey.Public(), "kid", registrar.Kid(regKey.Public()))
 	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d}

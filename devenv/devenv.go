@@ -22,6 +22,7 @@ import (
 	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/credential"
@@ -104,6 +105,12 @@ type Config struct {
 	// FenceWindow is how often the fence reads limited connections' rates
 	// (fence.DefaultWindow when 0).
 	FenceWindow time.Duration
+	// Grants configures the cloud grants: the deployer's address (meshd
+	// --grant-deployer) and, in tests, the Google world they reach
+	// (shared/grant/googlefake); nil Google is the real APIs with the
+	// machine's application default credentials. Without a deployer the
+	// grant routes answer 501.
+	Grants api.Grants
 }
 
 func (c Config) meshName() string {

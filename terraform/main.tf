@@ -27,6 +27,7 @@ locals {
     MESH_NATS_INTERNAL_URLS = local.nats_internal_urls
     MESH_WS_URLS            = local.ws_public_urls
     MESH_TRUSTED_PROXY_HOPS = tostring(var.trusted_proxy_hops)
+    MESH_DEPLOYER_SA        = google_service_account.deployer.email
     SMTP_ADDR               = var.smtp_addr
     SMTP_FROM               = var.smtp_from
     SMTP_USERNAME           = var.smtp_username

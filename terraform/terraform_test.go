@@ -400,7 +400,7 @@ func TestFunctionEnvironment(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, k := range []string{"GOOGLE_CLOUD_PROJECT", "MESH_SECRETS_PROJECT", "MESH_CONTROL_URL", "MESH_CONSOLE_URL", "MESH_NATS_URLS", "MESH_NATS_INTERNAL_URLS", "MESH_WS_URLS",
-		"SMTP_ADDR", "SMTP_FROM", "MESH_TRUSTED_PROXY_HOPS"} {
+		"SMTP_ADDR", "SMTP_FROM", "MESH_TRUSTED_PROXY_HOPS", "MESH_DEPLOYER_SA"} {
 		if !regexp.MustCompile(`(?m)^\s+` + k + `\s+=`).Match(src) {
 			t.Errorf("local.function_env does not set %s", k)
 		}

@@ -41,6 +41,10 @@ type serveConfig struct {
 	Unowned credential.UnownedLimits
 	Classes fence.Classes
 	Mailbox mailbox.Limits
+	// GrantDeployer is the cloud grants' deployer service account
+	// (--grant-deployer, MESH_DEPLOYER_SA, as the Cloud Functions read it);
+	// empty leaves the grant routes answering 501.
+	GrantDeployer string
 }
 
 // setting is one flag with its environment variable and default.
@@ -67,6 +71,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"log level on stderr: trace, debug, info, warn or error", &level},
 		{"trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS", "0",
 			"reverse proxies in front of meshd that append to X-Forwarded-For; 0 uses the socket address and ignores the header", &hops},
+		{"grant-deployer", "MESH_DEPLOYER_SA", "",
+			"the deployer service account customers let impersonate theirs (cloud grants, docs/grants.md); Google is reached with this machine's application default credentials; empty turns the grant routes off", &cfg.GrantDeployer},
 	}
 
 	// The limits' knobs write into cfg; their flags take a value each,

@@ -232,6 +232,16 @@ func TestParseServeConfig(t *testing.T) {
 				return c
 			}(),
 		},
+		{
+			name: "the grants' deployer from the environment, a flag winning",
+			args: []string{"--grant-deployer", "mesh-deployer@flag-proj.iam.gserviceaccount.com"},
+			env:  map[string]string{"MESH_DEPLOYER_SA": "mesh-deployer@env-proj.iam.gserviceaccount.com"},
+			want: func() serveConfig {
+				c := limited(defaults, nil)
+				c.GrantDeployer = "mesh-deployer@flag-proj.iam.gserviceaccount.com"
+				return c
+			}(),
+		},
 		{name: "size without a number", args: []string{"--limit-mailbox-bytes", "lots"}, wantErr: errUsage},
 		{name: "payload too small", env: map[string]string{"MESH_LIMIT_GUEST_PAYLOAD": "10"}, wantErr: errUsage},
 		{name: "rate without a window", args: []string{"--limit-guest-per-address", "20"}, wantErr: errUsage},
@@ -276,6 +286,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 	for _, want := range []string{
 		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
 		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL", "--trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS",
+		"--grant-deployer", "MESH_DEPLOYER_SA",
 		"--limit-guest-pool", "MESH_LIMIT_GUEST_POOL", "--limit-guest-per-network", "MESH_LIMIT_GUEST_PER_NETWORK", `default "60/1h"`,
 		"--limit-signup-per-address", "MESH_LIMIT_SIGNUP_PER_ADDRESS", `default "10/1h"`, "--limit-mail-per-recipient", "MESH_LIMIT_MAIL_PER_RECIPIENT",
 	} {

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/mailbox"
 )
 
@@ -46,6 +47,7 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		Unowned:          cfg.Unowned,
 		Classes:          cfg.Classes.Map(),
 		Workers:          devenv.WorkerConfig{Mailbox: mailbox.Config{Limits: cfg.Mailbox}},
+		Grants:           api.Grants{Deployer: cfg.GrantDeployer},
 	})
 	if err != nil {
 		return err

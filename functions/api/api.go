@@ -17,6 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/registrar"
@@ -33,6 +34,9 @@ type Deps struct {
 	// Views answers the account routes that ask the bus (live status,
 	// activity, subscriptions); nil without a bus connection.
 	Views *accountview.Service
+	// Grants is the cloud grants and the deployment manager; nil without a
+	// deployer service account (the grant routes answer 501).
+	Grants *grant.Service
 	// RateLimit is the per-IP limit every route sits behind.
 	RateLimit *httpx.Limiter
 	// TrustedProxyHops is how many proxies append to X-Forwarded-For in

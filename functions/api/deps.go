@@ -14,6 +14,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/keys"
@@ -56,6 +57,24 @@ type Backends struct {
 	// ControlURL, ConsoleURL and RegistrarURL are the public bases.
 	ControlURL, ConsoleURL, RegistrarURL string
 	Settings                             Settings
+	// Grants is what the cloud grants need; without a deployer the grant
+	// routes answer 501.
+	Grants Grants
+}
+
+// Grants configures the cloud grants (spec §4.7, DESIGN §11).
+type Grants struct {
+	// Deployer is the deployer service account's address: the middle of
+	// the impersonation chain, and what customers bind (MESH_DEPLOYER_SA,
+	// set by Terraform; meshd --grant-deployer).
+	Deployer string
+	// Google reaches Google's APIs; nil is grant.ADC(), the real APIs as
+	// the instance's application default credentials. Tests give the
+	// in-process world (shared/grant/googlefake).
+	Google *grant.Google
+	// CallTimeout is each Google call's deadline (grant.DefaultCallTimeout
+	// when 0).
+	CallTimeout time.Duration
 }
 
 // Settings are the control plane's knobs: the same ones, with the same
@@ -97,6 +116,14 @@ func NewDeps(b Backends) (*Deps, error) {
 	d := &Deps{Log: b.Log.With("component", "http"), TrustedProxyHops: max(s.TrustedProxyHops, 0), BodyTimeout: s.BodyTimeout}
 	d.Accounts = account.New(account.Config{Store: b.Store, Mail: b.Mail, Passkeys: pk, Log: b.Log.With("service", "account"),
 		ConsoleURL: b.ConsoleURL, ControlURL: b.ControlURL, Now: b.Now, Limits: s.AccountLimits})
+	if b.Grants.Deployer != "" {
+		d.Grants, err = grant.New(grant.Config{Store: b.Store, Google: b.Grants.Google, Deployer: b.Grants.Deployer, Accounts: d.Accounts,
+			ControlURL: b.ControlURL, RegistrarURL: b.RegistrarURL, CallTimeout: b.Grants.CallTimeout, Now: b.Now,
+			Log: b.Log.With("service", "grant")})
+		if err != nil {
+			return nil, fmt.Errorf("control plane: %w", err)
+		}
+	}
 	var history credential.History
 	if b.Bus != nil {
 		history = mailbox.History{Bus: b.Bus}
@@ -140,6 +167,7 @@ func NewDeps(b Backends) (*Deps, error) {
 		"node_credential": map[string]any{"minting": b.Trust != nil, "no_expiry": s.NoExpiry, "max_agents": credential.MaxRoster},
 		"guest":           map[string]any{"idle_ttl_seconds": int(idle / time.Second), "minting": b.Trust != nil},
 		"passkeys":        true,
+		"cloud_grants":    map[string]any{"providers": []string{grant.ProviderGCP}, "configured": d.Grants != nil},
 		"nats_endpoints":  append(append([]string{}, b.Mesh.TCP...), b.Mesh.WS...),
 	}
 	return d, nil

@@ -79,6 +79,11 @@ type Config struct {
 	// and the fence read).
 	Unowned credential.UnownedLimits
 	Classes fence.Classes
+	// Deployer is the cloud grants' deployer service account
+	// (MESH_DEPLOYER_SA, which Terraform sets to the one it creates); the
+	// functions reach Google as their runtime account (application default
+	// credentials).
+	Deployer string
 }
 
 // FromEnv reads the configuration through getenv and checks it.
@@ -112,6 +117,7 @@ func FromEnv(getenv func(string) string) (Config, error) {
 		SMTP: mail.SMTPConfig{Addr: getenv("SMTP_ADDR"), From: getenv("SMTP_FROM"), Username: getenv("SMTP_USERNAME"),
 			Password: getenv("SMTP_PASSWORD"), TLS: mail.TLSPolicy(getenv("SMTP_TLS"))},
 		NoExpiry: getenv("MESH_NODE_CREDENTIAL_NO_EXPIRY") == "true",
+		Deployer: strings.TrimSpace(getenv("MESH_DEPLOYER_SA")),
 	}
 	switch k := getenv("MESH_KEYS"); k {
 	case "", "secret-manager":
@@ -140,7 +146,8 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	}
 	var missing []string
 	for k, v := range map[string]string{"GOOGLE_CLOUD_PROJECT": c.ProjectID, "MESH_CONTROL_URL": c.ControlURL,
-		"MESH_CONSOLE_URL": c.ConsoleURL, "SMTP_ADDR": c.SMTP.Addr, "SMTP_FROM": c.SMTP.From} {
+		"MESH_CONSOLE_URL": c.ConsoleURL, "SMTP_ADDR": c.SMTP.Addr, "SMTP_FROM": c.SMTP.From,
+		"MESH_DEPLOYER_SA": c.Deployer} {
 		if v == "" {
 			missing = append(missing, k)
 		}
@@ -194,7 +201,8 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (d *api.Deps, err er
 		Mesh:       credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs},
 		ControlURL: c.ControlURL, ConsoleURL: c.ConsoleURL, RegistrarURL: c.RegistrarURL,
 		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
-			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()}}
+			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()},
+		Grants: api.Grants{Deployer: c.Deployer}}
 	if c.NoKeys {
 		log.Warn("running without keys (MESH_KEYS=none): nothing is minted, resolve answers 503, and the account views have no bus")
 		return api.NewDeps(b)

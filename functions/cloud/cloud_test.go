@@ -14,6 +14,7 @@ func TestFromEnv(t *testing.T) {
 	base := map[string]string{
 		"GOOGLE_CLOUD_PROJECT": "p1", "MESH_CONTROL_URL": "https://api.example.org", "MESH_CONSOLE_URL": "https://console.example.org/",
 		"SMTP_ADDR": "smtp.example.org:587", "SMTP_FROM": "mesh@example.org", "MESH_NATS_URLS": "tls://a:4222, tls://b:4222",
+		"MESH_DEPLOYER_SA": "mesh-deployer@p1-proj.iam.gserviceaccount.com",
 	}
 	env := func(over map[string]string) func(string) string {
 		return func(k string) string {
@@ -29,17 +30,18 @@ func TestFromEnv(t *testing.T) {
 	}
 	if c.MeshName != "p1" || len(c.NATSURLs) != 2 || c.NATSURLs[1] != "tls://b:4222" || c.MarkupPct != 10 || c.TrustedProxyHops != 1 || c.RateLimit != 30 ||
 		c.RegistrarURL != "https://api.example.org" || c.SecretsProject != "p1" || c.NoKeys || c.SecretManagerHost != "" ||
-		len(c.InternalNATSURLs) != 2 || c.InternalNATSURLs[0] != "tls://a:4222" {
+		len(c.InternalNATSURLs) != 2 || c.InternalNATSURLs[0] != "tls://a:4222" || c.Deployer != "mesh-deployer@p1-proj.iam.gserviceaccount.com" {
 		t.Errorf("defaults: %+v", c)
 	}
 	for name, over := range map[string]map[string]string{
-		"missing project": {"GOOGLE_CLOUD_PROJECT": ""},
-		"missing nats":    {"MESH_NATS_URLS": " , "},
-		"bad markup":      {"CREDITS_PLATFORM_MARKUP_PCT": "-3"},
-		"bad hops":        {"MESH_TRUSTED_PROXY_HOPS": "one"},
-		"missing smtp":    {"SMTP_ADDR": ""},
-		"missing console": {"MESH_CONSOLE_URL": ""},
-		"bad keys mode":   {"MESH_KEYS": "files"},
+		"missing project":  {"GOOGLE_CLOUD_PROJECT": ""},
+		"missing nats":     {"MESH_NATS_URLS": " , "},
+		"bad markup":       {"CREDITS_PLATFORM_MARKUP_PCT": "-3"},
+		"bad hops":         {"MESH_TRUSTED_PROXY_HOPS": "one"},
+		"missing smtp":     {"SMTP_ADDR": ""},
+		"missing console":  {"MESH_CONSOLE_URL": ""},
+		"missing deployer": {"MESH_DEPLOYER_SA": " "},
+		"bad keys mode":    {"MESH_KEYS": "files"},
 	} {
 		if _, err := FromEnv(env(over)); err == nil {
 			t.Errorf("%s: accepted", name)
@@ -63,6 +65,7 @@ func TestFromEnvLimits(t *testing.T) {
 	base := map[string]string{
 		"GOOGLE_CLOUD_PROJECT": "p1", "MESH_CONTROL_URL": "https://api.example.org", "MESH_CONSOLE_URL": "https://console.example.org/",
 		"SMTP_ADDR": "smtp.example.org:587", "SMTP_FROM": "mesh@example.org", "MESH_NATS_URLS": "tls://a:4222",
+		"MESH_DEPLOYER_SA": "mesh-deployer@p1-proj.iam.gserviceaccount.com",
 	}
 	env := func(over map[string]string) func(string) string {
 		return func(k string) string {

@@ -11,6 +11,7 @@ import (
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/functions/credentials"
+	"agentmesh.dev/mesh/functions/grants"
 	"agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
 	"agentmesh.dev/mesh/functions/registrar"
@@ -19,5 +20,5 @@ import (
 // All returns every row. The table is checked (api.Check) by this
 // package's tests; a malformed row never reaches a deployment.
 func All() []api.Route {
-	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, console.Routes)
+	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, console.Routes)
 }
