@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -217,5 +218,34 @@ func TestRolesDocIsGenerated(t *testing.T) {
 	}
 	if !strings.Contains(page, "--member serviceAccount:mesh-deployer@mesh-prod.iam.gserviceaccount.com --role roles/iam.serviceAccountTokenCreator") {
 		t.Error("the page does not fill the deployer into the grant command")
+	}
+}
+
+// The setup's steps, as the console's Cloud page shows them, are the
+// commands in their order, filled in; the last step is the one binding
+// that names the mesh.
+func TestSetupSteps(t *testing.T) {
+	s := Setup{ProjectID: "acme-agents", Account: "mesh-agent", Deployer: "mesh-deployer@mesh-prod.iam.gserviceaccount.com",
+		Region: "europe-west1", Bucket: "acme-agents-mesh-state", Repository: "agents"}
+	steps := s.Steps()
+	var flat []string
+	for _, st := range steps {
+		if st.Title == "" || len(st.Commands) == 0 {
+			t.Errorf("empty step %+v", st)
+		}
+		flat = append(flat, st.Commands...)
+	}
+	if !slices.Equal(flat, s.Commands()) {
+		t.Errorf("the steps are not the commands:\n%q\n%q", flat, s.Commands())
+	}
+	if len(steps) != 4 || !slices.Equal(steps[3].Commands, []string{s.GrantCommand()}) {
+		t.Fatalf("steps %+v", steps)
+	}
+	for _, c := range flat {
+		for _, ph := range []string{"PROJECT_ID", "ACCOUNT", "REGION", "BUCKET", "REPOSITORY", "DEPLOYER"} {
+			if strings.Contains(c, ph) {
+				t.Errorf("placeholder %s left in %q", ph, c)
+			}
+		}
 	}
 }

@@ -73,34 +73,56 @@ func (s Setup) ServiceAccount() string {
 	return or(s.Account, "ACCOUNT") + "@" + or(s.ProjectID, "PROJECT_ID") + iamDomain
 }
 
-// Commands are the gcloud commands of the setup, in order: enable the
-// services; create the account, the repository and the bucket; grant the
-// account its roles; and last, the one binding that lets the deployer
-// impersonate the account.
-func (s Setup) Commands() []string {
+// Step is one step of the setup: what it is for, and its commands.
+type Step struct {
+	Title    string
+	Commands []string
+}
+
+// Steps are the gcloud commands of the setup in its four steps, in order:
+// enable the services; create the account, the repository and the bucket;
+// grant the account its roles; and last, the one binding that lets the
+// deployer impersonate the account. The console's Cloud page shows them
+// step by step; Commands is the same list, flat.
+func (s Setup) Steps() []Step {
 	p, sa := or(s.ProjectID, "PROJECT_ID"), s.ServiceAccount()
 	region, bucket := or(s.Region, "REGION"), or(s.Bucket, "BUCKET")
 	member := "serviceAccount:" + sa
-	out := []string{
-		fmt.Sprintf("gcloud services enable %s --project %s", strings.Join(Services, " "), p),
-		fmt.Sprintf("gcloud iam service-accounts create %s --project %s --display-name \"agentmesh agent\"", or(s.Account, "ACCOUNT"), p),
-		fmt.Sprintf("gcloud artifacts repositories create %s --repository-format docker --location %s --project %s", or(s.Repository, "REPOSITORY"), region, p),
-		fmt.Sprintf("gcloud storage buckets create gs://%s --location %s --project %s --uniform-bucket-level-access", bucket, region, p),
-	}
+	var roles []string
 	for _, r := range Roles {
 		if r.Member != "account" {
 			continue
 		}
 		switch r.On {
 		case "the project":
-			out = append(out, fmt.Sprintf("gcloud projects add-iam-policy-binding %s --member %s --role %s --condition None", p, member, r.Role))
+			roles = append(roles, fmt.Sprintf("gcloud projects add-iam-policy-binding %s --member %s --role %s --condition None", p, member, r.Role))
 		case "the service account":
-			out = append(out, fmt.Sprintf("gcloud iam service-accounts add-iam-policy-binding %s --project %s --member %s --role %s", sa, p, member, r.Role))
+			roles = append(roles, fmt.Sprintf("gcloud iam service-accounts add-iam-policy-binding %s --project %s --member %s --role %s", sa, p, member, r.Role))
 		case "the state bucket":
-			out = append(out, fmt.Sprintf("gcloud storage buckets add-iam-policy-binding gs://%s --member %s --role %s", bucket, member, r.Role))
+			roles = append(roles, fmt.Sprintf("gcloud storage buckets add-iam-policy-binding gs://%s --member %s --role %s", bucket, member, r.Role))
 		}
 	}
-	return append(out, s.GrantCommand())
+	return []Step{
+		{"The APIs the grant uses", []string{
+			fmt.Sprintf("gcloud services enable %s --project %s", strings.Join(Services, " "), p),
+		}},
+		{"The account the mesh will act as, the repository for your agent's image, and the bucket that keeps the agent's state", []string{
+			fmt.Sprintf("gcloud iam service-accounts create %s --project %s --display-name \"agentmesh agent\"", or(s.Account, "ACCOUNT"), p),
+			fmt.Sprintf("gcloud artifacts repositories create %s --repository-format docker --location %s --project %s", or(s.Repository, "REPOSITORY"), region, p),
+			fmt.Sprintf("gcloud storage buckets create gs://%s --location %s --project %s --uniform-bucket-level-access", bucket, region, p),
+		}},
+		{"The account's roles", roles},
+		{"The grant itself: the only binding that names the mesh", []string{s.GrantCommand()}},
+	}
+}
+
+// Commands are the gcloud commands of the setup, in order (Steps, flat).
+func (s Setup) Commands() []string {
+	var out []string
+	for _, st := range s.Steps() {
+		out = append(out, st.Commands...)
+	}
+	return out
 }
 
 // GrantCommand is the one binding that names the mesh: the deployer may
