@@ -13,6 +13,9 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/shared/grant"
+	"agentmesh.dev/mesh/shared/grant/googlefake"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/mail/mailtest"
 	"agentmesh.dev/mesh/shared/testclock"
@@ -23,7 +26,8 @@ import (
 type clock = testclock.Clock
 
 // world is a whole in-process mesh (meshd's handlers, workers and broker)
-// whose mail goes to a real SMTP server in the test.
+// whose mail goes to a real SMTP server in the test; startCloudWorld adds
+// a fake Google for the cloud grants.
 type world struct {
 	t       *testing.T
 	m       *devenv.Mesh
@@ -32,7 +36,7 @@ type world struct {
 	console string // the console URL meshd prints: http://localhost:<port>/console/
 }
 
-func startWorld(t *testing.T) *world {
+func startWorld(t *testing.T, mut ...func(*devenv.Config)) *world {
 	t.Helper()
 	srv := mailtest.Start(t)
 	sender, err := mail.NewSMTP(mail.SMTPConfig{Addr: srv.Addr(), From: "mesh@mesh.test", TLS: mail.StartTLSNone})
@@ -42,7 +46,11 @@ func startWorld(t *testing.T) *world {
 	w := &world{t: t, smtp: srv, clock: &clock{}}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	w.m, err = devenv.Start(ctx, devenv.Config{DataDir: t.TempDir(), Mail: sender, Now: w.clock.Now, MeshName: "test-mesh"})
+	cfg := devenv.Config{DataDir: t.TempDir(), Mail: sender, Now: w.clock.Now, MeshName: "test-mesh"}
+	for _, m := range mut {
+		m(&cfg)
+	}
+	w.m, err = devenv.Start(ctx, cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,4 +207,27 @@ func alert(page answer) string {
 		return ""
 	}
 	return html.UnescapeString(m[1])
+}
+
+// The fake Google's names: the mesh's own two accounts, and a customer's
+// project and account.
+const (
+	gRuntime  = "mesh-runtime@mesh-prod.iam.gserviceaccount.com"
+	gDeployer = "mesh-deployer@mesh-prod.iam.gserviceaccount.com"
+	gProject  = "acme-agents"
+	gSA       = "mesh-agent@acme-agents.iam.gserviceaccount.com"
+)
+
+// startCloudWorld is a world whose control plane reaches a fake Google
+// (shared/grant/googlefake, one in-memory world over the real client
+// libraries) for its cloud grants, as meshd reaches the real one. The
+// customer's side of the world is left to the test (g.Customer).
+func startCloudWorld(t *testing.T) (*world, *googlefake.Fake) {
+	t.Helper()
+	g := googlefake.Start(t)
+	tok := g.Provider(gRuntime, gDeployer)
+	w := startWorld(t, func(cfg *devenv.Config) {
+		cfg.Grants = api.Grants{Deployer: gDeployer, Google: &grant.Google{Self: g.Options(tok), As: g.Options}, CallTimeout: 5 * time.Second}
+	})
+	return w, g
 }

@@ -16,6 +16,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/secret"
 )
@@ -27,6 +28,9 @@ type Config struct {
 	// Registrar serves the Handles page; nil makes that page say the
 	// registrar is not configured on this instance.
 	Registrar Registrar
+	// Grants serves the Cloud page; nil makes that page say cloud grants
+	// are not configured on this instance.
+	Grants *grant.Service
 	// ConsoleURL is where people open the console, e.g.
 	// http://localhost:8080/console/ or https://mesh.example.org/console/.
 	// Its scheme decides whether cookies are Secure, and its origin is the
@@ -43,6 +47,7 @@ type Config struct {
 type Server struct {
 	acc       *account.Service
 	reg       Registrar
+	grants    *grant.Service
 	log       *slog.Logger
 	origin    string // scheme://host of ConsoleURL ("" when unknown)
 	canonical *url.URL
@@ -84,6 +89,14 @@ var funcs = template.FuncMap{
 		return time.UnixMilli(ms).UTC().Format("2006-01-02 15:04 UTC")
 	},
 	"clock": func(t time.Time) string { return t.UTC().Format("15:04:05 UTC") },
+	// stamp shows an RFC 3339 time from a service's view, to the second.
+	"stamp": func(s string) string {
+		t, err := time.Parse(time.RFC3339Nano, s)
+		if err != nil {
+			return s
+		}
+		return t.UTC().Format("2006-01-02 15:04:05 UTC")
+	},
 }
 
 func parsePages() map[string]*template.Template {
@@ -105,7 +118,7 @@ func parsePages() map[string]*template.Template {
 
 // New builds the console.
 func New(cfg Config) *Server {
-	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, log: cfg.Log, mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
+	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, grants: cfg.Grants, log: cfg.Log, mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
 	if s.acc != nil {
 		s.outbox = s.acc.OutboxDir()
 	}
@@ -142,6 +155,11 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("GET "+p+"/handles", s.signedIn(s.handlesPage))
 	s.mux.HandleFunc("POST "+p+"/handles/claim", s.signedIn(s.claimHandle))
 	s.mux.HandleFunc("POST "+p+"/handles/pair", s.signedIn(s.startPairing))
+	s.mux.HandleFunc("GET "+p+"/cloud", s.signedIn(s.cloudPage))
+	s.mux.HandleFunc("POST "+p+"/cloud/grant", s.signedIn(s.addGrant))
+	s.mux.HandleFunc("POST "+p+"/cloud/verify", s.signedIn(s.verifyGrant))
+	s.mux.HandleFunc("POST "+p+"/cloud/forget", s.signedIn(s.forgetGrant))
+	s.mux.HandleFunc("POST "+p+"/cloud/deploy", s.signedIn(s.deployAgent))
 	s.mux.HandleFunc(p+"/", s.notFound)
 	return s
 }

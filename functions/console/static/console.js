@@ -172,7 +172,7 @@
         say(name + '-status', 'Confirm with your passkey…');
         try {
           await ceremony('assert');
-          say(name + '-status', 'Passkey confirmed. Minting the key…');
+          say(name + '-status', form.getAttribute('data-passkey-done') || 'Passkey confirmed. Minting the key…');
           form.submit();
         } catch (err) {
           say(name + '-status', '');
