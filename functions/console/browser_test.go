@@ -20,6 +20,9 @@ import (
 	"github.com/chromedp/cdproto/webauthn"
 	"github.com/chromedp/chromedp"
 	"github.com/chromedp/chromedp/kb"
+
+	"agentmesh.dev/mesh/shared/grant"
+	"agentmesh.dev/mesh/shared/grant/googlefake"
 )
 
 // browserCandidates are where the console's browser test looks for a
@@ -383,7 +386,7 @@ func up(t *testing.T, bin, command string) (agentID, state string) {
 func TestConsoleInBrowser(t *testing.T) {
 	exe := needBrowser(t)
 	adapter := buildAdapter(t) // in the background, while the browser starts
-	w := startWorld(t)
+	w, g := startCloudWorld(t)
 	p := openPage(t, w, exe)
 
 	p.signIn("ana@example.org")
@@ -421,12 +424,107 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	p.pairHandle("helper", adapter(), state, agentID)
 
-	// The same list on a phone-sized screen: nothing may overflow the page.
+	p.cloud(g)
+
+	// The same lists on a phone-sized screen: nothing may overflow the page.
 	p.do("phone-sized", chromedp.EmulateViewport(390, 844), chromedp.Navigate(p.w.console+"agent-keys"), chromedp.WaitVisible(chromedp.CSS(`table`)))
 	if over, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth`)); err != nil || over {
 		t.Errorf("the agent keys page is wider than a phone screen (%v)", err)
 	}
 	p.shot("agent-keys-phone")
+	p.do("phone-sized cloud", chromedp.Navigate(p.w.console+"cloud"), chromedp.WaitVisible(chromedp.CSS(`#actions`)))
+	if over, err := chromedp.Run(p.ctx, chromedp.Evaluate[bool](`document.documentElement.scrollWidth > window.innerWidth`)); err != nil || over {
+		wide, _ := chromedp.Run(p.ctx, chromedp.Evaluate[string](`Array.from(document.querySelectorAll("*")).filter(e => e.getBoundingClientRect().right > window.innerWidth).map(e => e.tagName+"#"+e.id+"."+e.className).join(" ")`))
+		t.Errorf("the Cloud page is wider than a phone screen (%v): %s", err, wide)
+	}
+	p.shot("cloud-phone")
+}
+
+// cloud is the Cloud page against the fake Google: fill the setup form and
+// read the exact commands; the customer runs them (the fake world gets
+// the project, the account, its roles and the deployer's binding); add
+// the grant and see it verified, the project read made as the customer's
+// account; deploy (the page runs the passkey assertion before it posts);
+// see the deploy and its calls in the actions log; and check in the fake
+// world that both secrets and the worker pool were written as the
+// customer's account, with the model API key typed into the page and a
+// live agent key of this account.
+func (p *page) cloud(g *googlefake.Fake) {
+	p.t.Helper()
+	p.do("open cloud", chromedp.Navigate(p.w.console+"cloud"), chromedp.WaitVisible(chromedp.CSS(`#setup-project`)))
+	if got := p.text("#grant-to"); got != gDeployer {
+		p.t.Fatalf("the deployer to bind: %q", got)
+	}
+	p.do("fill the setup form",
+		chromedp.SendKeys(chromedp.CSS(`#setup-project`), gProject), chromedp.SendKeys(chromedp.CSS(`#setup-account`), "mesh-agent"),
+		chromedp.SendKeys(chromedp.CSS(`#setup-region`), "europe-west1"), chromedp.SendKeys(chromedp.CSS(`#setup-bucket`), "acme-agents-mesh-state"),
+		chromedp.SendKeys(chromedp.CSS(`#setup-repository`), "agents"+kb.Enter),
+		// Only the answer has the add form filled in from the setup.
+		chromedp.WaitVisible(chromedp.CSS(`#grant-account[value="`+gSA+`"]`)))
+	setup := grant.Setup{ProjectID: gProject, Account: "mesh-agent", Deployer: gDeployer, Region: "europe-west1",
+		Bucket: "acme-agents-mesh-state", Repository: "agents"}
+	for i, st := range setup.Steps() {
+		if got := p.text(fmt.Sprintf("#setup-step-%d", i)); got != strings.Join(st.Commands, "\n") {
+			p.t.Errorf("step %d reads\n%s\nwant\n%s", i, got, strings.Join(st.Commands, "\n"))
+		}
+	}
+	p.shot("cloud-setup")
+
+	// The customer runs the commands.
+	g.Customer(gProject, gSA, gDeployer)
+	p.do("add the grant", chromedp.Click(chromedp.CSS(`form[action="/console/cloud/grant"] button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#grant-state`)))
+	if got := p.text("#grant-state"); got != "verified" {
+		p.t.Fatalf("the grant is %q: %s (%s)", got, p.text("main"), p.text("#grant-error"))
+	}
+	if got := p.text("p.notice"); got != "Grant recorded and checked just now: it is verified." {
+		p.t.Errorf("after adding the grant: %q", got)
+	}
+	for _, c := range g.Calls() {
+		if c.Method == "GetProject" && c.Principal != gSA {
+			p.t.Errorf("the project was read as %q", c.Principal)
+		}
+	}
+	p.shot("cloud-grant-verified")
+
+	// Deploy: the form starts with the setup's region and bucket only
+	// when the page was opened from the setup; fill it whole.
+	p.do("fill the deploy form",
+		chromedp.SetValue(chromedp.CSS(`#deploy-name`), "scout"), chromedp.SetValue(chromedp.CSS(`#deploy-region`), "europe-west1"),
+		chromedp.SetValue(chromedp.CSS(`#deploy-image`), "europe-west1-docker.pkg.dev/acme-agents/agents/scout:1"),
+		chromedp.SetValue(chromedp.CSS(`#deploy-bucket`), "acme-agents-mesh-state"),
+		chromedp.SendKeys(chromedp.CSS(`#deploy-model-key`), modelKey))
+	// Only the answer lists a deployed agent (a refusal fails the step with
+	// the page's text, its message included).
+	p.do("deploy", chromedp.Click(chromedp.CSS(`#deploy-form button[type="submit"]`)), chromedp.WaitVisible(chromedp.CSS(`#deploys`)))
+	if got := p.text("p.notice"); !strings.HasPrefix(got, "Deployed scout: Cloud Run runs the worker pool mesh-scout in europe-west1 of acme-agents") {
+		p.t.Errorf("after the deploy: %q", got)
+	}
+	pool := "projects/acme-agents/locations/europe-west1/workerPools/mesh-scout"
+	if got := p.text("#deploys tbody tr"); !strings.Contains(got, pool) {
+		p.t.Errorf("deployed agents: %q", got)
+	}
+	if got := p.text("#actions tbody tr"); !strings.Contains(got, "run.UpdateWorkerPool") || !strings.Contains(got, "deploy") || !strings.Contains(got, pool) {
+		p.t.Errorf("the newest line of the actions log: %q", got)
+	}
+	body, err := chromedp.Run(p.ctx, chromedp.OuterHTML(chromedp.CSS("html")))
+	if err != nil || strings.Contains(body, modelKey) {
+		p.t.Errorf("the page shows the model API key (%v)", err)
+	}
+	p.shot("cloud-deployed")
+
+	// In the fake world: written as the customer's account.
+	wp, by := g.WorkerPool(pool)
+	if wp == nil || by != gSA || wp.GetTemplate().GetServiceAccount() != gSA {
+		p.t.Fatalf("the worker pool was written by %q and runs as %q", by, wp.GetTemplate().GetServiceAccount())
+	}
+	agentKey, model := g.Secret(gProject, "mesh-scout-agent-key"), g.Secret(gProject, "mesh-scout-model-key")
+	if len(agentKey) != 1 || agentKey[0].By != gSA || !agentKey[0].Checksummed || !strings.HasPrefix(string(agentKey[0].Data), "am_") {
+		p.t.Errorf("the agent key's secret: %d versions", len(agentKey))
+	}
+	if len(model) != 1 || model[0].By != gSA || !model[0].Checksummed || string(model[0].Data) != modelKey {
+		p.t.Errorf("the model key's secret: %d versions", len(model))
+	}
 }
 
 // pairHandle claims name on the Handles page, starts pairing, runs the
