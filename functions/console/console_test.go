@@ -33,6 +33,7 @@ func TestConsoleSignedOutGoesToSignIn(t *testing.T) {
 		"/console/agent-keys": "/console/login?next=%2Fconsole%2Fagent-keys",
 		"/console/tokens":     "/console/login?next=%2Fconsole%2Ftokens",
 		"/console/handles":    "/console/login?next=%2Fconsole%2Fhandles",
+		"/console/cloud":      "/console/login?next=%2Fconsole%2Fcloud",
 	} {
 		if a := b.get(path); a.status != http.StatusSeeOther || a.location != want {
 			t.Errorf("GET %s: %d → %q, want 303 → %q", path, a.status, a.location, want)
