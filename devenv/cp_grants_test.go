@@ -41,8 +41,8 @@ func startGrantsCP(t *testing.T, mut ...func(*devenv.Config)) (*cp, *googlefake.
 // next deploy without a call; DELETE makes no call.
 func TestCloudGrantEndToEnd(t *testing.T) {
 	c, g := startGrantsCP(t)
-	g.Customer(gProject, gSA, gDeployer)
 	acct, tok := c.signIn("ana@example.org")
+	g.Customer(gProject, gSA, gDeployer, acct)
 	base := "/v1/accounts/" + acct + "/cloud/grants"
 
 	st, out := c.post(base, map[string]any{"provider": "gcp", "project_id": gProject, "service_account": gSA}, tok)
@@ -124,9 +124,9 @@ func TestCloudGrantEndToEnd(t *testing.T) {
 // verified on its own once the hop works and its wait is over.
 func TestCloudGrantRecheckRunsOnMeshd(t *testing.T) {
 	c, g := startGrantsCP(t, func(cfg *devenv.Config) { cfg.JobInterval = 20 * time.Millisecond })
-	g.Customer(gProject, gSA, gDeployer)
-	g.RemoveTokenCreator(gDeployer, gRuntime)
 	acct, tok := c.signIn("ana@example.org")
+	g.Customer(gProject, gSA, gDeployer, acct)
+	g.RemoveTokenCreator(gDeployer, gRuntime)
 	base := "/v1/accounts/" + acct + "/cloud/grants"
 	st, out := c.post(base, map[string]any{"provider": "gcp", "project_id": gProject, "service_account": gSA}, tok)
 	if gr, _ := out["grant"].(map[string]any); st != 201 || gr["state"] != "unreachable" || !strings.Contains(gr["last_error"].(string), "Our side") {

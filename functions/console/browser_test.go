@@ -451,6 +451,13 @@ func TestConsoleInBrowser(t *testing.T) {
 // live agent key of this account.
 func (p *page) cloud(g *googlefake.Fake) {
 	p.t.Helper()
+	// The account's id, for the project's label (the home page carries it).
+	p.do("open home", chromedp.Navigate(p.w.console), chromedp.WaitVisible(chromedp.CSS(`main`)))
+	home, err := chromedp.Run(p.ctx, chromedp.Evaluate[string](`document.documentElement.outerHTML`))
+	acct := acctRE.FindString(home)
+	if err != nil || acct == "" {
+		p.t.Fatalf("the account id on the home page: %v", err)
+	}
 	p.do("open cloud", chromedp.Navigate(p.w.console+"cloud"), chromedp.WaitVisible(chromedp.CSS(`#setup-project`)))
 	if got := p.text("#grant-to"); got != gDeployer {
 		p.t.Fatalf("the deployer to bind: %q", got)
@@ -462,7 +469,7 @@ func (p *page) cloud(g *googlefake.Fake) {
 		// Only the answer has the add form filled in from the setup.
 		chromedp.WaitVisible(chromedp.CSS(`#grant-account[value="`+gSA+`"]`)))
 	setup := grant.Setup{ProjectID: gProject, Account: "mesh-agent", Deployer: gDeployer, Region: "europe-west1",
-		Bucket: "acme-agents-mesh-state", Repository: "agents"}
+		Bucket: "acme-agents-mesh-state", Repository: "agents", MeshAccount: acct}
 	for i, st := range setup.Steps() {
 		if got := p.text(fmt.Sprintf("#setup-step-%d", i)); got != strings.Join(st.Commands, "\n") {
 			p.t.Errorf("step %d reads\n%s\nwant\n%s", i, got, strings.Join(st.Commands, "\n"))
@@ -471,7 +478,7 @@ func (p *page) cloud(g *googlefake.Fake) {
 	p.shot("cloud-setup")
 
 	// The customer runs the commands.
-	g.Customer(gProject, gSA, gDeployer)
+	g.Customer(gProject, gSA, gDeployer, acct)
 	p.do("add the grant", chromedp.Click(chromedp.CSS(`form[action="/console/cloud/grant"] button[type="submit"]`)),
 		chromedp.WaitVisible(chromedp.CSS(`#grant-state`)))
 	if got := p.text("#grant-state"); got != "verified" {

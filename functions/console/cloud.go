@@ -119,6 +119,7 @@ func (s *Server) cloudView(r *http.Request, ss *session, q url.Values) (*view, e
 		}
 	}
 	setup, form, bad := s.setupOf(q, d.Grant)
+	setup.MeshAccount = ss.p.AccountID // the project's label names this account
 	d.Setup, d.Steps, d.Revoke = setup, setup.Steps(), setup.RevokeCommand()
 	for k, val := range form {
 		v.Form["setup_"+k] = val

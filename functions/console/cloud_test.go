@@ -49,6 +49,7 @@ func TestConsoleCloudPage(t *testing.T) {
 	w, g := startCloudWorld(t)
 	b := newBrowser(t, w.console)
 	b.signIn(w, "ana@example.org")
+	acct := acctRE.FindString(b.get("").body)
 
 	page := b.get("cloud")
 	if page.status != 200 || !strings.Contains(page.body, "<title>Cloud – agentmesh console</title>") ||
@@ -60,7 +61,7 @@ func TestConsoleCloudPage(t *testing.T) {
 
 	// The setup form fills the exact commands, step by step.
 	setup := grant.Setup{ProjectID: gProject, Account: "mesh-agent", Deployer: gDeployer, Region: "europe-west1",
-		Bucket: "acme-agents-mesh-state", Repository: "agents"}
+		Bucket: "acme-agents-mesh-state", Repository: "agents", MeshAccount: acct}
 	page = b.get("cloud?project=acme-agents&account=mesh-agent&region=europe-west1&bucket=acme-agents-mesh-state&repository=agents")
 	for i, st := range setup.Steps() {
 		want := `<code id="setup-step-` + string(rune('0'+i)) + `" aria-labelledby="setup-step-` + string(rune('0'+i)) + `-label">` +
@@ -116,7 +117,6 @@ func TestConsoleCloudPage(t *testing.T) {
 		t.Errorf("the refused deploy form shows the model key, or lost its values:\n%s", a.body)
 	}
 
-	acct := acctRE.FindString(b.get("").body)
 	dev := passkeytest.NewDevice([]byte(acct))
 	rp := passkeytest.RelyingParty{Name: "agentmesh", ID: "localhost", Origin: b.origin}
 	for _, kind := range []string{"register", "assert"} {
@@ -134,7 +134,7 @@ func TestConsoleCloudPage(t *testing.T) {
 	}
 
 	// The customer follows the setup; Verify raises the grant.
-	g.Customer(gProject, gSA, gDeployer)
+	g.Customer(gProject, gSA, gDeployer, acct)
 	if a = b.post("cloud/verify", url.Values{"csrf": {tok}}); a.status != http.StatusSeeOther || a.location != "/console/cloud?checked=1" {
 		t.Fatalf("verify: %d %q %q", a.status, a.location, alert(a))
 	}

@@ -160,8 +160,8 @@ func grantOf(out map[string]any) map[string]any { g, _ := out["grant"].(map[stri
 // forgets it and makes no call.
 func TestGrantRoutes(t *testing.T) {
 	s := start(t, true)
-	s.g.Customer(project, sa, deployer)
 	acct, tok := s.signIn("ana@example.org")
+	s.g.Customer(project, sa, deployer, acct)
 	base := "/v1/accounts/" + acct + "/cloud/grants"
 
 	st, out := s.do("POST", base, body(), tok)
@@ -221,8 +221,8 @@ func TestGrantRoutes(t *testing.T) {
 // and nothing is recorded or called.
 func TestPostBodyIsExactlyThreeMembers(t *testing.T) {
 	s := start(t, true)
-	s.g.Customer(project, sa, deployer)
 	acct, tok := s.signIn("ana@example.org")
+	s.g.Customer(project, sa, deployer, acct)
 	with := func(k string, v any) map[string]any { b := body(); b[k] = v; return b }
 	for _, tc := range []struct {
 		body any
@@ -257,8 +257,8 @@ func TestPostBodyIsExactlyThreeMembers(t *testing.T) {
 // in the path; the actions log also takes an amt_ token with scope audit.
 func TestSessionOnly(t *testing.T) {
 	s := start(t, true)
-	s.g.Customer(project, sa, deployer)
 	acct, tok := s.signIn("ana@example.org")
+	s.g.Customer(project, sa, deployer, acct)
 	_, other := s.signIn("eve@example.org")
 	all := s.apiToken(acct, tok, "audit", "read")
 	read := s.apiToken(acct, tok, "read")
@@ -297,8 +297,8 @@ func TestSessionOnly(t *testing.T) {
 // whose passkey check is fresh. Without one it is refused before any call.
 func TestDeployNeedsAFreshPasskey(t *testing.T) {
 	s := start(t, true)
-	s.g.Customer(project, sa, deployer)
 	acct, tok := s.signIn("ana@example.org")
+	s.g.Customer(project, sa, deployer, acct)
 	s.do("POST", "/v1/accounts/"+acct+"/cloud/grants", body(), tok)
 	n := len(s.g.Calls())
 	st, out := s.do("POST", "/v1/accounts/"+acct+"/cloud/grants/gcp/deploys", map[string]any{"name": "helper", "region": "europe-west1",

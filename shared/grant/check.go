@@ -55,7 +55,7 @@ func (s *Service) check(ctx context.Context, g Grant, trigger string) verdict {
 		p, err = rm.GetProject(ctx, &resourcemanagerpb.GetProjectRequest{Name: "projects/" + g.ProjectID})
 		return err
 	})
-	return judgeProjectRead(g, p.GetProjectId(), err)
+	return judgeProjectRead(g, p.GetProjectId(), p.GetLabels(), err)
 }
 
 // impersonate mints a token for the customer's account through the chain.
@@ -118,16 +118,32 @@ func judgeImpersonation(g Grant, deployer string, err, own error) verdict {
 	return verdict{Unreachable, fmt.Sprintf("Google's IAM Credentials API did not give a token for %s (%s: %s); nothing has been decided about your grant. The mesh retries on its own.", g.ServiceAccount, codeName(c), clip(msg, 200))}
 }
 
-// judgeProjectRead classifies the project read: it must succeed and name
-// the project recorded. A refusal at this step is not a revocation (the
-// chain worked): the grant is unreachable and re-checked.
-func judgeProjectRead(g Grant, answered string, err error) verdict {
+// judgeProjectRead classifies the project read: it must succeed, name the
+// project recorded, and carry the label that names this mesh account
+// (ProjectLabel). The deployer is shared by every mesh account, so the
+// chain working only proves that the deployer may act as the named
+// account, not that the grant is this mesh account's: without the label,
+// anyone could record a grant naming someone else's account and deploy
+// into their project (a confused deputy). Setting a label needs
+// resourcemanager.projects.update, which only the project's owners hold.
+// A missing or different label is unreachable, not revoked: it is a setup
+// step not (yet) done rather than a binding taken back, and the scheduled
+// re-check verifies the grant once the label is there. A refusal at this
+// step is not a revocation either (the chain worked).
+func judgeProjectRead(g Grant, answered string, labels map[string]string, err error) verdict {
 	c, msg := codeOf(err)
+	want := LabelValue(g.AccountID)
 	switch {
-	case err == nil && answered == g.ProjectID:
-		return verdict{Verified, ""}
-	case err == nil:
+	case err == nil && answered != g.ProjectID:
 		return verdict{Unreachable, fmt.Sprintf("Your side: reading project %s as %s answered for project %q instead: check that project_id names the project the account belongs to.", g.ProjectID, g.ServiceAccount, clip(answered, 64))}
+	case err == nil && labels[ProjectLabel] == "":
+		return verdict{Unreachable, fmt.Sprintf("Your side: project %s has no label %s naming this mesh account, so the grant cannot be proven to be yours. Run: %s — then verify (one project serves one mesh account).",
+			g.ProjectID, ProjectLabel, labelCommand(g.ProjectID, want))}
+	case err == nil && labels[ProjectLabel] != want:
+		return verdict{Unreachable, fmt.Sprintf("Your side: project %s's label %s names another mesh account (%q), not this one; one project serves one mesh account. If the project is yours to give to this account, run: %s — then verify.",
+			g.ProjectID, ProjectLabel, clip(labels[ProjectLabel], 63), labelCommand(g.ProjectID, want))}
+	case err == nil:
+		return verdict{Verified, ""}
 	case c == codes.PermissionDenied:
 		return verdict{Unreachable, fmt.Sprintf("Your side: %s may not read project %s (PERMISSION_DENIED). Grant it roles/browser on the project (docs/grants.md), then verify.", g.ServiceAccount, g.ProjectID)}
 	}

@@ -62,27 +62,49 @@ func TestJudgeImpersonation(t *testing.T) {
 	}
 }
 
-// The project read: verified only when it succeeds and names the project
-// recorded; a refusal there is unreachable, never revoked.
+// The project read: verified only when it succeeds, names the project
+// recorded and carries the label naming this mesh account; anything else
+// is unreachable, never revoked.
 func TestJudgeProjectRead(t *testing.T) {
-	g := Grant{ProjectID: "acme-agents", ServiceAccount: "mesh-agent@acme-agents.iam.gserviceaccount.com"}
+	const acct = "acct_0123456789abcdef0123456789abcdef"
+	g := Grant{AccountID: acct, ProjectID: "acme-agents", ServiceAccount: "mesh-agent@acme-agents.iam.gserviceaccount.com"}
+	ours := map[string]string{ProjectLabel: acct, "env": "prod"}
 	for _, tc := range []struct {
 		answered string
+		labels   map[string]string
 		err      error
 		state    State
 		word     string
 	}{
-		{"acme-agents", nil, Verified, ""},
-		{"other-project", nil, Unreachable, `"other-project"`},
-		{"", nil, Unreachable, "instead"},
-		{"", googleErr(codes.PermissionDenied), Unreachable, "roles/browser"},
-		{"", googleErr(codes.NotFound), Unreachable, "NOT_FOUND"},
-		{"", googleErr(codes.Unavailable), Unreachable, "retries on its own"},
-		{"", context.DeadlineExceeded, Unreachable, "DEADLINE_EXCEEDED"},
+		{"acme-agents", ours, nil, Verified, ""},
+		{"acme-agents", nil, nil, Unreachable, "gcloud projects update acme-agents --update-labels=agentmesh-grant=" + acct},
+		{"acme-agents", map[string]string{"env": "prod"}, nil, Unreachable, "has no label agentmesh-grant"},
+		{"acme-agents", map[string]string{ProjectLabel: "acct_eve"}, nil, Unreachable, `names another mesh account ("acct_eve")`},
+		{"acme-agents", map[string]string{ProjectLabel: strings.ToUpper(acct)}, nil, Unreachable, "--update-labels=agentmesh-grant=" + acct},
+		{"other-project", ours, nil, Unreachable, `"other-project"`},
+		{"", ours, nil, Unreachable, "instead"},
+		{"", nil, googleErr(codes.PermissionDenied), Unreachable, "roles/browser"},
+		{"", nil, googleErr(codes.NotFound), Unreachable, "NOT_FOUND"},
+		{"", nil, googleErr(codes.Unavailable), Unreachable, "retries on its own"},
+		{"", nil, context.DeadlineExceeded, Unreachable, "DEADLINE_EXCEEDED"},
 	} {
-		v := judgeProjectRead(g, tc.answered, tc.err)
+		v := judgeProjectRead(g, tc.answered, tc.labels, tc.err)
 		if v.state != tc.state || !strings.Contains(v.lastError, tc.word) || (v.state == Verified) != (v.lastError == "") {
 			t.Errorf("%q %v: %s %q, want %s saying %q", tc.answered, tc.err, v.state, v.lastError, tc.state, tc.word)
+		}
+	}
+}
+
+// Every account id maps to a valid label value: ours as they are, any
+// other through the documented hash.
+func TestLabelValue(t *testing.T) {
+	if got := LabelValue("acct_0123456789abcdef0123456789abcdef"); got != "acct_0123456789abcdef0123456789abcdef" {
+		t.Errorf("an account id changed: %q", got)
+	}
+	for _, id := range []string{"ACCT_X", "acct.x", "", strings.Repeat("a", 64), "Ünïcode"} {
+		got := LabelValue(id)
+		if !labelValueRE.MatchString(got) || !strings.HasPrefix(got, "h-") || got == LabelValue(id+"x") {
+			t.Errorf("LabelValue(%q) = %q", id, got)
 		}
 	}
 }
@@ -226,7 +248,7 @@ func TestRolesDocIsGenerated(t *testing.T) {
 // that names the mesh.
 func TestSetupSteps(t *testing.T) {
 	s := Setup{ProjectID: "acme-agents", Account: "mesh-agent", Deployer: "mesh-deployer@mesh-prod.iam.gserviceaccount.com",
-		Region: "europe-west1", Bucket: "acme-agents-mesh-state", Repository: "agents"}
+		Region: "europe-west1", Bucket: "acme-agents-mesh-state", Repository: "agents", MeshAccount: "acct_0123456789abcdef0123456789abcdef"}
 	steps := s.Steps()
 	var flat []string
 	for _, st := range steps {
@@ -238,8 +260,11 @@ func TestSetupSteps(t *testing.T) {
 	if !slices.Equal(flat, s.Commands()) {
 		t.Errorf("the steps are not the commands:\n%q\n%q", flat, s.Commands())
 	}
-	if len(steps) != 4 || !slices.Equal(steps[3].Commands, []string{s.GrantCommand()}) {
+	if len(steps) != 4 || !slices.Equal(steps[3].Commands, []string{s.GrantCommand(), s.LabelCommand()}) {
 		t.Fatalf("steps %+v", steps)
+	}
+	if want := "gcloud projects update acme-agents --update-labels=agentmesh-grant=acct_0123456789abcdef0123456789abcdef"; s.LabelCommand() != want {
+		t.Errorf("label command %q, want %q", s.LabelCommand(), want)
 	}
 	for _, c := range flat {
 		for _, ph := range []string{"PROJECT_ID", "ACCOUNT", "REGION", "BUCKET", "REPOSITORY", "DEPLOYER"} {

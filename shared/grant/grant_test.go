@@ -130,12 +130,16 @@ func TestCheckStateTable(t *testing.T) {
 			state: grant.Unreachable, words: []string{"Your side", "roles/browser", project}, calls: []call{chained, read}},
 		{name: "project read names another project", arrange: func(f *googlefake.Fake) { f.AnswerProjectAs(project, "someone-else") },
 			state: grant.Unreachable, words: []string{"someone-else", "project_id"}, calls: []call{chained, read}},
+		{name: "project without the grant label", arrange: func(f *googlefake.Fake) { f.LabelProject(project, googlefake.GrantLabel, "") },
+			state: grant.Unreachable, words: []string{"Your side", "agentmesh-grant", "gcloud projects update " + project + " --update-labels=agentmesh-grant=acct_"}, calls: []call{chained, read}},
+		{name: "project labelled for another mesh account", arrange: func(f *googlefake.Fake) { f.LabelProject(project, googlefake.GrantLabel, "acct_someone_else") },
+			state: grant.Unreachable, words: []string{"Your side", "another mesh account", "acct_someone_else", "--update-labels=agentmesh-grant=acct_"}, calls: []call{chained, read}},
 		{name: "project read unavailable", arrange: func(f *googlefake.Fake) { f.Outage("GetProject", codes.Unavailable) },
 			timeout: 300 * time.Millisecond, state: grant.Unreachable, words: []string{"read of project", "retries on its own"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, tc.timeout)
-			w.g.Customer(project, sa, deployer)
+			w.g.Customer(project, sa, deployer, w.acct)
 			tc.arrange(w.g)
 			n := len(w.g.Calls())
 			v := w.create()
@@ -202,7 +206,7 @@ func TestCheckStateTable(t *testing.T) {
 // binding can read as revoked).
 func TestVerifyRaisesRevoked(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.g.RemoveTokenCreator(sa, deployer)
 	if v := w.create(); v.State != grant.Revoked {
 		t.Fatalf("posted without the binding: %s", v.State)
@@ -222,7 +226,7 @@ func TestVerifyRaisesRevoked(t *testing.T) {
 // customer's project changes, and the world sees nothing.
 func TestDeleteMakesNoCall(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.create()
 	n := len(w.g.Calls())
 	if _, err := w.svc.Delete(ctx(t), w.acct, "gcp"); err != nil {
@@ -243,6 +247,46 @@ func TestDeleteMakesNoCall(t *testing.T) {
 	}
 }
 
+// The confused deputy across tenants: the deployer is shared by every mesh
+// account, so Eve, another mesh account, can name the victim's project and
+// service account, and the chain works. The victim's project is labelled
+// for the victim's account, so Eve's grant is not verified, and her deploy
+// makes no call at all in the victim's project; the victim's own grant of
+// the same project is verified.
+func TestGrantOfAnotherTenantsProject(t *testing.T) {
+	w := newWorld(t, 0)
+	w.g.Customer(project, sa, deployer, w.acct)
+	eve, _, err := w.accounts.CreateAccount(t.Context(), "eve@example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pe := &account.Principal{AccountID: eve.ID, Account: eve, Via: "session", SessionID: "e", PasskeyAt: w.clock.Now()}
+	res, err := w.svc.Create(ctx(t), eve.ID, grant.Request{Provider: "gcp", ProjectID: project, ServiceAccount: sa})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if res.Grant.State == grant.Verified || !strings.Contains(lastError(res.Grant), "names another mesh account") ||
+		!strings.Contains(lastError(res.Grant), "--update-labels=agentmesh-grant="+eve.ID) {
+		t.Fatalf("Eve's grant of the victim's project: %s %q", res.Grant.State, lastError(res.Grant))
+	}
+	if v, err := w.svc.Verify(ctx(t), eve.ID, "gcp"); err != nil || v.State == grant.Verified {
+		t.Fatalf("Eve's verify: %v %+v", err, v)
+	}
+	n := len(w.g.Calls())
+	if _, err := w.svc.Deploy(ctx(t), pe, "gcp", deployRequest()); errs.CodeOf(err) != errs.Conflict {
+		t.Fatalf("Eve's deploy: %v", err)
+	}
+	if calls := w.callsSince(n); len(calls) != 0 {
+		t.Fatalf("Eve's deploy made calls in the victim's project: %+v", calls)
+	}
+	if ks, _ := w.accounts.ListAgentKeys(ctx(t), pe); len(ks) != 0 {
+		t.Errorf("Eve's refused deploy minted keys: %+v", ks)
+	}
+	if v := w.create(); v.State != grant.Verified {
+		t.Fatalf("the owner's grant: %s %q", v.State, lastError(v))
+	}
+}
+
 func deployRequest() grant.DeployRequest {
 	return grant.DeployRequest{Name: "helper", Region: "europe-west1", Image: "europe-west1-docker.pkg.dev/acme-agents/agents/helper:1",
 		Bucket: "acme-agents-mesh-state", ModelAPIKey: "sk-model-secret-123"}
@@ -255,7 +299,7 @@ func deployRequest() grant.DeployRequest {
 // those versions.
 func TestDeploy(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.create()
 	n := len(w.g.Calls())
 	res, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
@@ -351,7 +395,7 @@ func TestDeploy(t *testing.T) {
 // call and never raises the state; only a verify raises it.
 func TestDeployRefusedLowersAndNeverRaises(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.create()
 	w.g.Deny(sa, project, googlefake.PermWorkerPoolsCreate)
 	_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
@@ -395,7 +439,7 @@ func TestDeployRefusedLowersAndNeverRaises(t *testing.T) {
 func TestDeployRefusals(t *testing.T) {
 	t.Run("binding removed after verification", func(t *testing.T) {
 		w := newWorld(t, 0)
-		w.g.Customer(project, sa, deployer)
+		w.g.Customer(project, sa, deployer, w.acct)
 		w.create()
 		w.g.RemoveTokenCreator(sa, deployer)
 		_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
@@ -411,7 +455,7 @@ func TestDeployRefusals(t *testing.T) {
 	})
 	t.Run("Secret Manager unavailable", func(t *testing.T) {
 		w := newWorld(t, 300*time.Millisecond)
-		w.g.Customer(project, sa, deployer)
+		w.g.Customer(project, sa, deployer, w.acct)
 		w.create()
 		w.g.Outage("CreateSecret", codes.Unavailable)
 		_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
@@ -429,12 +473,12 @@ func TestDeployRefusals(t *testing.T) {
 	}{
 		{"no grant", func(w *world) {}, errs.NotFound},
 		{"unreachable grant", func(w *world) {
-			w.g.Customer(project, sa, deployer)
+			w.g.Customer(project, sa, deployer, w.acct)
 			w.g.AnswerProjectAs(project, "someone-else")
 			w.create()
 		}, errs.Conflict},
 		{"no fresh passkey", func(w *world) {
-			w.g.Customer(project, sa, deployer)
+			w.g.Customer(project, sa, deployer, w.acct)
 			w.create()
 			w.clock.Advance(10 * time.Minute)
 		}, errs.Forbidden},
@@ -458,7 +502,7 @@ func TestDeployRefusals(t *testing.T) {
 // and leaves revoked and verified ones alone.
 func TestRecheck(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.g.RemoveTokenCreator(deployer, runtime)
 	if v := w.create(); v.State != grant.Unreachable {
 		t.Fatalf("state %s", v.State)
@@ -522,7 +566,7 @@ func TestCreateRefusedAtTheDoor(t *testing.T) {
 		t.Errorf("refusals at the door recorded grants: %+v", gs)
 	}
 	// Addresses are compared in lower case, as Google stores them.
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	res, err := w.svc.Create(ctx(t), w.acct, grant.Request{Provider: "gcp", ProjectID: project, ServiceAccount: " Mesh-Agent@acme-agents.iam.gserviceaccount.com "})
 	if err != nil || res.Grant.ServiceAccount != sa || res.Grant.State != grant.Verified || !res.Created {
 		t.Fatalf("%+v %v", res, err)
@@ -536,7 +580,7 @@ func TestCreateRefusedAtTheDoor(t *testing.T) {
 
 func TestActionsLimit(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	for range 3 {
 		w.create()
 	}
@@ -570,7 +614,7 @@ func TestActionsLimit(t *testing.T) {
 // and the scheduled row checks it once it is older than a few minutes.
 func TestInterruptedCheckLeavesPending(t *testing.T) {
 	w := newWorld(t, 0)
-	w.g.Customer(project, sa, deployer)
+	w.g.Customer(project, sa, deployer, w.acct)
 	w.g.Outage("GenerateAccessToken", codes.Unavailable)
 	short, cancel := context.WithTimeout(t.Context(), 200*time.Millisecond)
 	defer cancel()

@@ -2,8 +2,11 @@ package grant
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"html/template"
+	"regexp"
 	"strings"
 )
 
@@ -59,6 +62,45 @@ type Setup struct {
 	Region     string // e.g. europe-west1
 	Bucket     string // the state bucket's name
 	Repository string // the Artifact Registry repository for the agent's image
+	// MeshAccount is the mesh account the grant is for (its id, acct_…):
+	// the project's ProjectLabel names it.
+	MeshAccount string
+}
+
+// ProjectLabel is the label on the customer's project that names the mesh
+// account a grant is for (its value is LabelValue of the account id). The
+// deployer is shared by every mesh account, so the check requires it: only
+// the project's owners can set a label, which proves the grant is this
+// account's and not someone naming another customer's service account.
+// One project serves one mesh account.
+const ProjectLabel = "agentmesh-grant"
+
+// labelValueRE is what Google accepts as a label value (the ASCII part).
+var labelValueRE = regexp.MustCompile(`^[a-z0-9_-]{1,63}$`)
+
+// LabelValue is the value of ProjectLabel for a mesh account: the account
+// id itself when it is a valid label value (acct_ and 32 lower-case hex
+// digits always is); otherwise "h-" and the first 40 hex digits of the
+// id's SHA-256, so any id maps to one valid value.
+func LabelValue(accountID string) string {
+	if labelValueRE.MatchString(accountID) {
+		return accountID
+	}
+	sum := sha256.Sum256([]byte(accountID))
+	return "h-" + hex.EncodeToString(sum[:20])
+}
+
+func labelCommand(project, value string) string {
+	return fmt.Sprintf("gcloud projects update %s --update-labels=%s=%s", project, ProjectLabel, value)
+}
+
+// LabelCommand labels the project with the mesh account the grant is for.
+func (s Setup) LabelCommand() string {
+	v := "MESH_ACCOUNT_ID"
+	if s.MeshAccount != "" {
+		v = LabelValue(s.MeshAccount)
+	}
+	return labelCommand(or(s.ProjectID, "PROJECT_ID"), v)
 }
 
 func or(v, placeholder string) string {
@@ -112,7 +154,7 @@ func (s Setup) Steps() []Step {
 			fmt.Sprintf("gcloud storage buckets create gs://%s --location %s --project %s --uniform-bucket-level-access", bucket, region, p),
 		}},
 		{"The account's roles", roles},
-		{"The grant itself: the only binding that names the mesh", []string{s.GrantCommand()}},
+		{"The grant itself: the only binding that names the mesh, and the label that names your mesh account", []string{s.GrantCommand(), s.LabelCommand()}},
 	}
 }
 

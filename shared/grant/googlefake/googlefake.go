@@ -26,6 +26,7 @@ import (
 	"encoding/hex"
 	"fmt"
 	"hash/crc32"
+	"maps"
 	"net"
 	"regexp"
 	"slices"
@@ -99,14 +100,15 @@ type Fake struct {
 	srv  *grpc.Server
 
 	mu       sync.Mutex
-	tokens   map[string]string          // bearer token → principal
-	accounts map[string]map[string]bool // service account → who may mint its tokens
-	actAs    map[string]map[string]bool // service account → who may run things as it
-	perms    map[string]map[string]bool // principal → "project\x00permission"
-	projects map[string]string          // project id → the id its read answers with
-	outages  map[string]codes.Code      // method → the code every call of it gets
-	secrets  map[string][]Version       // projects/P/secrets/S → versions (1-based by index+1)
-	pools    map[string]*poolRecord     // projects/P/locations/L/workerPools/N
+	tokens   map[string]string            // bearer token → principal
+	accounts map[string]map[string]bool   // service account → who may mint its tokens
+	actAs    map[string]map[string]bool   // service account → who may run things as it
+	perms    map[string]map[string]bool   // principal → "project\x00permission"
+	projects map[string]string            // project id → the id its read answers with
+	labels   map[string]map[string]string // project id → its labels
+	outages  map[string]codes.Code        // method → the code every call of it gets
+	secrets  map[string][]Version         // projects/P/secrets/S → versions (1-based by index+1)
+	pools    map[string]*poolRecord       // projects/P/locations/L/workerPools/N
 	calls    []Call
 	seq      int
 }
@@ -125,7 +127,7 @@ func Start(t testing.TB) *Fake {
 		t.Fatalf("googlefake: %v", err)
 	}
 	f := &Fake{Addr: lis.Addr().String(), t: t, tokens: map[string]string{}, accounts: map[string]map[string]bool{},
-		actAs: map[string]map[string]bool{}, perms: map[string]map[string]bool{}, projects: map[string]string{},
+		actAs: map[string]map[string]bool{}, perms: map[string]map[string]bool{}, projects: map[string]string{}, labels: map[string]map[string]string{},
 		outages: map[string]codes.Code{}, secrets: map[string][]Version{}, pools: map[string]*poolRecord{}}
 	f.srv = grpc.NewServer(grpc.UnaryInterceptor(f.intercept))
 	credentialspb.RegisterIAMCredentialsServer(f.srv, iamService{Fake: f})
@@ -217,6 +219,26 @@ func (f *Fake) AddProject(id string) {
 	f.projects[id] = id
 }
 
+// LabelProject sets a label on project (gcloud projects update
+// --update-labels); an empty value removes it. The read answers it.
+func (f *Fake) LabelProject(project, key, value string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.labels[project] == nil {
+		f.labels[project] = map[string]string{}
+	}
+	if value == "" {
+		delete(f.labels[project], key)
+		return
+	}
+	f.labels[project][key] = value
+}
+
+// GrantLabel is the label with which a customer names the mesh account a
+// project serves (shared/grant's ProjectLabel; repeated here so that the
+// world does not import the code it tests).
+const GrantLabel = "agentmesh-grant"
+
 // AnswerProjectAs makes the read of project id answer for another project.
 func (f *Fake) AnswerProjectAs(id, other string) {
 	f.mu.Lock()
@@ -271,11 +293,13 @@ func (f *Fake) Provider(runtime, deployer string) string {
 }
 
 // Customer is a customer who followed the setup (docs/grants.md): the
-// project, its service account holding the published roles and allowed to
-// run workloads as itself, and the one binding that lets deployer mint its
-// tokens.
-func (f *Fake) Customer(project, sa, deployer string) {
+// project, labelled with the mesh account it serves (meshAccount, the
+// account id, as the label's value), its service account holding the
+// published roles and allowed to run workloads as itself, and the one
+// binding that lets deployer mint its tokens.
+func (f *Fake) Customer(project, sa, deployer, meshAccount string) {
 	f.AddProject(project)
+	f.LabelProject(project, GrantLabel, meshAccount)
 	f.AddAccount(sa)
 	f.Allow(sa, project, CustomerPermissions...)
 	f.AllowActAs(sa, sa)
@@ -451,7 +475,11 @@ func (f projectsService) GetProject(ctx context.Context, req *resourcemanagerpb.
 	if !exists || !f.allowed(principalOf(ctx), id, PermProjectsGet) {
 		return nil, denied("cloudresourcemanager.googleapis.com", PermProjectsGet, req.GetName())
 	}
-	return &resourcemanagerpb.Project{Name: "projects/" + numberOf(answer), ProjectId: answer, State: resourcemanagerpb.Project_ACTIVE}, nil
+	var labels map[string]string
+	if len(f.labels[id]) > 0 {
+		labels = maps.Clone(f.labels[id])
+	}
+	return &resourcemanagerpb.Project{Name: "projects/" + numberOf(answer), ProjectId: answer, State: resourcemanagerpb.Project_ACTIVE, Labels: labels}, nil
 }
 
 // numberOf is a stable project number for an id.

@@ -26,7 +26,7 @@ func ctx(t *testing.T) context.Context {
 func TestChainAndPrincipals(t *testing.T) {
 	f := Start(t)
 	rt := f.Provider("rt@mesh-prod.iam.gserviceaccount.com", "dep@mesh-prod.iam.gserviceaccount.com")
-	f.Customer("acme-agents", "agent@acme-agents.iam.gserviceaccount.com", "dep@mesh-prod.iam.gserviceaccount.com")
+	f.Customer("acme-agents", "agent@acme-agents.iam.gserviceaccount.com", "dep@mesh-prod.iam.gserviceaccount.com", "acct_test")
 
 	stranger, err := credentials.NewIamCredentialsClient(t.Context(), f.Options("not-a-token")...)
 	if err != nil {
