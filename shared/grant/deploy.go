@@ -296,11 +296,13 @@ func (s *Service) workerPool(g Grant, req DeployRequest, keyVersion, modelVersio
 }
 
 // refusal turns a failed deploy call into the answer: refused inside the
-// customer's project (PERMISSION_DENIED, UNAUTHENTICATED) lowers the grant
-// to revoked; anything else leaves it as it is.
+// customer's project (PERMISSION_DENIED) lowers the grant to revoked;
+// anything else leaves it as it is. UNAUTHENTICATED is not the customer's
+// refusal: it says our token was not accepted (expired, malformed), which
+// is our problem, so it never lowers a grant.
 func (s *Service) refusal(ctx context.Context, g Grant, method, resource string, err error) error {
 	c, msg := codeOf(err)
-	if c == codes.PermissionDenied || c == codes.Unauthenticated {
+	if c == codes.PermissionDenied {
 		return s.lower(ctx, g, fmt.Sprintf("Your side: the deploy's %s on %s was refused as %s (%s). Check the roles in the published list (%s); once they are granted, verify the grant — a deploy never raises it.",
 			method, resource, g.ServiceAccount, codeName(c), s.PermissionsURL()))
 	}
@@ -309,25 +311,47 @@ func (s *Service) refusal(ctx context.Context, g Grant, method, resource string,
 }
 
 // lower lowers a verified grant to revoked (a deploy never raises a state)
-// and answers the refusal. A record replaced or deleted meanwhile, or no
-// longer verified, is left alone.
+// and answers the refusal, saying the state the grant actually has: a
+// record replaced or deleted meanwhile, or no longer verified, is left
+// alone, and the answer says so instead of claiming it was revoked.
 func (s *Service) lower(ctx context.Context, g Grant, why string) error {
-	err := s.st.RunTx(context.WithoutCancel(ctx), func(tx store.Tx) error {
+	wrote, now, err := s.lowerRecord(ctx, g, why)
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, "your project refused the deploy ("+why+"), and the grant could not be marked revoked; retry shortly", err)
+	}
+	var e *errs.Error
+	switch {
+	case wrote:
+		s.log.Info("cloud grant lowered by a refused deploy", "account", g.AccountID, "provider", g.Provider)
+		e = errs.New(errs.DependencyFailed, "your project refused the deploy, so the grant is now revoked: "+why).WithDetail("grant_state", string(Revoked))
+	case now == "":
+		e = errs.New(errs.DependencyFailed, "your project refused the deploy, and the grant was deleted meanwhile, so nothing was lowered: "+why)
+	default:
+		e = errs.Newf(errs.DependencyFailed, "your project refused the deploy; the grant was changed meanwhile and is %s, so it was left as it is: %s", now, why).WithDetail("grant_state", string(now))
+	}
+	e.Retryable = false
+	return e
+}
+
+// lowerRecord writes the lowering and reports whether it wrote, and the
+// state the record has after it ("" when there is no record any more).
+func (s *Service) lowerRecord(ctx context.Context, g Grant, why string) (wrote bool, now State, err error) {
+	err = s.st.RunTx(context.WithoutCancel(ctx), func(tx store.Tx) error {
+		wrote, now = false, ""
 		var cur Grant
 		if err := tx.Get(CollGrants, docID(g.AccountID, g.Provider), &cur); err != nil {
 			return err
 		}
+		now = cur.State
 		if cur.ID != g.ID || cur.State != Verified {
 			return nil
 		}
 		cur.State, cur.LastError, cur.Failures, cur.NextCheckAt = Revoked, why, 0, 0
+		wrote, now = true, Revoked
 		return tx.Set(CollGrants, docID(g.AccountID, g.Provider), cur)
 	})
-	if err != nil && !errors.Is(err, store.ErrNotFound) {
-		return errs.Wrap(errs.Unavailable, "your project refused the deploy ("+why+"), and the grant could not be marked revoked; retry shortly", err)
+	if errors.Is(err, store.ErrNotFound) {
+		return false, "", nil
 	}
-	s.log.Info("cloud grant lowered by a refused deploy", "account", g.AccountID, "provider", g.Provider)
-	e := errs.New(errs.DependencyFailed, "your project refused the deploy, so the grant is now revoked: "+why).WithDetail("grant_state", string(Revoked))
-	e.Retryable = false
-	return e
+	return wrote, now, err
 }

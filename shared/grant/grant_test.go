@@ -453,6 +453,21 @@ func TestDeployRefusals(t *testing.T) {
 			t.Errorf("a key was minted for a deploy that could not start: %+v", ks)
 		}
 	})
+	// UNAUTHENTICATED says our token was not accepted: our problem, not
+	// the customer's refusal, so the grant stays verified.
+	t.Run("our token not accepted (UNAUTHENTICATED)", func(t *testing.T) {
+		w := newWorld(t, 0)
+		w.g.Customer(project, sa, deployer, w.acct)
+		w.create()
+		w.g.Outage("CreateSecret", codes.Unauthenticated)
+		_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
+		if e := errs.As(err); e.Code != errs.DependencyFailed || e.Details["grant_state"] != "verified" || !strings.Contains(e.Message, "UNAUTHENTICATED") {
+			t.Fatalf("deploy: %+v", e)
+		}
+		if v, _ := w.svc.Get(ctx(t), w.acct, "gcp"); v.State != grant.Verified {
+			t.Errorf("UNAUTHENTICATED lowered the grant to %s", v.State)
+		}
+	})
 	t.Run("Secret Manager unavailable", func(t *testing.T) {
 		w := newWorld(t, 300*time.Millisecond)
 		w.g.Customer(project, sa, deployer, w.acct)
