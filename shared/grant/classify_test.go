@@ -120,6 +120,45 @@ func TestRecheckWait(t *testing.T) {
 
 // CheckRequest accepts exactly the accounts a customer can create in the
 // project named.
+// isServiceAgent matches Google's agents precisely: an account a user can
+// create, such as service-bot@, is not one.
+func TestIsServiceAgent(t *testing.T) {
+	for _, tc := range []struct {
+		addr  string
+		agent bool
+	}{
+		{"service-bot@p-123456.iam.gserviceaccount.com", false},
+		{"service-account@p-123456.iam.gserviceaccount.com", false},
+		{"service-12a@p-123456.iam.gserviceaccount.com", false},
+		{"mesh-agent@acme-agents.iam.gserviceaccount.com", false},
+		{"mesh-agent@example.org", false},
+		{"mesh-agent@notgserviceaccount.com", false},
+		{"service-123456789@p-123456.iam.gserviceaccount.com", true},
+		{"service-123456789@gcp-sa-run.iam.gserviceaccount.com", true},
+		{"mesh-agent@gcp-sa-aiplatform.iam.gserviceaccount.com", true},
+		{"123456789@p-123456.iam.gserviceaccount.com", true},
+		{"123456789-compute@p-123456.iam.gserviceaccount.com", true},
+		{"123456789@cloudservices.gserviceaccount.com", true},
+		{"123456789@cloudbuild.gserviceaccount.com", true},
+		{"123456789-compute@developer.gserviceaccount.com", true},
+		{"acme-agents@appspot.gserviceaccount.com", true},
+		{"acme-agents@system.gserviceaccount.com", true},
+	} {
+		local, domain, _ := strings.Cut(tc.addr, "@")
+		if got := isServiceAgent(local, domain); got != tc.agent {
+			t.Errorf("isServiceAgent(%s) = %v, want %v", tc.addr, got, tc.agent)
+		}
+	}
+	// The door accepts service-bot as the customer's own account.
+	if _, err := CheckRequest(Request{Provider: "gcp", ProjectID: "p-123456", ServiceAccount: "service-bot@p-123456.iam.gserviceaccount.com"}); err != nil {
+		t.Errorf("service-bot refused: %v", err)
+	}
+	if _, err := CheckRequest(Request{Provider: "gcp", ProjectID: "p-123456", ServiceAccount: "service-42@p-123456.iam.gserviceaccount.com"}); err == nil ||
+		!strings.Contains(err.Error(), "service agent") {
+		t.Errorf("service-42 accepted, or not as a service agent: %v", err)
+	}
+}
+
 func TestCheckRequest(t *testing.T) {
 	ok := []Request{
 		{Provider: "gcp", ProjectID: "acme-agents", ServiceAccount: "mesh-agent@acme-agents.iam.gserviceaccount.com"},

@@ -73,20 +73,26 @@ func checkCustomerAccount(sa, project string) error {
 	return nil
 }
 
+// The account ids of Google's own agents in a project's
+// iam.gserviceaccount.com domain: service-<project number>, and any id
+// starting with a digit (<number>, <number>-compute, ... which no user
+// can create). A user's account may well start "service-" (service-bot).
+var agentLocalRE = regexp.MustCompile(`^(service-[0-9]+|[0-9].*)$`)
+
 // isServiceAgent reports an address of Google's own: any
 // *.gserviceaccount.com domain other than a project's
-// <project>.iam.gserviceaccount.com, a service agent's gcp-sa-* project,
-// or an account id no user can create (service-<number>, a leading digit).
+// <project>.iam.gserviceaccount.com (cloudservices., cloudbuild.,
+// developer., appspot., system., ...), a service agent's gcp-sa-* project,
+// or an account id matching agentLocalRE.
 func isServiceAgent(local, domain string) bool {
-	if !strings.HasSuffix(domain, "gserviceaccount.com") {
+	if domain != "gserviceaccount.com" && !strings.HasSuffix(domain, ".gserviceaccount.com") {
 		return false
 	}
 	if !strings.HasSuffix(domain, iamDomain) {
-		return true // cloudservices., cloudbuild., system., gcp-sa-*. without iam, ...
+		return true
 	}
 	project := strings.TrimSuffix(domain, iamDomain)
-	return strings.HasPrefix(project, "gcp-sa-") || strings.HasPrefix(local, "service-") ||
-		(local != "" && local[0] >= '0' && local[0] <= '9')
+	return strings.HasPrefix(project, "gcp-sa-") || agentLocalRE.MatchString(local)
 }
 
 // checkServiceAccountShape is the looser rule for our own deployer's
