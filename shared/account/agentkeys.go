@@ -41,22 +41,43 @@ func (s *Service) MintAgentKey(ctx context.Context, p *Principal, name, operator
 		return AgentKeyGrant{}, errs.New(errs.Forbidden, "confirm with your passkey first: minting an agent key needs a passkey check from the last few minutes").
 			WithDetail("passkey_required", true)
 	}
-	return s.mintAgentKey(ctx, p.AccountID, name, operatorName)
+	return s.mintAgentKey(ctx, p.AccountID, name, operatorName, "")
+}
+
+// MintPlacedAgentKey is MintAgentKey for a key the service places itself
+// where the agent runs (a cloud deploy puts it in the customer's Secret
+// Manager): the same rules, but the owner's mail is a notice with the
+// key's id and where it was placed, never the key, which then exists only
+// there. placedIn says where, in words.
+func (s *Service) MintPlacedAgentKey(ctx context.Context, p *Principal, name, placedIn string) (AgentKeyGrant, error) {
+	if placedIn == "" {
+		return AgentKeyGrant{}, errs.New(errs.InvalidRequest, "a placed agent key needs the place it goes to")
+	}
+	if p.Via != "session" {
+		return AgentKeyGrant{}, errs.New(errs.Forbidden, "agent keys are minted from a signed-in session with a passkey; API tokens cannot mint them")
+	}
+	if p.PasskeyAt.IsZero() || !passkey.IsFresh(p.PasskeyAt, s.now()) {
+		return AgentKeyGrant{}, errs.New(errs.Forbidden, "confirm with your passkey first: minting an agent key needs a passkey check from the last few minutes").
+			WithDetail("passkey_required", true)
+	}
+	return s.mintAgentKey(ctx, p.AccountID, name, "", placedIn)
 }
 
 // AdminMintAgentKey is the operator's command on the server host: it acts
 // for the account without a session (the host's own authority).
 func (s *Service) AdminMintAgentKey(ctx context.Context, accountID, name string) (AgentKeyGrant, error) {
-	return s.mintAgentKey(ctx, accountID, name, "")
+	return s.mintAgentKey(ctx, accountID, name, "", "")
 }
 
 // AdminMintAgentKeyFor is AdminMintAgentKey giving the account an operator
 // name when it has none (meshd admin agent-token --operator).
 func (s *Service) AdminMintAgentKeyFor(ctx context.Context, accountID, name, operatorName string) (AgentKeyGrant, error) {
-	return s.mintAgentKey(ctx, accountID, name, operatorName)
+	return s.mintAgentKey(ctx, accountID, name, operatorName, "")
 }
 
-func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorName string) (AgentKeyGrant, error) {
+// mintAgentKey mints; placedIn, when set, says where the service placed
+// the key itself, and the mail then carries no key (MintPlacedAgentKey).
+func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorName, placedIn string) (AgentKeyGrant, error) {
 	label, err := CheckLabel(name)
 	if err != nil {
 		return AgentKeyGrant{}, err
@@ -109,6 +130,11 @@ func (s *Service) mintAgentKey(ctx context.Context, accountID, name, operatorNam
 	// The copy by mail is the owner's record; a failure to send it must not
 	// lose the key that was just minted and shown, so it is logged, not fatal.
 	body := fmt.Sprintf("An agent key was created for %q on your account.\n\nRun this on the agent's machine within 7 days:\n\n    %s\n\nThe key works once. If you did not create it, revoke it in the console.\n", label, g.Command)
+	if placedIn != "" {
+		// The key is where the agent runs, and nowhere else: the mail is
+		// the owner's notice, not a second copy.
+		body = fmt.Sprintf("An agent key (id %s) was created for %q on your account and placed in %s.\n\nThe key is not in this mail. If you did not deploy this agent, revoke the key in the console.\n", k.ID, label, placedIn)
+	}
 	if err := s.cfg.Mail.Send(ctx, mail.Message{To: acct.Email, Subject: "Your new agent key", Text: body, Kind: "agent-key"}); err != nil {
 		s.log.Warn("agent key minted but its mail copy failed", "account", accountID, "key_id", k.ID, "err", err)
 	}

@@ -167,7 +167,7 @@ func (s *Service) Deploy(ctx context.Context, p *account.Principal, provider str
 		return DeployResult{}, errs.New(errs.Unavailable, "the deploy could not start: "+v.lastError).WithDetail("grant_state", string(g.State))
 	}
 
-	key, err := s.cfg.Accounts.MintAgentKey(ctx, p, req.Name, "")
+	key, err := s.cfg.Accounts.MintPlacedAgentKey(ctx, p, req.Name, fmt.Sprintf("the secret mesh-%s-agent-key of your Google Cloud project %s", req.Name, g.ProjectID))
 	if err != nil {
 		return DeployResult{}, err
 	}

@@ -134,10 +134,12 @@ func (g Grant) view(deploysHere bool) View {
 }
 
 // Accounts is what a deploy needs from the account service: the agent key
-// is minted there, under its rules (a session with a fresh passkey).
+// is minted there, under its rules (a session with a fresh passkey), as a
+// placed key: the owner is mailed a notice with its id, never the key,
+// which exists only in the customer's secret.
 type Accounts interface {
 	Fresh(p *account.Principal) bool
-	MintAgentKey(ctx context.Context, p *account.Principal, name, operatorName string) (account.AgentKeyGrant, error)
+	MintPlacedAgentKey(ctx context.Context, p *account.Principal, name, placedIn string) (account.AgentKeyGrant, error)
 	RevokeAgentKey(ctx context.Context, p *account.Principal, id string) error
 }
 

@@ -38,6 +38,7 @@ type world struct {
 	clock    *testclock.Clock
 	acct     string
 	p        *account.Principal
+	outbox   string // the mail outbox's directory
 }
 
 func newWorld(t *testing.T, timeout time.Duration) *world {
@@ -52,6 +53,7 @@ func newWorld(t *testing.T, timeout time.Duration) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	w.outbox = ob.Dir()
 	w.accounts = account.New(account.Config{Store: st, Mail: ob, Now: w.clock.Now, ControlURL: "https://mesh.example.org"})
 	acct, _, err := w.accounts.CreateAccount(t.Context(), "ana@example.org")
 	if err != nil {
@@ -328,6 +330,24 @@ func TestDeploy(t *testing.T) {
 	}
 	if len(model) != 1 || !model[0].Checksummed || model[0].By != sa || string(model[0].Data) != "sk-model-secret-123" {
 		t.Errorf("model key secret: %+v", model)
+	}
+	// The owner is told by mail, with the key's id and where it went, but
+	// the key itself is only in the customer's secret.
+	msgs, err := mail.ReadOutbox(w.outbox)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notices := 0
+	for _, m := range msgs {
+		if strings.Contains(m.Text, "am_") || strings.Contains(m.Text, string(key[0].Data)) {
+			t.Errorf("a mail carries the deploy's agent key: %q", m.Text)
+		}
+		if m.Kind == "agent-key" && strings.Contains(m.Text, res.AgentKeyID) && strings.Contains(m.Text, "mesh-helper-agent-key") {
+			notices++
+		}
+	}
+	if notices != 1 {
+		t.Errorf("%d notices of the deploy's key in %d mails", notices, len(msgs))
 	}
 	// The key in the secret is the account's, unused, under the id answered.
 	ks, _ := w.accounts.ListAgentKeys(ctx(t), w.p)
