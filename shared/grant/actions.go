@@ -103,6 +103,9 @@ func (s *Service) call(ctx context.Context, g Grant, trigger, method, resource s
 	if err != nil {
 		c, msg := codeOf(err)
 		a.Outcome, a.Error = codeName(c), clip(msg, 300)
+		if writes[method] && uncertainCode(c) {
+			a.Error += " (outcome uncertain: the write may have happened; a deploy keeps its agent key)"
+		}
 	}
 	// The line is written even when the caller's context is done: the call
 	// was made.
@@ -114,6 +117,10 @@ func (s *Service) call(ctx context.Context, g Grant, trigger, method, resource s
 	}
 	return err
 }
+
+// writes are the calls whose failure may hide a write that happened, said
+// so in their line.
+var writes = map[string]bool{"run.UpdateWorkerPool": true}
 
 // codeName is a gRPC code as Google's JSON errors spell it
 // (PERMISSION_DENIED).

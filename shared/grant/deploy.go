@@ -171,7 +171,14 @@ func (s *Service) Deploy(ctx context.Context, p *account.Principal, provider str
 	if err != nil {
 		return DeployResult{}, err
 	}
-	res, err := s.place(ctx, g, token, req, key)
+	res, uncertain, err := s.place(ctx, g, token, req, key)
+	if err != nil && uncertain {
+		// The worker pool may have been written with this key (the call got
+		// no certain answer): revoking it could break an agent that is
+		// starting, so it is kept, and the answer and the log say so.
+		s.log.Warn("a deploy's worker pool write got no certain answer; its agent key was kept", "account", p.AccountID, "key_id", key.ID, "err", err)
+		return DeployResult{}, err
+	}
 	if err != nil {
 		// The key is in no running agent: take it back, so a secret version
 		// left behind holds a dead key.
@@ -189,8 +196,19 @@ func (s *Service) Deploy(ctx context.Context, p *account.Principal, provider str
 }
 
 // place does the deploy's calls in the customer's project, as the
-// customer's account (token).
-func (s *Service) place(ctx context.Context, g Grant, token string, req DeployRequest, key account.AgentKeyGrant) (DeployResult, error) {
+// customer's account (token). uncertain reports a failure of the worker
+// pool's write that may nevertheless have written it (no answer before
+// the deadline, Google unavailable): the key must then be kept.
+func (s *Service) place(ctx context.Context, g Grant, token string, req DeployRequest, key account.AgentKeyGrant) (res DeployResult, uncertain bool, err error) {
+	res, err = s.placeSecrets(ctx, g, token, req, key)
+	if err != nil {
+		return res, false, err
+	}
+	return s.placeWorkerPool(ctx, g, token, req, key, res)
+}
+
+// placeSecrets adds the two secrets' versions.
+func (s *Service) placeSecrets(ctx context.Context, g Grant, token string, req DeployRequest, key account.AgentKeyGrant) (DeployResult, error) {
 	var res DeployResult
 	sm, err := secretmanager.NewClient(ctx, s.as(token)...)
 	if err != nil {
@@ -206,31 +224,46 @@ func (s *Service) place(ctx context.Context, g Grant, token string, req DeployRe
 		return res, err
 	}
 	res.Secrets = []string{keyVersion, modelVersion}
+	return res, nil
+}
 
+// placeWorkerPool writes the worker pool, pinned to the versions added.
+func (s *Service) placeWorkerPool(ctx context.Context, g Grant, token string, req DeployRequest, key account.AgentKeyGrant, res DeployResult) (DeployResult, bool, error) {
 	rc, err := run.NewWorkerPoolsClient(ctx, s.as(token)...)
 	if err != nil {
-		return res, errs.Wrap(errs.Unavailable, "the deploy could not build its Cloud Run client; retry shortly", err)
+		return res, false, errs.Wrap(errs.Unavailable, "the deploy could not build its Cloud Run client; retry shortly", err)
 	}
 	defer rc.Close()
-	wp := s.workerPool(g, req, versionOf(keyVersion), versionOf(modelVersion))
+	wp := s.workerPool(g, req, versionOf(res.Secrets[0]), versionOf(res.Secrets[1]))
 	var op *run.UpdateWorkerPoolOperation
 	err = s.call(ctx, g, "deploy", "run.UpdateWorkerPool", wp.Name, func(ctx context.Context) error {
 		var err error
 		op, err = rc.UpdateWorkerPool(ctx, &runpb.UpdateWorkerPoolRequest{WorkerPool: wp, AllowMissing: true})
 		return err
 	})
+	if c, msg := codeOf(err); err != nil && uncertainCode(c) {
+		return res, true, errs.Newf(errs.Unavailable, "the deploy's run.UpdateWorkerPool on %s got no certain answer (%s: %s): the worker pool may have been written, so its agent key %s was kept, not revoked. Deploy again, or revoke the key in the console if the pool is not running; the grant is unchanged.",
+			wp.Name, codeName(c), clip(msg, 200), key.ID).WithDetail("grant_state", string(g.State)).WithDetail("agent_key_id", key.ID)
+	}
 	if err != nil {
-		return res, s.refusal(ctx, g, "run.UpdateWorkerPool", wp.Name, err)
+		return res, false, s.refusal(ctx, g, "run.UpdateWorkerPool", wp.Name, err)
 	}
 	res.WorkerPool, res.Operation, res.Done = wp.Name, op.Name(), op.Done()
 	if op.Done() {
 		// A finished operation carries its result or its error; Poll reads
-		// it without another call.
+		// it without another call. Its failure is definite.
 		if _, err := op.Poll(ctx); err != nil {
-			return res, s.refusal(ctx, g, "run.UpdateWorkerPool", wp.Name, err)
+			return res, false, s.refusal(ctx, g, "run.UpdateWorkerPool", wp.Name, err)
 		}
 	}
-	return res, nil
+	return res, false, nil
+}
+
+// uncertainCode is a failure after which a write may still have happened:
+// no answer in time, Google unavailable, the call cut short, or an error
+// that is not Google's answer at all.
+func uncertainCode(c codes.Code) bool {
+	return c == codes.DeadlineExceeded || c == codes.Unavailable || c == codes.Canceled || c == codes.Unknown
 }
 
 // putSecret creates the secret if absent and adds a version with its

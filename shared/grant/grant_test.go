@@ -488,6 +488,32 @@ func TestDeployRefusals(t *testing.T) {
 			t.Errorf("UNAUTHENTICATED lowered the grant to %s", v.State)
 		}
 	})
+	// The worker pool's write got no certain answer: it may have
+	// happened, so the key is kept (not revoked), and the answer and the
+	// actions log say so; the grant is unchanged.
+	t.Run("Cloud Run unavailable: the outcome is uncertain", func(t *testing.T) {
+		w := newWorld(t, 300*time.Millisecond)
+		w.g.Customer(project, sa, deployer, w.acct)
+		w.create()
+		w.g.Outage("UpdateWorkerPool", codes.Unavailable)
+		_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
+		e := errs.As(err)
+		ks, _ := w.accounts.ListAgentKeys(ctx(t), w.p)
+		if len(ks) != 1 || w.accounts.KeyState(ks[0]) != "unused" {
+			t.Fatalf("the key of an uncertain deploy: %+v", ks)
+		}
+		if e.Code != errs.Unavailable || e.Details["grant_state"] != "verified" || e.Details["agent_key_id"] != ks[0].ID ||
+			!strings.Contains(e.Message, "may have been written") || !strings.Contains(e.Message, "kept") {
+			t.Fatalf("deploy: %+v", e)
+		}
+		if v, _ := w.svc.Get(ctx(t), w.acct, "gcp"); v.State != grant.Verified {
+			t.Errorf("an uncertain outcome changed the grant to %s", v.State)
+		}
+		acts, _ := w.svc.Actions(ctx(t), w.acct, "gcp", 0)
+		if len(acts) == 0 || acts[0].Call != "run.UpdateWorkerPool" || !strings.Contains(acts[0].Error, "outcome uncertain") {
+			t.Errorf("the actions log's newest line: %+v", acts[:min(1, len(acts))])
+		}
+	})
 	t.Run("Secret Manager unavailable", func(t *testing.T) {
 		w := newWorld(t, 300*time.Millisecond)
 		w.g.Customer(project, sa, deployer, w.acct)
