@@ -159,6 +159,10 @@ func (s *Service) Deploy(ctx context.Context, p *account.Principal, provider str
 			WithDetail("grant_state", string(g.State))
 	}
 
+	// One budget for the whole deploy: each call has its own deadline too,
+	// but together they must end before the function's timeout.
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.DeployBudget)
+	defer cancel()
 	token, v, ok := s.impersonate(ctx, g, "deploy")
 	if !ok {
 		if v.state == Revoked {
@@ -182,7 +186,11 @@ func (s *Service) Deploy(ctx context.Context, p *account.Principal, provider str
 	if err != nil {
 		// The key is in no running agent: take it back, so a secret version
 		// left behind holds a dead key.
-		if rerr := s.cfg.Accounts.RevokeAgentKey(context.WithoutCancel(ctx), p, key.ID); rerr != nil {
+		// Its own deadline: the deploy's budget may be spent already.
+		rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+		rerr := s.cfg.Accounts.RevokeAgentKey(rctx, p, key.ID)
+		rcancel()
+		if rerr != nil {
 			s.log.Error("a failed deploy's agent key could not be revoked", "account", p.AccountID, "key_id", key.ID, "err", rerr)
 		}
 		return DeployResult{}, err
@@ -369,7 +377,9 @@ func (s *Service) lower(ctx context.Context, g Grant, why string) error {
 // lowerRecord writes the lowering and reports whether it wrote, and the
 // state the record has after it ("" when there is no record any more).
 func (s *Service) lowerRecord(ctx context.Context, g Grant, why string) (wrote bool, now State, err error) {
-	err = s.st.RunTx(context.WithoutCancel(ctx), func(tx store.Tx) error {
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.timeout)
+	defer cancel()
+	err = s.st.RunTx(wctx, func(tx store.Tx) error {
 		wrote, now = false, ""
 		var cur Grant
 		if err := tx.Get(CollGrants, docID(g.AccountID, g.Provider), &cur); err != nil {

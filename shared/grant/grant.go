@@ -63,6 +63,10 @@ const (
 	// DefaultCallTimeout is the deadline of each call to Google. Without
 	// one, the clients retry Unavailable for up to 60 s.
 	DefaultCallTimeout = 10 * time.Second
+	// DefaultDeployBudget is a deploy's overall deadline: five calls of
+	// up to CallTimeout each would otherwise outlast the function's 60 s
+	// timeout (cmd/meshgen), with room left for revoking the key.
+	DefaultDeployBudget = 45 * time.Second
 	// RecheckEvery is how often the scheduled row re-checks unreachable
 	// grants; a grant that stays unreachable waits longer each time, up to
 	// MaxRecheckWait.
@@ -162,8 +166,12 @@ type Config struct {
 	RegistrarURL string
 	// CallTimeout is each Google call's deadline (DefaultCallTimeout).
 	CallTimeout time.Duration
-	Now         func() time.Time
-	Log         *slog.Logger
+	// DeployBudget bounds a whole deploy, every call in it included
+	// (DefaultDeployBudget); the revocation of a failed deploy's key has
+	// its own deadline after it.
+	DeployBudget time.Duration
+	Now          func() time.Time
+	Log          *slog.Logger
 }
 
 // Service is the grant service.
@@ -200,6 +208,9 @@ func New(cfg Config) (*Service, error) {
 	}
 	if s.timeout <= 0 {
 		s.timeout = DefaultCallTimeout
+	}
+	if s.cfg.DeployBudget <= 0 {
+		s.cfg.DeployBudget = DefaultDeployBudget
 	}
 	if s.now == nil {
 		s.now = time.Now

@@ -41,7 +41,7 @@ type world struct {
 	outbox   string // the mail outbox's directory
 }
 
-func newWorld(t *testing.T, timeout time.Duration) *world {
+func newWorld(t *testing.T, timeout time.Duration, with ...func(*grant.Config)) *world {
 	t.Helper()
 	w := &world{t: t, g: googlefake.Start(t), clock: &testclock.Clock{}}
 	st, err := boltstore.Open(filepath.Join(t.TempDir(), "control.db"))
@@ -62,8 +62,12 @@ func newWorld(t *testing.T, timeout time.Duration) *world {
 	w.acct = acct.ID
 	w.p = &account.Principal{AccountID: acct.ID, Account: acct, Via: "session", SessionID: "s", PasskeyAt: w.clock.Now()}
 	runtimeToken := w.g.Provider(runtime, deployer)
-	w.svc, err = grant.New(grant.Config{Store: st, Deployer: deployer, Accounts: w.accounts, ControlURL: "https://mesh.example.org",
-		Google: &grant.Google{Self: w.g.Options(runtimeToken), As: w.g.Options}, CallTimeout: timeout, Now: w.clock.Now})
+	cfg := grant.Config{Store: st, Deployer: deployer, Accounts: w.accounts, ControlURL: "https://mesh.example.org",
+		Google: &grant.Google{Self: w.g.Options(runtimeToken), As: w.g.Options}, CallTimeout: timeout, Now: w.clock.Now}
+	for _, f := range with {
+		f(&cfg)
+	}
+	w.svc, err = grant.New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -512,6 +516,23 @@ func TestDeployRefusals(t *testing.T) {
 		acts, _ := w.svc.Actions(ctx(t), w.acct, "gcp", 0)
 		if len(acts) == 0 || acts[0].Call != "run.UpdateWorkerPool" || !strings.Contains(acts[0].Error, "outcome uncertain") {
 			t.Errorf("the actions log's newest line: %+v", acts[:min(1, len(acts))])
+		}
+	})
+	// The deploy's budget ends it even when each call's own deadline is
+	// far off, and the failed deploy's key is still revoked (its own
+	// deadline, after the budget).
+	t.Run("the deploy's budget", func(t *testing.T) {
+		w := newWorld(t, 0, func(c *grant.Config) { c.DeployBudget = 300 * time.Millisecond })
+		w.g.Customer(project, sa, deployer, w.acct)
+		w.create()
+		// Google holds the call until the caller gives up.
+		w.g.OnCall("AddSecretVersion", func(ctx context.Context) { <-ctx.Done() })
+		_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
+		if e := errs.As(err); e.Code != errs.DependencyFailed || e.Details["grant_state"] != "verified" || !strings.Contains(e.Message, "DEADLINE_EXCEEDED") {
+			t.Fatalf("deploy: %+v", e)
+		}
+		if ks, _ := w.accounts.ListAgentKeys(ctx(t), w.p); len(ks) != 1 || w.accounts.KeyState(ks[0]) != "revoked" {
+			t.Errorf("the key of a deploy out of budget: %+v", ks)
 		}
 	})
 	t.Run("Secret Manager unavailable", func(t *testing.T) {

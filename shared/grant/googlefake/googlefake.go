@@ -100,15 +100,16 @@ type Fake struct {
 	srv  *grpc.Server
 
 	mu       sync.Mutex
-	tokens   map[string]string            // bearer token → principal
-	accounts map[string]map[string]bool   // service account → who may mint its tokens
-	actAs    map[string]map[string]bool   // service account → who may run things as it
-	perms    map[string]map[string]bool   // principal → "project\x00permission"
-	projects map[string]string            // project id → the id its read answers with
-	labels   map[string]map[string]string // project id → its labels
-	outages  map[string]codes.Code        // method → the code every call of it gets
-	secrets  map[string][]Version         // projects/P/secrets/S → versions (1-based by index+1)
-	pools    map[string]*poolRecord       // projects/P/locations/L/workerPools/N
+	tokens   map[string]string                    // bearer token → principal
+	accounts map[string]map[string]bool           // service account → who may mint its tokens
+	actAs    map[string]map[string]bool           // service account → who may run things as it
+	perms    map[string]map[string]bool           // principal → "project\x00permission"
+	projects map[string]string                    // project id → the id its read answers with
+	labels   map[string]map[string]string         // project id → its labels
+	outages  map[string]codes.Code                // method → the code every call of it gets
+	hooks    map[string]func(ctx context.Context) // method → run before each call of it
+	secrets  map[string][]Version                 // projects/P/secrets/S → versions (1-based by index+1)
+	pools    map[string]*poolRecord               // projects/P/locations/L/workerPools/N
 	calls    []Call
 	seq      int
 }
@@ -128,7 +129,7 @@ func Start(t testing.TB) *Fake {
 	}
 	f := &Fake{Addr: lis.Addr().String(), t: t, tokens: map[string]string{}, accounts: map[string]map[string]bool{},
 		actAs: map[string]map[string]bool{}, perms: map[string]map[string]bool{}, projects: map[string]string{}, labels: map[string]map[string]string{},
-		outages: map[string]codes.Code{}, secrets: map[string][]Version{}, pools: map[string]*poolRecord{}}
+		outages: map[string]codes.Code{}, hooks: map[string]func(context.Context){}, secrets: map[string][]Version{}, pools: map[string]*poolRecord{}}
 	f.srv = grpc.NewServer(grpc.UnaryInterceptor(f.intercept))
 	credentialspb.RegisterIAMCredentialsServer(f.srv, iamService{Fake: f})
 	resourcemanagerpb.RegisterProjectsServer(f.srv, projectsService{Fake: f})
@@ -275,6 +276,21 @@ func (f *Fake) Outage(method string, code codes.Code) {
 	f.outages[method] = code
 }
 
+// OnCall runs fn before every call of method (its short name), with the
+// call's context, until it is replaced (nil removes it): a test can block
+// a call until its deadline, or change the world, or the mesh's store,
+// while a call is in flight. A call whose context ended in fn is answered
+// with the context's status, as a server would.
+func (f *Fake) OnCall(method string, fn func(ctx context.Context)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if fn == nil {
+		delete(f.hooks, method)
+		return
+	}
+	f.hooks[method] = fn
+}
+
 // EndOutage ends an Outage.
 func (f *Fake) EndOutage(method string) {
 	f.mu.Lock()
@@ -372,10 +388,16 @@ func (f *Fake) intercept(ctx context.Context, req any, info *grpc.UnaryServerInf
 		}
 	}
 	outage, down := f.outages[method]
+	hook := f.hooks[method]
 	f.mu.Unlock()
+	if hook != nil {
+		hook(ctx)
+	}
 	var resp any
 	var err error
 	switch {
+	case ctx.Err() != nil:
+		err = status.FromContextError(ctx.Err()).Err()
 	case down:
 		err = status.Error(outage, "The service is currently unavailable.")
 	case principal == "":
