@@ -212,7 +212,29 @@ func (s *Service) place(ctx context.Context, g Grant, token string, req DeployRe
 	if err != nil {
 		return res, false, err
 	}
+	// The worker pool is what runs in the customer's project: write it
+	// only if the grant is still the one checked and still verified (a
+	// DELETE, a new POST or a lowering may have come meanwhile).
+	if err := s.stillVerified(ctx, g); err != nil {
+		return res, false, err
+	}
 	return s.placeWorkerPool(ctx, g, token, req, key, res)
+}
+
+// stillVerified reads the grant again: the same record, still verified.
+func (s *Service) stillVerified(ctx context.Context, g Grant) error {
+	var cur Grant
+	err := store.Get(ctx, s.st, CollGrants, docID(g.AccountID, g.Provider), &cur)
+	switch {
+	case errors.Is(err, store.ErrNotFound):
+		return errs.New(errs.Conflict, "the grant was deleted during the deploy, so no worker pool was written (the secrets' new versions hold a revoked key)")
+	case err != nil:
+		return txErr(err)
+	case cur.ID != g.ID || cur.State != Verified:
+		return errs.Newf(errs.Conflict, "the grant changed during the deploy (it is now %s), so no worker pool was written; read it and deploy again", cur.State).
+			WithDetail("grant_state", string(cur.State))
+	}
+	return nil
 }
 
 // placeSecrets adds the two secrets' versions.

@@ -293,6 +293,36 @@ func TestGrantOfAnotherTenantsProject(t *testing.T) {
 	}
 }
 
+// A DELETE while a deploy is placing its secrets: the grant is re-read
+// before the worker pool, so no worker pool is written, and the key is
+// revoked.
+func TestDeleteDuringDeploy(t *testing.T) {
+	w := newWorld(t, 0)
+	w.g.Customer(project, sa, deployer, w.acct)
+	w.create()
+	w.g.OnCall("AddSecretVersion", func(context.Context) {
+		if _, err := w.svc.Delete(context.Background(), w.acct, "gcp"); err != nil && errs.CodeOf(err) != errs.NotFound {
+			t.Errorf("DELETE: %v", err)
+		}
+	})
+	n := len(w.g.Calls())
+	_, err := w.svc.Deploy(ctx(t), w.p, "gcp", deployRequest())
+	if e := errs.As(err); e.Code != errs.Conflict || !strings.Contains(e.Message, "no worker pool was written") {
+		t.Fatalf("deploy: %+v", e)
+	}
+	for _, c := range w.callsSince(n) {
+		if c.Method == "UpdateWorkerPool" {
+			t.Errorf("a worker pool was written after the DELETE: %+v", c)
+		}
+	}
+	if wp, _ := w.g.WorkerPool("projects/acme-agents/locations/europe-west1/workerPools/mesh-helper"); wp != nil {
+		t.Errorf("worker pool %v", wp)
+	}
+	if ks, _ := w.accounts.ListAgentKeys(ctx(t), w.p); len(ks) != 1 || w.accounts.KeyState(ks[0]) != "revoked" {
+		t.Errorf("the key of a deploy whose grant was deleted: %+v", ks)
+	}
+}
+
 func deployRequest() grant.DeployRequest {
 	return grant.DeployRequest{Name: "helper", Region: "europe-west1", Image: "europe-west1-docker.pkg.dev/acme-agents/agents/helper:1",
 		Bucket: "acme-agents-mesh-state", ModelAPIKey: "sk-model-secret-123"}
