@@ -107,32 +107,6 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	return nil
 }
 
-// startSweeper runs sweep every interval until shutdown; done is what it
-// logs when a sweep did something. The control plane's jobs are route rows
-// (RunJobs); this is for the broker's own housekeeping.
-func (m *Mesh) startSweeper(every time.Duration, done string, sweep func(context.Context) (int, error)) {
-	ctx, cancel := context.WithCancel(context.Background())
-	m.closers = append(m.closers, func() error { cancel(); return nil })
-	go func() {
-		t := time.NewTicker(every)
-		defer t.Stop()
-		for {
-			select {
-			case <-ctx.Done():
-				return
-			case <-t.C:
-				if n, err := sweep(ctx); err != nil {
-					if ctx.Err() == nil {
-						m.log.Warn("sweep failed", "sweep", done, "err", err)
-					}
-				} else if n > 0 {
-					m.log.Info(done, "count", n)
-				}
-			}
-		}
-	}()
-}
-
 // Control returns the control plane.
 func (m *Mesh) Control() *Control { return m.control }
 
