@@ -46,6 +46,9 @@ type Config struct {
 	Logger *slog.Logger
 	// ReadyTimeout bounds how long Start waits for the broker; zero means 30s.
 	ReadyTimeout time.Duration
+	// Cluster, when set, makes the broker one member of a JetStream cluster
+	// (StartCluster sets it for each of its servers; cluster.go).
+	Cluster *Member
 }
 
 // Layout of the data directory.
@@ -137,7 +140,17 @@ func (b *Broker) start(ctx context.Context) error {
 	// A lone broker has no peers to ask for an account it does not hold, so a
 	// short fetch timeout keeps connections naming unknown accounts from each
 	// stalling for the default two seconds.
-	res, err := server.NewDirAccResolver(resDir, 0, 0, server.NoDelete, server.FetchTimeout(250*time.Millisecond))
+	//
+	// In a cluster every member runs the same resolver: an update pushed to
+	// one reaches every member that is up (they all subscribe the update
+	// subject), and the members compare their directories every sync
+	// interval and take each other's newer JWTs, which is how a member that
+	// was down when a revocation was pushed catches up.
+	var syncEvery time.Duration
+	if cfg.Cluster != nil {
+		syncEvery = cfg.Cluster.resolverSync()
+	}
+	res, err := server.NewDirAccResolver(resDir, 0, syncEvery, server.NoDelete, server.FetchTimeout(250*time.Millisecond))
 	if err != nil {
 		return fmt.Errorf("broker: account resolver: %w", err)
 	}
@@ -166,6 +179,11 @@ func (b *Broker) start(ctx context.Context) error {
 		// The embedding process owns signal handling; the broker's own
 		// handler would exit it on SIGINT before anything drains.
 		NoSigs: true,
+	}
+	if cfg.Cluster != nil {
+		if err := cfg.Cluster.apply(opts); err != nil {
+			return fmt.Errorf("broker: cluster: %w", err)
+		}
 	}
 	ns, err := server.NewServer(opts)
 	if err != nil {
@@ -200,6 +218,12 @@ func (b *Broker) start(ctx context.Context) error {
 	if b.sys, err = b.connect(sysCreds, cfg.Name+"-system"); err != nil {
 		return fmt.Errorf("broker: system connection: %w", err)
 	}
+	if cfg.Cluster != nil {
+		// JetStream answers only once the members have elected a meta
+		// leader, which the first member to start cannot do alone: the
+		// cluster checks the account once a quorum is up.
+		return nil
+	}
 	return b.checkMeshAccount(ctx)
 }
 
@@ -228,6 +252,8 @@ func (b *Broker) flushViolations() {
 // The mesh account JWT is re-signed from this code's definition on every start
 // (so changed limits take effect), but the revocations already stored are
 // carried over: dropping them would resurrect revoked credentials on restart.
+//
+// A cluster member does not re-sign (Member.MeshAccountJWT says why).
 func (b *Broker) storeAccountJWTs() error {
 	pk := b.trust.PublicKeys()
 	sysJWT, err := b.trust.SystemAccountJWT()
@@ -236,6 +262,9 @@ func (b *Broker) storeAccountJWTs() error {
 	}
 	if err := b.dirRes.SaveAcc(pk.SystemAccount, sysJWT); err != nil {
 		return fmt.Errorf("broker: store system account jwt: %w", err)
+	}
+	if m := b.cfg.Cluster; m != nil {
+		return b.storeMemberAccountJWT(m)
 	}
 
 	claims := b.trust.MeshAccountClaims()
