@@ -78,9 +78,10 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		return fmt.Errorf("devenv: control plane bus connection: %w", err)
 	}
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
+	tcpURLs, wsURLs := m.meshURLs()
 	d, err := api.NewDeps(api.Backends{Log: m.log, Store: st, Mail: mailer, Trust: m.trust, Revoker: m,
 		Bus: &bus.Caller{NC: cpNC, Key: m.servicesKey}, RegistrarKey: regKey, Now: cfg.Now,
-		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: []string{m.urls.MeshTCP}, WS: []string{m.urls.MeshWS}},
+		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: tcpURLs, WS: wsURLs},
 		ControlURL: m.urls.Control, ConsoleURL: m.urls.Console, RegistrarURL: m.urls.Registrar,
 		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
 			BodyTimeout: cfg.BodyTimeout, GuestIdleTTL: cfg.GuestIdleTTL, GuestLimits: cfg.GuestLimits, AccountLimits: cfg.AccountLimits,

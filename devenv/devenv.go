@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -111,6 +112,30 @@ type Config struct {
 	// machine's application default credentials. Without a deployer the
 	// grant routes answer 501.
 	Grants api.Grants
+	// Cluster, when 2 or more, runs the bus on that many nats-servers in
+	// this process forming one JetStream cluster (broker.StartCluster),
+	// their state under <DataDir>/cluster/, instead of one broker. Member
+	// i's client port is NATSAddr's port plus i (random when 0), its
+	// WebSocket port WSAddr's plus i; the URLs list every member. The
+	// workers' streams and buckets are then R3 (Workers.Replicas, when 0),
+	// and every connection of the mesh reconnects across the members.
+	Cluster int
+	// ClusterResolverSync is how often cluster members compare their
+	// account JWTs (broker.DefaultResolverSync when 0).
+	ClusterResolverSync time.Duration
+}
+
+// busServer is what the mesh needs of its bus: one broker
+// (broker.Broker) or a cluster of them (broker.Cluster).
+type busServer interface {
+	ClientURL() string
+	WebSocketURL() string
+	System() *nats.Conn
+	ConnectService(name string, opts ...nats.Option) (*nats.Conn, error)
+	ConnectSystem(name string, opts ...nats.Option) (*nats.Conn, error)
+	UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClaims) error) error
+	Healthy() bool
+	Shutdown()
 }
 
 func (c Config) meshName() string {
@@ -121,7 +146,8 @@ func (c Config) meshName() string {
 }
 
 // URLs are the addresses an adapter needs, as printed by meshd and written to
-// meshd.json.
+// meshd.json. On a cluster MeshTCP and MeshWS list every member,
+// comma-separated, as NATS clients take a server list.
 type URLs struct {
 	Control   string `json:"control_url"`
 	Registrar string `json:"registrar_url"`
@@ -144,9 +170,12 @@ const serverName = "meshd"
 
 // Mesh is a running mesh. It is safe for concurrent use.
 type Mesh struct {
-	log     *slog.Logger
-	trust   *creds.Trust
-	broker  *broker.Broker
+	log    *slog.Logger
+	trust  *creds.Trust
+	broker busServer
+	// cluster is the bus when it is a cluster (Config.Cluster), else nil;
+	// broker is then the same.
+	cluster *broker.Cluster
 	mux     *http.ServeMux
 	httpSrv *http.Server
 	urls    URLs
@@ -248,6 +277,9 @@ func Start(ctx context.Context, cfg Config) (*Mesh, error) {
 // startNATS starts the embedded broker (shared/broker) and waits until the
 // mesh account is usable.
 func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyTimeout time.Duration) error {
+	if cfg.Cluster > 1 {
+		return m.startCluster(ctx, dataDir, cfg, readyTimeout)
+	}
 	b, err := broker.Start(ctx, broker.Config{DataDir: dataDir, Trust: m.trust, NATSAddr: cfg.NATSAddr, WSAddr: cfg.WSAddr,
 		Name: serverName, Logger: m.log, ReadyTimeout: readyTimeout})
 	if err != nil {
@@ -257,6 +289,63 @@ func (m *Mesh) startNATS(ctx context.Context, dataDir string, cfg Config, readyT
 	m.urls.MeshTCP = b.ClientURL()
 	m.urls.MeshWS = b.WebSocketURL()
 	return nil
+}
+
+// ClusterDir is where a cluster's members keep their state, under the data
+// directory: <ClusterDir>/meshd-<i>/.
+const ClusterDir = "cluster"
+
+// startCluster starts cfg.Cluster brokers as one JetStream cluster.
+func (m *Mesh) startCluster(ctx context.Context, dataDir string, cfg Config, readyTimeout time.Duration) error {
+	host, natsPort, err := basePort(cfg.NATSAddr)
+	if err != nil {
+		return fmt.Errorf("devenv: nats address: %w", err)
+	}
+	wsHost, wsPort, err := basePort(cfg.WSAddr)
+	if err != nil {
+		return fmt.Errorf("devenv: websocket address: %w", err)
+	}
+	if wsHost != host {
+		return fmt.Errorf("devenv: a cluster listens on one host; the nats address has %q, the websocket one %q", host, wsHost)
+	}
+	c, err := broker.StartCluster(ctx, broker.ClusterConfig{Size: cfg.Cluster, DataDir: filepath.Join(dataDir, ClusterDir),
+		Trust: m.trust, Name: serverName, Host: host, NATSPort: natsPort, WSPort: wsPort,
+		ResolverSync: cfg.ClusterResolverSync, Logger: m.log, ReadyTimeout: readyTimeout})
+	if err != nil {
+		return fmt.Errorf("devenv: %w", err)
+	}
+	m.broker, m.cluster = c, c
+	m.urls.MeshTCP = c.ClientURL()
+	m.urls.MeshWS = c.WebSocketURL()
+	return nil
+}
+
+// basePort splits a listen address into its host (loopback when empty)
+// and port (0: random).
+func basePort(addr string) (string, int, error) {
+	if addr == "" {
+		return "127.0.0.1", 0, nil
+	}
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port in %q", addr)
+	}
+	if host == "" {
+		host = "127.0.0.1"
+	}
+	return host, port, nil
+}
+
+// meshURLs are the bus's addresses one by one, for credential answers.
+func (m *Mesh) meshURLs() (tcp, ws []string) {
+	if m.cluster != nil {
+		return m.cluster.ClientURLs(), m.cluster.WebSocketURLs()
+	}
+	return []string{m.urls.MeshTCP}, []string{m.urls.MeshWS}
 }
 
 // startHTTP listens on cfg.HTTPAddr, mounts /healthz and the control
@@ -373,8 +462,15 @@ func (m *Mesh) UpdateMeshAccount(ctx context.Context, edit func(*jwt.AccountClai
 	return m.broker.UpdateMeshAccount(ctx, edit)
 }
 
-// Broker is the embedded broker.
-func (m *Mesh) Broker() *broker.Broker { return m.broker }
+// Broker is the embedded broker, nil when the bus is a cluster (Cluster).
+func (m *Mesh) Broker() *broker.Broker {
+	b, _ := m.broker.(*broker.Broker)
+	return b
+}
+
+// Cluster is the bus when the mesh runs on a cluster (Config.Cluster),
+// else nil: for tests and tools that stop and restart its members.
+func (m *Mesh) Cluster() *broker.Cluster { return m.cluster }
 
 // Shutdown stops the mesh within ctx: the HTTP server first (in-flight
 // requests get at most half of what is left of ctx, then their connections

@@ -403,7 +403,7 @@ func TestHealthz(t *testing.T) {
 	}
 
 	// With the broker gone, the same handler answers 503.
-	m.broker.Kill()
+	m.Broker().Kill()
 	rec := httptest.NewRecorder()
 	m.handleHealthz(rec, httptest.NewRequest(http.MethodGet, "/healthz", nil))
 	if rec.Code != http.StatusServiceUnavailable {

@@ -57,8 +57,9 @@ type WorkerConfig struct {
 	Copies int
 	// None runs no worker: for tests that start their own copies.
 	None bool
-	// Replicas of the workers' streams and buckets (1 by default, the only
-	// count a single broker serves).
+	// Replicas of the workers' streams and buckets: 1 by default, the
+	// only count a single broker serves, and on a cluster
+	// workers.ProductionReplicas (or the cluster's size, if smaller).
 	Replicas  int
 	Registry  registry.Config
 	Presence  presence.Config
@@ -101,6 +102,9 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		return nil
 	})
 	wcfg := cfg.Workers.table()
+	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
+		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
+	}
 	table := workers.Table()
 	for i := range copies {
 		for _, row := range table {

@@ -273,3 +273,61 @@ func TestCASBytesAndRevisions(t *testing.T) {
 		t.Error("CAS over an undecodable value wrote")
 	}
 }
+
+// LeaderGet reads what KeyValue.Get reads, through the stream leader: a
+// live value, and not found for a key never written, deleted, purged or
+// expired.
+func TestLeaderGet(t *testing.T) {
+	m := mesh(t)
+	nc := bustest.Client(t, m)
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := t.Context()
+	kv, err := bus.Bucket(ctx, js, jetstream.KeyValueConfig{Bucket: "leader_get", LimitMarkerTTL: time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range []string{"live", "other", "deleted", "purged"} {
+		if _, err := kv.Put(ctx, k, []byte("v-"+k)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := kv.Delete(ctx, "deleted"); err != nil {
+		t.Fatal(err)
+	}
+	if err := kv.Purge(ctx, "purged"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(ctx, "expired", []byte("v"), jetstream.KeyTTL(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		key   string
+		found bool
+	}{{"live", true}, {"other", true}, {"never", false}, {"deleted", false}, {"purged", false}} {
+		v, found, err := bus.LeaderGet(ctx, nc, "leader_get", tc.key)
+		if err != nil || found != tc.found || (found && string(v) != "v-"+tc.key) {
+			t.Errorf("%s: %q %t %v, want found %t", tc.key, v, found, err, tc.found)
+		}
+	}
+	// The expired key: KeyValue.Get and LeaderGet agree once it has gone.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		_, err := kv.Get(ctx, "expired")
+		if err != nil {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("a key with a one-second TTL never expired")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if _, found, err := bus.LeaderGet(ctx, nc, "leader_get", "expired"); err != nil || found {
+		t.Fatalf("expired key: found %t, %v", found, err)
+	}
+	if _, _, err := bus.LeaderGet(ctx, nc, "no_such_bucket", "k"); err == nil {
+		t.Fatal("a missing bucket read as a missing key")
+	}
+}

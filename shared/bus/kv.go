@@ -9,6 +9,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 )
 
@@ -214,4 +215,53 @@ func EachValue(ctx context.Context, kv jetstream.KeyValue, f func(key string, v 
 			f(e.Key(), e.Value())
 		}
 	}
+}
+
+// LeaderGet reads key from bucket through the bucket's stream leader: the
+// JetStream API's message get, answered by the leader alone, not the
+// direct get that jetstream.KeyValue.Get makes, which on a replicated
+// bucket any replica may answer, a follower before it has applied the
+// newest acknowledged write. A reader that must see every acknowledged
+// write (a security decision) reads this way; found is false for a key
+// never written, deleted, purged or expired.
+func LeaderGet(ctx context.Context, nc *nats.Conn, bucket, key string) (value []byte, found bool, err error) {
+	req, err := json.Marshal(struct {
+		LastBy string `json:"last_by_subj"`
+	}{"$KV." + bucket + "." + key})
+	if err != nil {
+		return nil, false, err
+	}
+	msg, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+	if err != nil {
+		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+	}
+	var resp struct {
+		Message *struct {
+			Hdrs []byte `json:"hdrs"`
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, false, nil
+	case resp.Error != nil:
+		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, resp.Error)
+	case resp.Message == nil:
+		return nil, false, fmt.Errorf("kv %s: get %s from the leader: an answer with no message", bucket, key)
+	}
+	if len(resp.Message.Hdrs) > 0 {
+		hdr, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
+		if err != nil {
+			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+		}
+		// A delete or purge marker, or the marker of an expired key.
+		if hdr.Get("KV-Operation") != "" || hdr.Get(jetstream.MarkerReasonHeader) != "" {
+			return nil, false, nil
+		}
+	}
+	return resp.Message.Data, true, nil
 }

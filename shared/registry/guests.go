@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/bus"
@@ -35,13 +36,16 @@ const GuestRecordSlack = time.Hour
 // expired record. Markers only keep a watcher informed; nobody watches.
 const guestMarkerTTL = time.Minute
 
-// guestsConfig is the one configuration of GuestsBucket: every registry
-// copy and every control plane binds the bucket with it (creating it when
-// it is missing), so the writer and the readers never fight over it. Per-key
-// TTLs (LimitMarkerTTL enables them) let each record expire with its own
-// credential; a single replica means a read sees every acknowledged write.
-func guestsConfig() jetstream.KeyValueConfig {
-	return jetstream.KeyValueConfig{Bucket: GuestsBucket, LimitMarkerTTL: guestMarkerTTL,
+// guestsConfig is the one configuration of GuestsBucket, with replicas
+// (bus.Replicas): every registry copy binds the bucket with it, creating it
+// or raising its replicas; the control plane creates it with it when it is
+// missing and otherwise binds it as it is, so it never lowers what the
+// registry set. Per-key TTLs (LimitMarkerTTL enables them) let each record
+// expire with its own credential. It has the registry's replicas, so a
+// cluster that loses one server still judges registrations; reads go to
+// the stream's leader (isGuest), so they see every acknowledged write.
+func guestsConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: GuestsBucket, LimitMarkerTTL: guestMarkerTTL, Replicas: bus.Replicas(replicas),
 		Description: "live guest keys, written by the control plane, read by the registry"}
 }
 
@@ -52,20 +56,22 @@ type guestRecord struct {
 }
 
 // isGuest reports whether any of keys is a live guest key. It reads the
-// bucket every time (no cache), so every copy decides on what the control
-// plane wrote last. A failed read is an error, never a "no".
-func isGuest(ctx context.Context, kv jetstream.KeyValue, keys ...string) (bool, error) {
+// bucket every time (no cache) and from the stream's leader
+// (bus.LeaderGet), so every copy decides on what the control plane wrote
+// last even on a replicated bucket, whose followers may answer a direct
+// get before they have the newest record. A failed read is an error,
+// never a "no".
+func isGuest(ctx context.Context, nc *nats.Conn, keys ...string) (bool, error) {
 	for i, k := range keys {
 		if k == "" || (i > 0 && k == keys[i-1]) {
 			continue
 		}
-		_, err := kv.Get(ctx, k)
-		switch {
-		case err == nil:
+		_, found, err := bus.LeaderGet(ctx, nc, GuestsBucket, k)
+		if err != nil {
+			return false, err
+		}
+		if found {
 			return true, nil
-		case errors.Is(err, jetstream.ErrKeyNotFound):
-		default:
-			return false, fmt.Errorf("kv %s: get %s: %w", GuestsBucket, k, err)
 		}
 	}
 	return false, nil
@@ -76,6 +82,9 @@ func isGuest(ctx context.Context, kv jetstream.KeyValue, keys ...string) (bool, 
 // It binds the bucket at its first use.
 type GuestRoster struct {
 	JS jetstream.JetStream
+	// Replicas of the bucket when this roster is the first to make it
+	// (bus.Replicas; the registry raises them to its own).
+	Replicas int
 	// Timeout bounds each call (10 s when zero).
 	Timeout time.Duration
 
@@ -89,9 +98,18 @@ func (r *GuestRoster) bucket(ctx context.Context) (jetstream.KeyValue, error) {
 	if r.kv != nil {
 		return r.kv, nil
 	}
-	kv, err := bus.Bucket(ctx, r.JS, guestsConfig())
+	// Bound as it is when it exists: the registry's copies set its
+	// replicas, and a control plane configured with fewer must not lower
+	// them.
+	kv, err := r.JS.KeyValue(ctx, GuestsBucket)
+	if errors.Is(err, jetstream.ErrBucketNotFound) {
+		kv, err = r.JS.CreateKeyValue(ctx, guestsConfig(r.Replicas))
+		if errors.Is(err, jetstream.ErrBucketExists) {
+			kv, err = r.JS.KeyValue(ctx, GuestsBucket)
+		}
+	}
 	if err != nil {
-		return nil, err
+		return nil, fmt.Errorf("kv bucket %s: %w", GuestsBucket, err)
 	}
 	r.kv = kv
 	return kv, nil

@@ -58,7 +58,7 @@ func (w *Worker) register(ctx context.Context, r *bus.Request) (any, error) {
 	if bound && tok != m.node {
 		return nil, errs.Newf(errs.Unauthorized, "registration arrived on %s but is attested by node %s", r.Subject, m.node)
 	}
-	guest, err := isGuest(ctx, w.guests, m.id, m.node)
+	guest, err := isGuest(ctx, w.svc.NC, m.id, m.node)
 	if err != nil {
 		return nil, errs.OrUnavailable(err, "the registry could not check the guest leases; try again")
 	}

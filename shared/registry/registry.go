@@ -66,8 +66,8 @@ type Config struct {
 	// silence (1 h: spec §3.3, "guest registration swept").
 	SandboxTTL time.Duration
 	// Replicas of the registrations bucket (bus.Replicas: 0 is 1, one
-	// server; the cloud's cluster runs 3, set by the workers table). The
-	// guest roster stays at one replica (docs/bus.md).
+	// server; the cloud's cluster runs 3, set by the workers table), and
+	// of the guest roster.
 	Replicas int
 }
 
@@ -76,11 +76,9 @@ type Worker struct {
 	svc *bus.Service
 	js  jetstream.JetStream
 	kv  jetstream.KeyValue
-	// guests is GuestsBucket, read on every registration.
-	guests jetstream.KeyValue
-	cfg    Config
-	now    func() time.Time
-	log    *slog.Logger
+	cfg Config
+	now func() time.Time
+	log *slog.Logger
 
 	presence *optionalBucket
 
@@ -120,11 +118,10 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}
 	// Bound (created if need be) before the endpoints exist, so no
 	// registration is ever judged without it.
-	guests, err := bus.Bucket(ctx, svc.JS, guestsConfig())
-	if err != nil {
+	if _, err := bus.Bucket(ctx, svc.JS, guestsConfig(cfg.Replicas)); err != nil {
 		return fail(err)
 	}
-	w := &Worker{svc: svc, js: svc.JS, kv: kv, guests: guests, cfg: cfg, now: cfg.Now, log: svc.Log,
+	w := &Worker{svc: svc, js: svc.JS, kv: kv, cfg: cfg, now: cfg.Now, log: svc.Log,
 		presence: newOptionalBucket(svc.JS, PresenceBucket)}
 	for _, ep := range []struct {
 		name, subject string
