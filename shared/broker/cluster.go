@@ -712,3 +712,6 @@ func (c *Cluster) Shutdown() {
 		}
 	})
 }
+
+// Routes counts the broker's open routes to other servers.
+func (b *Broker) Routes() int { return b.ns.NumRoutes() }

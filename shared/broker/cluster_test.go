@@ -196,3 +196,81 @@ func TestClusterRevocationReachesAReturningMember(t *testing.T) {
 	}
 	nc.Close()
 }
+
+// The cloud's NATS-only revoker (creds.Revoker) builds each update on the
+// newest JWT any member holds: a member back from an outage, whose
+// resolver has not synced yet, answers lookups with the JWT it had, and an
+// update built on that one would drop the revocations made while it was
+// down.
+func TestRevokerOnAClusterIgnoresAStaleMember(t *testing.T) {
+	trust, err := creds.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	// No resolver sync during the test: the returning member stays stale.
+	c, err := broker.StartCluster(t.Context(), broker.ClusterConfig{DataDir: t.TempDir(), Trust: trust, Name: "test",
+		ResolverSync: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.Shutdown)
+	sys, err := c.ConnectSystem("revoker")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sys.Close()
+	r := &creds.Revoker{Trust: trust, Sys: sys}
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	k1, _ := trust.MintServiceUser("k1")
+	k2, _ := trust.MintServiceUser("k2")
+
+	const down = 1
+	if err := c.Kill(down); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Revoke(ctx, []string{k1.Key.Public()}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Restart(ctx, down); err != nil {
+		t.Fatal(err)
+	}
+	if ac, err := c.Server(down).MeshAccountClaims(); err != nil || ac.Revocations[k1.Key.Public()] != 0 {
+		t.Fatalf("the returning member is not stale (%v); the test proves nothing", err)
+	}
+	// Wait until the returning member's route is up, so it answers lookups.
+	for !routed(c, down) {
+		select {
+		case <-ctx.Done():
+			t.Fatal("the returning member never joined the routes")
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	if err := r.Revoke(ctx, []string{k2.Key.Public()}, time.Now()); err != nil {
+		t.Fatal(err)
+	}
+	for i := range c.Size() {
+		for {
+			ac, err := c.Server(i).MeshAccountClaims()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ac.Revocations[k2.Key.Public()] != 0 {
+				if ac.Revocations[k1.Key.Public()] == 0 {
+					t.Fatalf("member %d: the revocation made while member %d was down is lost", i, down)
+				}
+				break
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("member %d never took the second revocation", i)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// routed reports whether member i has routes to every other member.
+func routed(c *broker.Cluster, i int) bool {
+	return c.Server(i).Routes() >= c.Size()-1
+}

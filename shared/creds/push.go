@@ -84,17 +84,76 @@ type Revoker struct {
 func (r *Revoker) Revoke(ctx context.Context, keys []string, at time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	mesh := r.Trust.PublicKeys().MeshAccount
-	msg, err := r.Sys.RequestWithContext(ctx, AccountLookupSubject(mesh), nil)
+	claims, err := r.current(ctx)
 	if err != nil {
-		return fmt.Errorf("revoke: look up the mesh account: %w", err)
+		return fmt.Errorf("revoke: %w", err)
 	}
-	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
-	if err != nil {
-		return fmt.Errorf("revoke: the resolver's mesh account jwt: %w", err)
-	}
+	issued := claims.IssuedAt
 	if err := RevokeCredentials(claims, at, keys...); err != nil {
 		return err
+	}
+	return r.push(ctx, claims, issued)
+}
+
+// LookupGrace is how long the Revoker waits, after the first resolver
+// answers its lookup, for the others.
+const LookupGrace = 100 * time.Millisecond
+
+// current asks every server's resolver for the mesh account's JWT and
+// returns the newest: a server back from an outage answers with the JWT it
+// had before, until its first resolver sync, and an update built on that
+// one would drop every revocation made meanwhile (and, being newer, win
+// everywhere).
+func (r *Revoker) current(ctx context.Context) (*jwt.AccountClaims, error) {
+	mesh := r.Trust.PublicKeys().MeshAccount
+	inbox := r.Sys.NewRespInbox()
+	ch := make(chan *nats.Msg, 16)
+	sub, err := r.Sys.ChanSubscribe(inbox, ch)
+	if err != nil {
+		return nil, fmt.Errorf("look up the mesh account: %w", err)
+	}
+	defer func() { _ = sub.Unsubscribe() }()
+	if err := r.Sys.PublishRequest(AccountLookupSubject(mesh), inbox, nil); err != nil {
+		return nil, fmt.Errorf("look up the mesh account: %w", err)
+	}
+	var newest *jwt.AccountClaims
+	var grace <-chan time.Time
+	for {
+		select {
+		case m := <-ch:
+			ac, err := jwt.DecodeAccountClaims(string(m.Data))
+			if err != nil {
+				continue // an empty answer: that server does not hold it
+			}
+			if newest == nil || ac.IssuedAt > newest.IssuedAt {
+				newest = ac
+			}
+			if grace == nil {
+				grace = time.After(LookupGrace)
+			}
+		case <-grace:
+			return newest, nil
+		case <-ctx.Done():
+			if newest != nil {
+				return newest, nil
+			}
+			return nil, fmt.Errorf("look up the mesh account: %w", ctx.Err())
+		}
+	}
+}
+
+// push signs claims and pushes them, in a later second than issued, the
+// issue time of the JWT they replace: the servers' resolvers keep the
+// later of two JWTs and take either of two issued in the same second, so
+// two updates in one second could undo each other at every sync between
+// them.
+func (r *Revoker) push(ctx context.Context, claims *jwt.AccountClaims, issued int64) error {
+	for time.Now().Unix() <= issued {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(time.Until(time.Unix(issued+1, 0))):
+		}
 	}
 	signed, err := r.Trust.EncodeAccount(claims)
 	if err != nil {

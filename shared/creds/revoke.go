@@ -104,22 +104,14 @@ func SyncRevocations(ac *jwt.AccountClaims, keep, forget map[string]time.Time) (
 func (r *Revoker) SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	mesh := r.Trust.PublicKeys().MeshAccount
-	msg, err := r.Sys.RequestWithContext(ctx, AccountLookupSubject(mesh), nil)
+	claims, err := r.current(ctx)
 	if err != nil {
-		return 0, 0, fmt.Errorf("sync revocations: look up the mesh account: %w", err)
+		return 0, 0, fmt.Errorf("sync revocations: %w", err)
 	}
-	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
-	if err != nil {
-		return 0, 0, fmt.Errorf("sync revocations: the resolver's mesh account jwt: %w", err)
-	}
+	issued := claims.IssuedAt
 	added, forgotten = SyncRevocations(claims, keep, forget)
 	if added+forgotten == 0 {
 		return 0, 0, nil
 	}
-	signed, err := r.Trust.EncodeAccount(claims)
-	if err != nil {
-		return 0, 0, err
-	}
-	return added, forgotten, PushAccountJWT(ctx, r.Sys, signed)
+	return added, forgotten, r.push(ctx, claims, issued)
 }
