@@ -45,6 +45,9 @@ type serveConfig struct {
 	// (--grant-deployer, MESH_DEPLOYER_SA, as the Cloud Functions read it);
 	// empty leaves the grant routes answering 501.
 	GrantDeployer string
+	// Cluster is --cluster: 0 runs one broker, 3 (or 5, 7) a JetStream
+	// cluster of that many in the process (devenv.Config.Cluster).
+	Cluster int
 }
 
 // setting is one flag with its environment variable and default.
@@ -57,7 +60,7 @@ type setting struct {
 // else default. --help prints the usage to stdout and returns flag.ErrHelp.
 func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (serveConfig, error) {
 	var cfg serveConfig
-	var level, hops string
+	var level, hops, cluster string
 	settings := []setting{
 		{"data-dir", "MESHD_DATA_DIR", "./.mesh",
 			"directory for all state: keys (mode 0600), account JWTs, JetStream data, meshd.json", &cfg.DataDir},
@@ -73,6 +76,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"reverse proxies in front of meshd that append to X-Forwarded-For; 0 uses the socket address and ignores the header", &hops},
 		{"grant-deployer", "MESH_DEPLOYER_SA", "",
 			"the deployer service account customers let impersonate theirs (cloud grants, docs/grants.md); Google is reached with this machine's application default credentials; empty turns the grant routes off", &cfg.GrantDeployer},
+		{"cluster", "MESHD_CLUSTER", "0",
+			"run the bus on this many nats-servers (3, 5 or 7) forming one JetStream cluster with R3 streams, to try a cluster on one box; member i listens on the NATS and WebSocket ports plus i; 0 runs one server", &cluster},
 	}
 
 	// The limits' knobs write into cfg; their flags take a value each,
@@ -149,6 +154,11 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 	cfg.LogLevel = lvl
 	if cfg.TrustedProxyHops, err = strconv.Atoi(strings.TrimSpace(hops)); err != nil || cfg.TrustedProxyHops < 0 || cfg.TrustedProxyHops > 16 {
 		fmt.Fprintf(stderr, "meshd: --trusted-proxy-hops must be a whole number from 0 to 16, not %q\n", hops)
+		return cfg, errUsage
+	}
+	if cfg.Cluster, err = strconv.Atoi(strings.TrimSpace(cluster)); err != nil || (cfg.Cluster != 0 && cfg.Cluster != 1 &&
+		(cfg.Cluster < 3 || cfg.Cluster > 7 || cfg.Cluster%2 == 0)) {
+		fmt.Fprintf(stderr, "meshd: --cluster must be 0 (one server) or 3, 5 or 7 servers, not %q\n", cluster)
 		return cfg, errUsage
 	}
 	for i, k := range knobs {

@@ -50,7 +50,7 @@ func (b *syncBuffer) String() string {
 
 // runUntilReady starts run in the background and waits for meshd.json. The
 // returned stop cancels run and returns its error.
-func runUntilReady(t *testing.T, dataDir string) (urls map[string]string, stdout *syncBuffer, stop func() error) {
+func runUntilReady(t *testing.T, dataDir string, extra ...string) (urls map[string]string, stdout *syncBuffer, stop func() error) {
 	t.Helper()
 	jsonPath := filepath.Join(dataDir, "meshd.json")
 	if err := os.Remove(jsonPath); err != nil && !errors.Is(err, os.ErrNotExist) {
@@ -60,13 +60,13 @@ func runUntilReady(t *testing.T, dataDir string) (urls map[string]string, stdout
 	stdout, stderr := &syncBuffer{}, &syncBuffer{}
 	done := make(chan error, 1)
 	go func() {
-		done <- run(ctx, []string{
+		done <- run(ctx, append([]string{
 			"--data-dir", dataDir,
 			"--http-addr", "127.0.0.1:0",
 			"--nats-addr", "127.0.0.1:0",
 			"--ws-addr", "127.0.0.1:0",
 			"--log-level", "warn",
-		}, noEnv, stdout, stderr)
+		}, extra...), noEnv, stdout, stderr)
 	}()
 	stop = func() error {
 		cancel()
@@ -172,6 +172,57 @@ func TestServeWritesURLsAndRestarts(t *testing.T) {
 	}
 }
 
+// meshd --cluster 3 runs the bus on three servers in one JetStream
+// cluster: meshd.json lists every member, each refuses an anonymous
+// connection, and the members keep their state under cluster/.
+func TestServeOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-server cluster")
+	}
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	urls, stdout, stop := runUntilReady(t, dataDir, "--cluster", "3")
+	stopped := false
+	defer func() {
+		if !stopped {
+			_ = stop()
+		}
+	}()
+	members := strings.Split(urls["mesh_tcp_url"], ",")
+	if len(members) != 3 || len(strings.Split(urls["mesh_ws_url"], ",")) != 3 {
+		t.Fatalf("meshd.json does not list three members: %v", urls)
+	}
+	if !strings.Contains(stdout.String(), urls["mesh_tcp_url"]) {
+		t.Errorf("stdout does not show the members:\n%s", stdout)
+	}
+	for _, u := range members {
+		nc, err := nats.Connect(u, nats.NoReconnect(), nats.Timeout(5*time.Second))
+		if err == nil {
+			nc.Close()
+			t.Fatalf("anonymous connection to %s accepted", u)
+		}
+		if !errors.Is(err, nats.ErrAuthorization) {
+			t.Fatalf("anonymous connect to %s: %v", u, err)
+		}
+	}
+	resp, err := http.Get(urls["control_url"] + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("/healthz status = %d", resp.StatusCode)
+	}
+	for i := range 3 {
+		if _, err := os.Stat(filepath.Join(dataDir, "cluster", fmt.Sprintf("meshd-%d", i), "jetstream")); err != nil {
+			t.Errorf("member %d keeps no state under cluster/: %v", i, err)
+		}
+	}
+	stopped = true
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+}
+
 func TestParseServeConfig(t *testing.T) {
 	env := func(m map[string]string) lookupEnv {
 		return func(k string) (string, bool) { v, ok := m[k]; return v, ok }
@@ -254,6 +305,12 @@ func TestParseServeConfig(t *testing.T) {
 		{name: "stray argument", args: []string{"extra"}, wantErr: errUsage},
 		{name: "empty data dir", args: []string{"--data-dir", ""}, wantErr: errUsage},
 		{name: "bad markup", env: map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "ten"}, wantErr: errUsage},
+		{name: "cluster", args: []string{"--cluster", "3"}, want: func() serveConfig { c := limited(defaults, nil); c.Cluster = 3; return c }()},
+		{name: "cluster from the environment", env: map[string]string{"MESHD_CLUSTER": "5"},
+			want: func() serveConfig { c := limited(defaults, nil); c.Cluster = 5; return c }()},
+		{name: "cluster of two", args: []string{"--cluster", "2"}, wantErr: errUsage},
+		{name: "cluster of nine", args: []string{"--cluster", "9"}, wantErr: errUsage},
+		{name: "cluster not a number", args: []string{"--cluster", "three"}, wantErr: errUsage},
 		{name: "bad proxy hops", args: []string{"--trusted-proxy-hops", "one"}, wantErr: errUsage},
 		{name: "negative proxy hops", env: map[string]string{"MESHD_TRUSTED_PROXY_HOPS": "-1"}, wantErr: errUsage},
 	}
@@ -287,6 +344,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
 		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL", "--trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS",
 		"--grant-deployer", "MESH_DEPLOYER_SA",
+		"--cluster", "MESHD_CLUSTER",
 		"--limit-guest-pool", "MESH_LIMIT_GUEST_POOL", "--limit-guest-per-network", "MESH_LIMIT_GUEST_PER_NETWORK", `default "60/1h"`,
 		"--limit-signup-per-address", "MESH_LIMIT_SIGNUP_PER_ADDRESS", `default "10/1h"`, "--limit-mail-per-recipient", "MESH_LIMIT_MAIL_PER_RECIPIENT",
 	} {

@@ -48,6 +48,7 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		Classes:          cfg.Classes.Map(),
 		Workers:          devenv.WorkerConfig{Mailbox: mailbox.Config{Limits: cfg.Mailbox}},
 		Grants:           api.Grants{Deployer: cfg.GrantDeployer},
+		Cluster:          cfg.Cluster,
 	})
 	if err != nil {
 		return err
