@@ -643,9 +643,31 @@ func (w *Worker) ackLoop(acks <-chan pendingRecord, done chan<- struct{}) {
 				}
 			}
 		case err := <-p.fut.Err():
+			if inProcess(err) {
+				// Another copy is storing the same record right now (on a
+				// replicated stream the window is the replication's round
+				// trip): a duplicate whose sequence is not known yet, so
+				// the answer it carries goes on its own.
+				w.duplicates.Add(1)
+				if a := p.answer; a != nil {
+					w.recordAnswer(p.agent, a)
+				}
+				continue
+			}
 			w.svc.Log.Warn("activity record", "agent", p.agent, "err", err)
 		}
 	}
+}
+
+// errCodeDuplicateInProcess is JetStream's refusal of a message whose
+// Nats-Msg-Id another publish is still storing ("duplicate message id is
+// in process", JSStreamDuplicateMessageConflict).
+const errCodeDuplicateInProcess = 10158
+
+// inProcess reports whether err is that refusal.
+func inProcess(err error) bool {
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeDuplicateInProcess
 }
 
 // carried reports whether the record at seq (the request's, which a

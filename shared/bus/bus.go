@@ -49,7 +49,18 @@ type Config struct {
 	Key                        keys.Signer
 	Log                        *slog.Logger
 	Now                        func() time.Time
+	// PublishAsyncTimeout bounds the acknowledgement of an asynchronous
+	// publish on the service's JS (PublishAsyncTimeout when 0).
+	PublishAsyncTimeout time.Duration
 }
+
+// PublishAsyncTimeout bounds the wait for the acknowledgement of an
+// asynchronous JetStream publish (Service.JS.PublishAsync). Without it a
+// publish whose acknowledgement never comes (its server taken down after
+// it took the message, on a cluster losing a server) would leave its
+// future unresolved for ever, and a worker that waits on its futures in
+// order would wait behind it for good.
+const PublishAsyncTimeout = 10 * time.Second
 
 // QueueGroup is the queue group of a worker's endpoints: every copy of the
 // worker joins it, so each request is answered by exactly one copy.
@@ -66,11 +77,16 @@ func NewService(cfg Config) (*Service, error) {
 	if cfg.Version == "" {
 		cfg.Version = "1.0.0"
 	}
+	if cfg.PublishAsyncTimeout <= 0 {
+		cfg.PublishAsyncTimeout = PublishAsyncTimeout
+	}
 	// A worker bounds its own asynchronous publishes (the activity
 	// worker's ack queue); the client's cap sits above every such bound,
 	// so a slow broker makes the worker wait at its own limit instead of
-	// failing publishes at the client's default 4,000.
-	js, err := jetstream.New(cfg.NC, jetstream.WithPublishAsyncMaxPending(MaxPublishAsyncPending))
+	// failing publishes at the client's default 4,000. Each publish's ack
+	// is awaited at most PublishAsyncTimeout.
+	js, err := jetstream.New(cfg.NC, jetstream.WithPublishAsyncMaxPending(MaxPublishAsyncPending),
+		jetstream.WithPublishAsyncTimeout(cfg.PublishAsyncTimeout))
 	if err != nil {
 		return nil, fmt.Errorf("%s: jetstream: %w", cfg.Name, err)
 	}
@@ -168,7 +184,13 @@ func (s *Service) serve(req micro.Request, h Handler) {
 	out, err := h(ctx, &Request{Env: env, Subject: req.Subject(), Reply: req.Reply(), Payload: payload})
 	if err != nil {
 		e := errs.As(err)
-		if e.Code == errs.InternalError {
+		switch {
+		case e.Code == errs.InternalError && Transient(err):
+			// The bus itself did not answer in time: on a cluster, a server
+			// is going or a stream is electing a leader. Worth a retry.
+			s.Log.Warn("handler: the bus did not answer", "subject", req.Subject(), "err", err)
+			e = errs.As(errs.Wrap(errs.Unavailable, "the mesh's state could not be reached just now; retry", err))
+		case e.Code == errs.InternalError:
 			s.Log.Error("handler failed", "subject", req.Subject(), "err", err)
 		}
 		s.answerError(req, env, e)
@@ -183,6 +205,22 @@ func (s *Service) serve(req micro.Request, h Handler) {
 		return
 	}
 	_ = req.Respond(reply)
+}
+
+// Transient reports whether err is the bus failing to answer rather than
+// a fault of the handler or the request: a timeout, a connection between
+// servers, no responder (a stream without a leader), or JetStream's own
+// "unavailable" (HTTP-style code 503). On a cluster these come and go
+// while a server is lost and its streams elect new leaders.
+func Transient(err error) bool {
+	for _, t := range []error{context.DeadlineExceeded, nats.ErrTimeout, nats.ErrNoResponders, nats.ErrConnectionClosed,
+		nats.ErrConnectionReconnecting, nats.ErrDisconnected, jetstream.ErrNoStreamResponse, jetstream.ErrServerShutdown} {
+		if errors.Is(err, t) {
+			return true
+		}
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // RequireServices refuses, with FORBIDDEN, a request that is not signed by

@@ -2,15 +2,20 @@ package bus_test
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -108,6 +113,52 @@ func TestCASOneWinner(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	casRace(t, kv)
+}
+
+// The same races on an R3 bucket of a three-server cluster, where a lost
+// compare-and-set is reported with another error code (10164) and a read
+// may come from a follower a little behind.
+func TestCASOneWinnerOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-server cluster")
+	}
+	trust, err := creds.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := broker.StartCluster(t.Context(), broker.ClusterConfig{DataDir: t.TempDir(), Trust: trust, Name: "cas"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Shutdown()
+	nc, err := c.ConnectService("cas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	kv, err := bus.Bucket(t.Context(), js, jetstream.KeyValueConfig{Bucket: "test_cas", Replicas: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// What the two codes look like, as the broker sends them.
+	if _, err := kv.Create(t.Context(), "k", []byte("1")); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := kv.Create(t.Context(), "k", []byte("2")); !bus.IsConflict(err) {
+		t.Fatalf("a second create on R3: %v, not a conflict", err)
+	}
+	if _, err := kv.Update(t.Context(), "k", []byte("2"), 999); !bus.IsConflict(err) {
+		t.Fatalf("an update at a stale revision on R3: %v, not a conflict", err)
+	}
+	casRace(t, kv)
+}
+
+// casRace: fifty copies racing to claim one key, exactly one wins; twenty
+// read-modify-write increments end at twenty.
+func casRace(t *testing.T, kv jetstream.KeyValue) {
+	t.Helper()
 	type claim struct{ By int }
 	var wg sync.WaitGroup
 	var winners atomic.Int64
@@ -329,5 +380,61 @@ func TestLeaderGet(t *testing.T) {
 	}
 	if _, _, err := bus.LeaderGet(ctx, nc, "no_such_bucket", "k"); err == nil {
 		t.Fatal("a missing bucket read as a missing key")
+	}
+}
+
+// A handler failing because the bus did not answer is UNAVAILABLE (worth a
+// retry), not INTERNAL_ERROR.
+func TestTransient(t *testing.T) {
+	for _, tc := range []struct {
+		err  error
+		want bool
+	}{
+		{fmt.Errorf("kv get: %w", context.DeadlineExceeded), true},
+		{fmt.Errorf("kv get: %w", nats.ErrTimeout), true},
+		{nats.ErrNoResponders, true},
+		{fmt.Errorf("x: %w", jetstream.ErrNoStreamResponse), true},
+		{&jetstream.APIError{Code: 503, ErrorCode: 10008, Description: "JetStream system temporarily unavailable"}, true},
+		{&jetstream.APIError{Code: 404, ErrorCode: jetstream.JSErrCodeStreamNotFound}, false},
+		{errors.New("decode: bad json"), false},
+		{jetstream.ErrKeyNotFound, false},
+	} {
+		if got := bus.Transient(tc.err); got != tc.want {
+			t.Errorf("Transient(%v) = %t, want %t", tc.err, got, tc.want)
+		}
+	}
+}
+
+// An asynchronous publish whose acknowledgement never comes fails after
+// the service's PublishAsyncTimeout rather than never.
+func TestPublishAsyncTimesOut(t *testing.T) {
+	m := mesh(t)
+	nc := bustest.Client(t, m)
+	// Something takes the publish, nothing acknowledges it: what a server
+	// that dies after taking it looks like to the publisher.
+	if _, err := nc.Subscribe("silent.>", func(*nats.Msg) {}); err != nil {
+		t.Fatal(err)
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	svc, err := bus.NewService(bus.Config{Name: "silent", NC: nc, Key: agent(t), PublishAsyncTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer svc.Stop()
+	fut, err := svc.JS.PublishAsync("silent.x", []byte("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-fut.Ok():
+		t.Fatal("acknowledged by nobody")
+	case err := <-fut.Err():
+		if !errors.Is(err, jetstream.ErrAsyncPublishTimeout) {
+			t.Fatalf("err = %v, want the async publish timeout", err)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the future never resolved")
 	}
 }

@@ -123,19 +123,26 @@ func CASBytes(ctx context.Context, kv jetstream.KeyValue, key string, update fun
 		if err == nil {
 			return next, true, nil
 		}
-		if !isConflict(err) {
+		if !IsConflict(err) {
 			return nil, false, fmt.Errorf("kv %s: write %s: %w", kv.Bucket(), key, err)
 		}
 	}
 	return nil, false, fmt.Errorf("kv %s: %s: %w", kv.Bucket(), key, ErrContention)
 }
 
-func isConflict(err error) bool {
+// IsConflict reports whether a write was refused because the key (or the
+// stream's subject) moved on since it was read: a compare-and-set that
+// lost. A lone server reports it as "wrong last sequence: N" (10071,
+// jetstream.ErrKeyExists); a replicated stream as "wrong last sequence"
+// (10164), which ErrKeyExists does not match, so a check for that alone
+// takes every lost race on a cluster for a failure.
+func IsConflict(err error) bool {
 	var apiErr *jetstream.APIError
-	if errors.As(err, &apiErr) && apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence {
+	if errors.As(err, &apiErr) && (apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequence ||
+		apiErr.ErrorCode == jetstream.JSErrCodeStreamWrongLastSequenceConstant) {
 		return true
 	}
-	return errors.Is(err, jetstream.ErrKeyExists)
+	return errors.Is(err, jetstream.ErrKeyExists) || errors.Is(err, jetstream.ErrKeyRevisionMismatch)
 }
 
 // GetJSON reads key into a T; found is false when the key does not exist.

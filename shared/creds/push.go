@@ -31,18 +31,45 @@ type claimsUpdateReply struct {
 	} `json:"error"`
 }
 
+// PushAttemptTimeout is how long PushAccountJWT waits for an answer before
+// it sends the update again.
+const PushAttemptTimeout = 2 * time.Second
+
 // PushAccountJWT sends an updated account JWT to the running broker over a
 // system-account connection and waits for it to be accepted. The broker
 // applies it at once: revoked user keys lose their connections, and the new
 // limits hold, without a restart. With several servers, the first answer is
-// returned and the resolvers spread the update among themselves.
+// returned and the resolvers spread the update among themselves. An attempt
+// unanswered within PushAttemptTimeout is made again until ctx ends.
 func PushAccountJWT(ctx context.Context, nc *nats.Conn, accountJWT string) error {
 	if nc == nil {
 		return errors.New("push account jwt: no connection")
 	}
-	msg, err := nc.RequestWithContext(ctx, ClaimsUpdateSubject, []byte(accountJWT))
-	if err != nil {
-		return fmt.Errorf("push account jwt: %w", err)
+	var msg *nats.Msg
+	for {
+		// Each attempt waits a little: a request that met its server going
+		// away (on a cluster losing a member) is lost with it, and only a
+		// new attempt gets an answer. Pushing the same JWT again changes
+		// nothing where it already arrived.
+		actx, cancel := context.WithTimeout(ctx, PushAttemptTimeout)
+		var err error
+		msg, err = nc.RequestWithContext(actx, ClaimsUpdateSubject, []byte(accountJWT))
+		cancel()
+		if err == nil {
+			break
+		}
+		retry := errors.Is(err, context.DeadlineExceeded) || errors.Is(err, nats.ErrTimeout) || errors.Is(err, nats.ErrNoResponders)
+		if !retry || ctx.Err() != nil {
+			if ctx.Err() != nil {
+				err = ctx.Err()
+			}
+			return fmt.Errorf("push account jwt: %w", err)
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("push account jwt: %w", ctx.Err())
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
 	var reply claimsUpdateReply
 	if err := json.Unmarshal(msg.Data, &reply); err != nil {
@@ -118,8 +145,17 @@ func (r *Revoker) current(ctx context.Context) (*jwt.AccountClaims, error) {
 	}
 	var newest *jwt.AccountClaims
 	var grace <-chan time.Time
+	// A lookup lost with a server going away is asked again.
+	again := time.NewTicker(PushAttemptTimeout)
+	defer again.Stop()
 	for {
 		select {
+		case <-again.C:
+			if newest == nil {
+				if err := r.Sys.PublishRequest(AccountLookupSubject(mesh), inbox, nil); err != nil {
+					return nil, fmt.Errorf("look up the mesh account: %w", err)
+				}
+			}
 		case m := <-ch:
 			ac, err := jwt.DecodeAccountClaims(string(m.Data))
 			if err != nil {

@@ -141,7 +141,7 @@ func (r *GuestRoster) Record(ctx context.Context, key string, expires time.Time)
 		return err
 	}
 	_, err = kv.Create(ctx, key, v, jetstream.KeyTTL(ttl))
-	if err != nil && !errors.Is(err, jetstream.ErrKeyExists) {
+	if err != nil && !bus.IsConflict(err) { // already recorded
 		return fmt.Errorf("kv %s: record guest: %w", GuestsBucket, err)
 	}
 	return nil
