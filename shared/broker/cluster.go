@@ -493,6 +493,11 @@ func (c *Cluster) dial(u creds.UserCreds, name string, opts ...nats.Option) (*na
 		u.NATSOption(),
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(ReconnectWait),
+		// A write to a member that just went away fails asynchronously;
+		// the connection reconnects to another. Logged, not printed.
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) {
+			c.log.Debug("cluster connection error", "conn", name, "err", err)
+		}),
 	}, opts...)
 	nc, err := nats.Connect(c.ClientURL(), all...)
 	if err != nil {

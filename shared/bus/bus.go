@@ -14,6 +14,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -40,7 +41,22 @@ type Service struct {
 	dec   *protocol.Decoder
 	dedup *protocol.DedupMemory
 	micro micro.Service
+
+	// slots bounds the requests this copy serves at once (MaxConcurrent);
+	// inflight are those being served, which Stop waits for.
+	slots    chan struct{}
+	mu       sync.Mutex
+	stopped  bool
+	inflight sync.WaitGroup
 }
+
+// MaxConcurrent is how many requests one copy of a worker serves at once.
+// Each is served on its own goroutine, so a handler waiting on the bus (a
+// JetStream request lost while a cluster server went away waits out its
+// deadline) holds one slot, not the whole endpoint, whose other requests
+// would otherwise queue behind it and time out. When every slot is taken
+// the endpoint waits, as it did serving one at a time.
+const MaxConcurrent = 64
 
 // Config describes a worker.
 type Config struct {
@@ -96,11 +112,19 @@ func NewService(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("%s: micro service: %w", cfg.Name, err)
 	}
 	return &Service{Name: cfg.Name, NC: cfg.NC, JS: js, Key: cfg.Key, Log: cfg.Log.With("worker", cfg.Name), Now: cfg.Now,
-		dec: protocol.DefaultDecoder, dedup: protocol.NewDedupMemory(0), micro: m}, nil
+		dec: protocol.DefaultDecoder, dedup: protocol.NewDedupMemory(0), micro: m, slots: make(chan struct{}, MaxConcurrent)}, nil
 }
 
-// Stop unsubscribes the worker's endpoints.
-func (s *Service) Stop() error { return s.micro.Stop() }
+// Stop unsubscribes the worker's endpoints and waits for the requests
+// being served.
+func (s *Service) Stop() error {
+	err := s.micro.Stop()
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
+	s.inflight.Wait()
+	return err
+}
 
 // Request is a verified request envelope and where it arrived.
 type Request struct {
@@ -151,7 +175,22 @@ type Handler func(ctx context.Context, r *Request) (any, error)
 // with its code when it has a reply subject, and never reaches h.
 func (s *Service) Endpoint(name, subject string, h Handler) error {
 	return s.micro.AddEndpoint(name, micro.HandlerFunc(func(req micro.Request) {
-		s.serve(req, h)
+		s.slots <- struct{}{}
+		s.mu.Lock()
+		if s.stopped {
+			s.mu.Unlock()
+			<-s.slots
+			return
+		}
+		s.inflight.Add(1)
+		s.mu.Unlock()
+		go func() {
+			defer func() {
+				<-s.slots
+				s.inflight.Done()
+			}()
+			s.serve(req, h)
+		}()
 	}), micro.WithEndpointSubject(subject))
 }
 

@@ -153,6 +153,46 @@ func TestCASOneWinnerOnACluster(t *testing.T) {
 		t.Fatalf("an update at a stale revision on R3: %v, not a conflict", err)
 	}
 	casRace(t, kv)
+
+	// The server leading the bucket goes away: compare-and-sets made
+	// meanwhile wait for the new leader (their reads and writes nobody
+	// answers are made again) instead of failing, and none is lost.
+	info, err := js.Stream(t.Context(), "KV_test_cas")
+	if err != nil {
+		t.Fatal(err)
+	}
+	leader := info.CachedInfo().Cluster.Leader
+	for i := range c.Size() {
+		if c.ServerName(i) == leader {
+			if err := c.Kill(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
+	defer cancel()
+	type counter struct{ N int }
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if _, _, err := bus.CAS(ctx, kv, "n", func(cur *counter, _ bool) (*counter, error) {
+				c := counter{}
+				if cur != nil {
+					c = *cur
+				}
+				c.N++
+				return &c, nil
+			}); err != nil {
+				t.Errorf("an increment while the leader was away: %v", err)
+			}
+		}()
+	}
+	wg.Wait()
+	if v, _, err := bus.GetJSON[counter](ctx, kv, "n"); err != nil || v.N != 30 {
+		t.Errorf("counter %d after the leader went away, want 30 (%v)", v.N, err)
+	}
 }
 
 // casRace: fifty copies racing to claim one key, exactly one wins; twenty
@@ -436,5 +476,58 @@ func TestPublishAsyncTimesOut(t *testing.T) {
 		}
 	case <-time.After(30 * time.Second):
 		t.Fatal("the future never resolved")
+	}
+}
+
+// One copy serves a request while another of its handlers waits (as one
+// waiting on a JetStream request lost in a failover does), and Stop waits
+// for the handler still running.
+func TestEndpointServesWhileAHandlerWaits(t *testing.T) {
+	m := mesh(t)
+	nc := bustest.Client(t, m)
+	s, err := bus.NewService(bus.Config{Name: "waits", NC: nc, Key: agent(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	release, entered := make(chan struct{}), make(chan struct{})
+	var finished atomic.Bool
+	if err := s.Endpoint("waits", "mesh.test.waits", func(_ context.Context, r *bus.Request) (any, error) {
+		if r.Object()["wait"] == true {
+			close(entered)
+			<-release
+			finished.Store(true)
+		}
+		return map[string]any{"status": "ok"}, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	client := bustest.Client(t, m)
+	caller := agent(t)
+	ctx, cancel := context.WithTimeout(t.Context(), 10*time.Second)
+	defer cancel()
+	waited := make(chan error, 1)
+	go func() {
+		_, err := bus.Call(ctx, client, caller, "mesh.test.waits", protocol.TypeRequest, "", map[string]any{"wait": true})
+		waited <- err
+	}()
+	select {
+	case <-entered:
+	case <-ctx.Done():
+		t.Fatal("the waiting handler never ran")
+	}
+	if _, err := bus.Call(ctx, client, caller, "mesh.test.waits", protocol.TypeRequest, "", map[string]any{}); err != nil {
+		t.Fatalf("a request behind a waiting handler: %v", err)
+	}
+	stopped := make(chan error, 1)
+	go func() { stopped <- s.Stop() }()
+	close(release)
+	if err := <-stopped; err != nil {
+		t.Fatal(err)
+	}
+	if !finished.Load() {
+		t.Fatal("Stop returned before the handler finished")
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("the waiting request: %v", err)
 	}
 }

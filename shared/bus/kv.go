@@ -33,7 +33,9 @@ func Replicas(n int) int { return max(n, 1) }
 // is; CAS then writes nothing and reports changed=false.
 var ErrNoChange = errors.New("no change")
 
-// maxCASAttempts bounds retries under contention. Each loser re-reads the
+// maxCASAttempts bounds retries under contention (lost compare-and-sets;
+// reads and writes nobody answered are retried until the caller's
+// deadline instead). Each loser re-reads the
 // winner's value and waits a short random while before trying again, so
 // copies that keep colliding spread out instead of retrying in lockstep.
 const maxCASAttempts = 24
@@ -82,24 +84,32 @@ func CAS[T any](ctx context.Context, kv jetstream.KeyValue, key string, update f
 // value to write: nil deletes the key, ErrNoChange writes nothing (next is
 // then the current value).
 func CASBytes(ctx context.Context, kv jetstream.KeyValue, key string, update func(cur []byte, exists bool) ([]byte, error)) (next []byte, changed bool, err error) {
-	for attempt := range maxCASAttempts {
-		if attempt > 0 {
-			// Up to 1, 2, 4 … ms of jitter, capped at 64 ms.
-			d := time.Duration(rand.Int64N(int64(time.Millisecond) << min(attempt, 6)))
+	conflicts, unanswered := 0, 0
+	var wait time.Duration
+	for {
+		if wait > 0 {
 			select {
 			case <-ctx.Done():
 				return nil, false, ctx.Err()
-			case <-time.After(d):
+			case <-time.After(wait):
 			}
 		}
 		var cur []byte
 		var rev uint64
 		exists := false
-		e, err := kv.Get(ctx, key)
+		rctx, cancel := context.WithTimeout(ctx, casReadTimeout)
+		e, err := kv.Get(rctx, key)
+		cancel()
 		switch {
 		case err == nil:
 			cur, rev, exists = e.Value(), e.Revision(), true
 		case errors.Is(err, jetstream.ErrKeyNotFound):
+		case ctx.Err() == nil && Transient(err) && unanswered < maxUnanswered:
+			// Not answered: on a cluster a stream electing a leader, or a
+			// request lost with a server. Reading again is always safe.
+			unanswered++
+			wait = unansweredBackoff(unanswered)
+			continue
 		default:
 			return nil, false, fmt.Errorf("kv %s: get %s: %w", kv.Bucket(), key, err)
 		}
@@ -120,14 +130,51 @@ func CASBytes(ctx context.Context, kv jetstream.KeyValue, key string, update fun
 		default:
 			_, err = kv.Create(ctx, key, next)
 		}
-		if err == nil {
+		switch {
+		case err == nil:
 			return next, true, nil
-		}
-		if !IsConflict(err) {
+		case IsConflict(err):
+			if conflicts++; conflicts >= maxCASAttempts {
+				return nil, false, fmt.Errorf("kv %s: %s: %w", kv.Bucket(), key, ErrContention)
+			}
+			// Up to 1, 2, 4 … ms of jitter, capped at 64 ms.
+			wait = time.Duration(rand.Int64N(int64(time.Millisecond) << min(conflicts, 6)))
+		case ctx.Err() == nil && notStored(err) && unanswered < maxUnanswered:
+			// The write reached no stream leader, so nothing was stored and
+			// it is safe to try again. A write that timed out may have been
+			// stored, and trying again would apply update twice: that is
+			// the caller's error.
+			unanswered++
+			wait = unansweredBackoff(unanswered)
+		default:
 			return nil, false, fmt.Errorf("kv %s: write %s: %w", kv.Bucket(), key, err)
 		}
 	}
-	return nil, false, fmt.Errorf("kv %s: %s: %w", kv.Bucket(), key, ErrContention)
+}
+
+// maxUnanswered bounds the retries of unanswered reads and writes of one
+// CASBytes (about 20 s of them), for a caller without a deadline.
+const maxUnanswered = 40
+
+// casReadTimeout bounds each read of CASBytes: a read whose request was lost
+// is made again rather than waiting out the caller's whole deadline.
+const casReadTimeout = 5 * time.Second
+
+// unansweredBackoff is the wait before the n-th retry of an unanswered
+// read or write: 50, 100, 200, 400 ms, then 500 ms, until the caller's
+// deadline.
+func unansweredBackoff(n int) time.Duration {
+	return min(50*time.Millisecond<<min(n-1, 4), 500*time.Millisecond)
+}
+
+// notStored reports whether a write failed before any stream leader took
+// it: nobody answered its subject, or JetStream said it is unavailable.
+func notStored(err error) bool {
+	if errors.Is(err, nats.ErrNoResponders) {
+		return true
+	}
+	var apiErr *jetstream.APIError
+	return errors.As(err, &apiErr) && apiErr.Code == 503
 }
 
 // IsConflict reports whether a write was refused because the key (or the
