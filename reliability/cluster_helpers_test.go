@@ -32,6 +32,7 @@ import (
 // three copies of every worker, and the test's own service connection.
 type clusterMesh struct {
 	t   *testing.T
+	dir string
 	m   *devenv.Mesh
 	c   *broker.Cluster
 	svc *nats.Conn
@@ -50,7 +51,8 @@ func clusterLogger() *slog.Logger {
 
 func startClusterMesh(t *testing.T) *clusterMesh {
 	t.Helper()
-	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: t.TempDir(), Cluster: 3, Logger: clusterLogger(),
+	dir := t.TempDir()
+	m, err := devenv.Start(t.Context(), devenv.Config{DataDir: dir, Cluster: 3, Logger: clusterLogger(),
 		ClusterResolverSync: 500 * time.Millisecond, Workers: devenv.WorkerConfig{Copies: 3}})
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +67,7 @@ func startClusterMesh(t *testing.T) *clusterMesh {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &clusterMesh{t: t, m: m, c: m.Cluster(), svc: svc, js: js}
+	return &clusterMesh{t: t, dir: dir, m: m, c: m.Cluster(), svc: svc, js: js}
 }
 
 // newAgentKeys makes n fresh agent keys.

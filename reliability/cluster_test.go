@@ -20,6 +20,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/adapter/node"
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/creds"
@@ -287,10 +288,19 @@ func TestClusterSurvivesAServerLoss(t *testing.T) {
 		ml.sent.len(), len(ackedMail), ml.handled.len())
 	t.Logf("failed operations (not acknowledged, so allowed): %s", fail)
 
-	// The mesh stops: no worker is left waiting on something the lost
-	// server took with it.
+	// The mesh stops, its nodes first: no worker is left waiting on
+	// something the lost server took with it, and every server stops.
+	req.close()
+	reg.close()
+	_ = fd.node.Close()
+	_ = back.Close()
+	stopStart := time.Now()
 	stopped := make(chan error, 1)
-	go func() { stopped <- cm.m.Close() }()
+	go func() {
+		sctx, cancel := context.WithTimeout(ctx, time.Minute)
+		defer cancel()
+		stopped <- cm.m.Shutdown(sctx)
+	}()
 	select {
 	case err := <-stopped:
 		if err != nil {
@@ -299,6 +309,16 @@ func TestClusterSurvivesAServerLoss(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the mesh did not stop after the server loss")
 	}
+	// Shutdown returns at its deadline with the servers still writing;
+	// the data directory's lock is released once they have stopped.
+	waitFor(ctx, t, "the servers stopping", func() bool {
+		l, err := devenv.LockDataDir(cm.dir, "reliability test")
+		if err == nil {
+			_ = l.Unlock()
+		}
+		return err == nil
+	})
+	t.Logf("the mesh stopped in %s", time.Since(stopStart).Round(time.Millisecond))
 }
 
 // phaseLimit bounds each phase of the run: a load that makes no progress

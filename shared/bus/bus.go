@@ -48,6 +48,10 @@ type Service struct {
 	mu       sync.Mutex
 	stopped  bool
 	inflight sync.WaitGroup
+	// ctx is every handler's parent, cancelled by Stop so that handlers
+	// waiting on the bus give up rather than hold the stop.
+	ctx    context.Context
+	cancel context.CancelFunc
 }
 
 // MaxConcurrent is how many requests one copy of a worker serves at once.
@@ -111,7 +115,8 @@ func NewService(cfg Config) (*Service, error) {
 	if err != nil {
 		return nil, fmt.Errorf("%s: micro service: %w", cfg.Name, err)
 	}
-	return &Service{Name: cfg.Name, NC: cfg.NC, JS: js, Key: cfg.Key, Log: cfg.Log.With("worker", cfg.Name), Now: cfg.Now,
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{ctx: ctx, cancel: cancel, Name: cfg.Name, NC: cfg.NC, JS: js, Key: cfg.Key, Log: cfg.Log.With("worker", cfg.Name), Now: cfg.Now,
 		dec: protocol.DefaultDecoder, dedup: protocol.NewDedupMemory(0), micro: m, slots: make(chan struct{}, MaxConcurrent)}, nil
 }
 
@@ -122,6 +127,7 @@ func (s *Service) Stop() error {
 	s.mu.Lock()
 	s.stopped = true
 	s.mu.Unlock()
+	s.cancel()
 	s.inflight.Wait()
 	return err
 }
@@ -202,7 +208,7 @@ func (s *Service) serve(req micro.Request, h Handler) {
 		s.Log.Debug("request with a reply subject outside the reply namespaces dropped", "subject", req.Subject(), "reply", r)
 		return
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	ctx, cancel := context.WithTimeout(s.ctx, 30*time.Second)
 	defer cancel()
 	env, err := s.dec.Decode(req.Data())
 	if err != nil {

@@ -271,6 +271,9 @@ func EachValue(ctx context.Context, kv jetstream.KeyValue, f func(key string, v 
 	}
 }
 
+// leaderGetTimeout bounds one attempt of LeaderGet.
+const leaderGetTimeout = 2 * time.Second
+
 // LeaderGet reads key from bucket through the bucket's stream leader: the
 // JetStream API's message get, answered by the leader alone, not the
 // direct get that jetstream.KeyValue.Get makes, which on a replicated
@@ -285,9 +288,25 @@ func LeaderGet(ctx context.Context, nc *nats.Conn, bucket, key string) (value []
 	if err != nil {
 		return nil, false, err
 	}
-	msg, err := nc.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
-	if err != nil {
-		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+	var msg *nats.Msg
+	for attempt := 1; ; attempt++ {
+		// A request the leader never answers (lost with a server, dropped
+		// by a busy API queue, sent while the stream elects a leader) is
+		// made again: a read is always safe to repeat.
+		actx, cancel := context.WithTimeout(ctx, leaderGetTimeout)
+		msg, err = nc.RequestWithContext(actx, "$JS.API.STREAM.MSG.GET.KV_"+bucket, req)
+		cancel()
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil || !Transient(err) || attempt == maxUnanswered {
+			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+		}
+		select {
+		case <-ctx.Done():
+			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, ctx.Err())
+		case <-time.After(unansweredBackoff(attempt)):
+		}
 	}
 	var resp struct {
 		Message *struct {
