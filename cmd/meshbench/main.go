@@ -58,15 +58,20 @@ var rowNames = []string{"mesh", "signed", "raw", "http"}
 type options struct {
 	dataDir   string
 	inProcess bool
-	shape     shape
-	requests  int
-	duration  time.Duration
-	warmup    time.Duration
-	timeout   time.Duration
-	rows      []string
-	quiet     bool
-	json      bool
-	out       string
+	// cluster starts the in-process mesh on a three-server cluster;
+	// killAfter, when positive, kills one of its servers that long into
+	// each row's measured run and starts it again downFor later.
+	cluster            bool
+	killAfter, downFor time.Duration
+	shape              shape
+	requests           int
+	duration           time.Duration
+	warmup             time.Duration
+	timeout            time.Duration
+	rows               []string
+	quiet              bool
+	json               bool
+	out                string
 }
 
 // shape is the load every row carries: callers in flight, responders
@@ -85,8 +90,16 @@ with signed envelopes, and HTTP JSON with signed envelopes.
 Examples:
   meshbench --data-dir .mesh --callers 64 --duration 10s
   meshbench --in-process --rows mesh,signed --requests 20000 --out report.json
+  meshbench --cluster --kill-after 5s --down-for 5s --duration 20s
 
-The exit status is 1 when any request failed, 2 for a wrong command line.
+--cluster runs the mesh in meshbench on a three-server JetStream cluster
+(R3, as meshd --cluster 3); with --kill-after it kills the server leading
+the most streams during each row and starts it again, and reports req/s
+before, during and after, errors by code, and acknowledged writes lost.
+
+The exit status is 1 when any request failed (with --kill-after: when an
+acknowledged write was lost or a request handled twice), 2 for a wrong
+command line.
 docs/performance.md explains the report.
 
 Flags:
@@ -102,6 +115,9 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 	fs.SetOutput(io.Discard) // errors and usage are printed below, to the right stream
 	fs.StringVar(&o.dataDir, "data-dir", "./.mesh", "the running meshd's data directory (meshd.json and keys/); meshbench must run on its host")
 	fs.BoolVar(&o.inProcess, "in-process", false, "start a mesh inside meshbench (temporary data directory, random loopback ports) instead of using --data-dir")
+	fs.BoolVar(&o.cluster, "cluster", false, "start the mesh inside meshbench on a three-server JetStream cluster (R3 streams) instead of using --data-dir")
+	fs.DurationVar(&o.killAfter, "kill-after", 0, "with --cluster: kill one server this long into each row's measured run (the one leading the most streams), and restart it --down-for later")
+	fs.DurationVar(&o.downFor, "down-for", 3*time.Second, "with --kill-after: how long the killed server stays down")
 	fs.IntVar(&o.shape.callers, "callers", 64, "requests in flight at once, each caller sending the next when the last is answered")
 	fs.IntVar(&o.shape.responders, "responders", 1, "answering agents (each its own key and inbox); callers rotate over them")
 	fs.IntVar(&o.shape.nodes, "nodes", 2, "nodes (broker connections) the callers and responders are dealt over")
@@ -150,6 +166,23 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 	case o.timeout <= 0:
 		return bad("--timeout must be positive")
 	}
+	rowsSet := false
+	fs.Visit(func(f *flag.Flag) { rowsSet = rowsSet || f.Name == "rows" })
+	if o.killAfter != 0 {
+		switch {
+		case !o.cluster:
+			return bad("--kill-after needs --cluster: meshbench kills a server only of a cluster it runs itself")
+		case o.killAfter < 0 || o.downFor <= 0:
+			return bad("--kill-after and --down-for must be positive")
+		case o.requests > 0:
+			return bad("--kill-after measures for --duration, not a number of --requests")
+		case o.duration <= o.killAfter+o.downFor:
+			return bad("--duration (%v) must be longer than --kill-after plus --down-for (%v), so there is an after", o.duration, o.killAfter+o.downFor)
+		}
+		if !rowsSet {
+			rows = "mesh" // the failover is the mesh's; the baselines are for comparing speeds
+		}
+	}
 	for _, name := range strings.Split(rows, ",") {
 		name = strings.TrimSpace(name)
 		if !slices.Contains(rowNames, name) {
@@ -157,6 +190,9 @@ func parse(args []string, stdout, stderr io.Writer) (options, error) {
 		}
 		if slices.Contains(o.rows, name) {
 			return bad("--rows: %q twice", name)
+		}
+		if o.killAfter != 0 && name == "http" {
+			return bad("--rows: the http row does not use the bus, so a server's loss says nothing about it; leave it out with --kill-after")
 		}
 		o.rows = append(o.rows, name)
 	}
@@ -192,8 +228,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	cfg := load.Config{Callers: o.shape.callers, Requests: o.requests, Duration: o.duration,
 		Warmup: o.warmup, Timeout: o.timeout, Classify: classify}
 	var runErr error
+	var fo *failover
+	if o.killAfter > 0 {
+		fo = newFailover(t, o, progress)
+	}
 	for _, name := range o.rows {
-		row, err := measure(ctx, t, name, o.shape, cfg, progress)
+		row, err := measure(ctx, t, name, o.shape, cfg, fo, progress)
 		if err != nil && ctx.Err() == nil {
 			runErr = err
 			break
@@ -228,14 +268,30 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return errors.New("interrupted; the report covers what was measured before")
 	case runErr != nil:
 		return runErr
+	case o.killAfter > 0:
+		if lost := lostInFailovers(rep); lost > 0 {
+			return fmt.Errorf("%d acknowledged messages lost or requests handled twice in the failover; the report says which", lost)
+		}
 	case rep.Failed() > 0:
 		return fmt.Errorf("%d requests failed (%s); the report lists them by code", rep.Failed(), failedRows(rep))
 	}
 	return nil
 }
 
-// measure sets a row up, runs the load through it and tears it down.
-func measure(ctx context.Context, t *target, name string, s shape, cfg load.Config, progress io.Writer) (report.Row, error) {
+func lostInFailovers(rep *report.Report) int {
+	n := 0
+	for _, row := range rep.Rows {
+		if row.Failover != nil {
+			n += row.Failover.Lost()
+		}
+	}
+	return n
+}
+
+// measure sets a row up, runs the load through it and tears it down. With
+// fo, a server of the cluster is killed and restarted during the measured
+// run (failover.go).
+func measure(ctx context.Context, t *target, name string, s shape, cfg load.Config, fo *failover, progress io.Writer) (report.Row, error) {
 	fmt.Fprintf(progress, "%s: setting up %s on %s\n", name, plural(s.responders, "responder"), plural(s.nodes, "node"))
 	b, err := openRow(ctx, t, name, s)
 	if err != nil {
@@ -248,11 +304,18 @@ func measure(ctx context.Context, t *target, name string, s shape, cfg load.Conf
 	cfg.Progress = func(p load.Progress) {
 		fmt.Fprintf(progress, "%s: %5.1fs  %8d done  %7.0f req/s  %d errors\n", name, p.Elapsed.Seconds(), p.Done, p.Rate, p.Errors)
 	}
-	res, err := load.Run(ctx, cfg, b.call)
+	var res *load.Result
+	var failover *report.Failover
+	if fo == nil {
+		res, err = load.Run(ctx, cfg, b.call)
+	} else {
+		res, failover, err = fo.measure(ctx, name, cfg, b)
+	}
 	if res == nil {
 		return report.Row{}, err
 	}
 	row := rowOf(name, res)
+	row.Failover = failover
 	fmt.Fprintf(progress, "%s: %d requests in %v, %.0f req/s, %d errors\n", name, row.Requests, res.Elapsed.Round(time.Millisecond), row.ReqPerSec, row.Errors)
 	return row, nil
 }

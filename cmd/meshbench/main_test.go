@@ -134,6 +134,11 @@ func TestParse(t *testing.T) {
 		{[]string{"--rows", "raw,raw"}, `"raw" twice`},
 		{[]string{"extra"}, "unexpected arguments: extra"},
 		{[]string{"--nosuch"}, "flag provided but not defined"},
+		{[]string{"--kill-after", "2s"}, "--kill-after needs --cluster"},
+		{[]string{"--cluster", "--kill-after", "2s", "--requests", "100"}, "measures for --duration"},
+		{[]string{"--cluster", "--kill-after", "5s", "--down-for", "5s", "--duration", "10s"}, "must be longer than --kill-after plus --down-for"},
+		{[]string{"--cluster", "--kill-after", "2s", "--down-for", "0s"}, "must be positive"},
+		{[]string{"--cluster", "--kill-after", "2s", "--rows", "mesh,http"}, "the http row does not use the bus"},
 	} {
 		var errOut bytes.Buffer
 		_, err := parse(c.args, io.Discard, &errOut)
@@ -144,6 +149,11 @@ func TestParse(t *testing.T) {
 	o, err := parse([]string{"--rows", " raw , mesh", "--requests", "5", "--duration", "0"}, io.Discard, io.Discard)
 	if err != nil || !slices.Equal(o.rows, []string{"raw", "mesh"}) || o.requests != 5 {
 		t.Errorf("parse: %+v %v", o, err)
+	}
+	// A failover measures the mesh row unless told otherwise.
+	o, err = parse([]string{"--cluster", "--kill-after", "2s"}, io.Discard, io.Discard)
+	if err != nil || !slices.Equal(o.rows, []string{"mesh"}) || !o.cluster || o.killAfter != 2*time.Second || o.downFor != 3*time.Second {
+		t.Errorf("parse --kill-after: %+v %v", o, err)
 	}
 	var help bytes.Buffer
 	if _, err := parse([]string{"--help"}, &help, io.Discard); !errors.Is(err, flag.ErrHelp) || !strings.Contains(help.String(), "Usage: meshbench") || !strings.Contains(help.String(), "-rows") {
@@ -175,6 +185,56 @@ func TestClassify(t *testing.T) {
 	} {
 		if got := classify(c.err); got != c.want {
 			t.Errorf("classify(%v) = %+v, want %+v", c.err, got, c.want)
+		}
+	}
+}
+
+// --cluster --kill-after: the mesh on three servers, one killed during the
+// measured run and restarted. The report has the three phases, requests
+// answered before and after, acknowledged writes all read back, and no
+// request handled twice.
+func TestClusterFailover(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a three-server cluster under load")
+	}
+	var out, errOut bytes.Buffer
+	err := run(t.Context(), []string{"--cluster", "--kill-after", "2s", "--down-for", "2s", "--duration", "7s",
+		"--callers", "8", "--warmup", "500ms", "--json"}, &out, &errOut)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, errOut.String())
+	}
+	rep, rows := rowsOf(t, out.Bytes())
+	if got := rowNamesOf(rep); !slices.Equal(got, []string{"mesh"}) || !strings.Contains(rep.Target, "(in-process cluster of 3)") {
+		t.Fatalf("rows %v, target %q", got, rep.Target)
+	}
+	f := rows["mesh"].Failover
+	if f == nil || len(f.Phases) != 3 || f.Server == "" {
+		t.Fatalf("failover %+v", f)
+	}
+	for i, name := range []string{"before", "during", "after"} {
+		if f.Phases[i].Name != name || f.Phases[i].Elapsed <= 0 {
+			t.Errorf("phase %d: %+v", i, f.Phases[i])
+		}
+	}
+	if f.Phases[0].OK == 0 || f.Phases[2].OK == 0 {
+		t.Errorf("nothing answered before or after the failover: %+v", f.Phases)
+	}
+	if f.Writes.Acked == 0 || f.Writes.Lost != 0 || f.HandledTwice != 0 || f.AnsweredUnhandled != 0 || f.Lost() != 0 {
+		t.Errorf("failover lost something: %+v", f)
+	}
+	for _, want := range []string{"killed meshd-", "restarted meshd-", "replicas current again"} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("stderr lacks %q:\n%s", want, errOut.String())
+		}
+	}
+	// The text report has the failover section.
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"failover (mesh row): meshd-", "before", "during", "after", "lost acknowledged messages: 0"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
 		}
 	}
 }

@@ -115,6 +115,9 @@ type meshRow struct {
 	callers    []*node.Agent
 	responders []*node.Agent
 	input      any
+	// track, when set (a failover run), counts handlings and answers by
+	// request id.
+	track *requestTrack
 }
 
 func openMeshRow(ctx context.Context, t *target, s shape) (_ *meshRow, err error) {
@@ -124,7 +127,12 @@ func openMeshRow(ctx context.Context, t *target, s shape) (_ *meshRow, err error
 			r.close()
 		}
 	}()
-	echo := func(ctx context.Context, c *node.Call) error { return c.Reply(answerPayload()["output"]) }
+	echo := func(ctx context.Context, c *node.Call) error {
+		if r.track != nil {
+			r.track.handle(c.Env.ID)
+		}
+		return c.Reply(answerPayload()["output"])
+	}
 	for i := range s.nodes {
 		nk, err := keys.Generate[keys.NodeRole]()
 		if err != nil {
@@ -182,6 +190,9 @@ func (r *meshRow) call(ctx context.Context, g, seq int) error {
 	res, err := from.Request(ctx, to.ID(), "echo", r.input, node.RequestOptions{})
 	if err != nil {
 		return err
+	}
+	if r.track != nil {
+		r.track.answer(res.RequestID)
 	}
 	if res.Status != protocol.StateCompleted {
 		return &rowError{kind: "unexpected_status", msg: fmt.Sprintf("answered %q, not completed", res.Status)}

@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 )
@@ -24,12 +25,14 @@ type target struct {
 	url   string
 	trust *creds.Trust
 	close func()
+	// cluster is the in-process mesh's cluster (--cluster), else nil.
+	cluster *broker.Cluster
 }
 
 // openTarget reads a running meshd's data directory, or starts a mesh.
 func openTarget(ctx context.Context, o options, progress io.Writer) (*target, error) {
-	if o.inProcess {
-		return startMesh(ctx, progress)
+	if o.inProcess || o.cluster {
+		return startMesh(ctx, o.cluster, progress)
 	}
 	b, err := os.ReadFile(filepath.Join(o.dataDir, "meshd.json"))
 	if err != nil {
@@ -51,19 +54,31 @@ func openTarget(ctx context.Context, o options, progress io.Writer) (*target, er
 
 // startMesh starts a whole mesh in this process, as meshd would, with its
 // state in a temporary directory removed at the end.
-func startMesh(ctx context.Context, progress io.Writer) (*target, error) {
+func startMesh(ctx context.Context, cluster bool, progress io.Writer) (*target, error) {
 	dir, err := os.MkdirTemp("", "meshbench-")
 	if err != nil {
 		return nil, err
 	}
-	fmt.Fprintf(progress, "starting a mesh in this process (data in %s)\n", dir)
-	m, err := devenv.Start(ctx, devenv.Config{DataDir: dir})
+	cfg, what := devenv.Config{DataDir: dir}, "a mesh"
+	if cluster {
+		cfg.Cluster, what = 3, "a mesh on a three-server cluster"
+	}
+	fmt.Fprintf(progress, "starting %s in this process (data in %s)\n", what, dir)
+	m, err := devenv.Start(ctx, cfg)
 	if err != nil {
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("start the in-process mesh: %w", err)
 	}
-	return &target{name: m.URLs().MeshTCP + " (in-process)", url: m.URLs().MeshTCP, trust: m.Trust(), close: func() {
-		_ = m.Close()
+	name := m.URLs().MeshTCP + " (in-process)"
+	if cluster {
+		name = m.URLs().MeshTCP + " (in-process cluster of 3)"
+	}
+	return &target{name: name, url: m.URLs().MeshTCP, trust: m.Trust(), cluster: m.Cluster(), close: func() {
+		// A cluster that lost a server may take a while to stop; the
+		// data directory goes only once it has.
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		_ = m.Shutdown(ctx)
 		_ = os.RemoveAll(dir)
 	}}, nil
 }
@@ -82,8 +97,11 @@ func (t *target) connectService(name string) (*nats.Conn, error) {
 	if err != nil {
 		return nil, err
 	}
-	nc, err := nats.Connect(t.url, nats.Name(name), creds.UserCreds{JWT: jwtStr, Key: key}.NATSOption(),
-		creds.ServiceInbox(), nats.MaxReconnects(0))
+	opts := []nats.Option{nats.Name(name), creds.UserCreds{JWT: jwtStr, Key: key}.NATSOption(), creds.ServiceInbox(), nats.MaxReconnects(0)}
+	if t.cluster != nil {
+		opts = append(opts, reconnecting()...) // to another server when theirs is killed
+	}
+	nc, err := nats.Connect(t.url, opts...)
 	if err != nil {
 		return nil, fmt.Errorf("connect to %s: %w", t.url, err)
 	}

@@ -105,3 +105,23 @@ func WaitReplicated(ctx context.Context, js jetstream.JetStream) ([]StreamReplic
 		}
 	}
 }
+
+// MostLeading is the member of c that leads the most of js's streams: the
+// one whose loss moves the most leaders.
+func MostLeading(ctx context.Context, js jetstream.JetStream, c *Cluster) (int, error) {
+	rs, err := Replication(ctx, js)
+	if err != nil {
+		return 0, err
+	}
+	count := map[string]int{}
+	for _, r := range rs {
+		count[r.Leader]++
+	}
+	best, bestN := 0, -1
+	for i := range c.Size() {
+		if n := count[c.ServerName(i)]; n > bestN {
+			best, bestN = i, n
+		}
+	}
+	return best, nil
+}

@@ -60,7 +60,7 @@ type Service struct {
 // deadline) holds one slot, not the whole endpoint, whose other requests
 // would otherwise queue behind it and time out. When every slot is taken
 // the endpoint waits, as it did serving one at a time.
-const MaxConcurrent = 64
+const MaxConcurrent = 16
 
 // Config describes a worker.
 type Config struct {

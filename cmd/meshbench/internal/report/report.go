@@ -66,7 +66,58 @@ type Row struct {
 	ErrorsByKind map[string]int `json:"errors_by_kind,omitempty"`
 	// FirstErrors holds one message for each code and kind.
 	FirstErrors map[string]string `json:"first_errors,omitempty"`
+	// Failover is what happened around a server killed during the row
+	// (meshbench --cluster --kill-after).
+	Failover *Failover `json:"failover,omitempty"`
 }
+
+// Failover is one server's loss and return during a row's measured run.
+type Failover struct {
+	// Server is the member killed: the one leading the most streams.
+	Server    string   `json:"server"`
+	KillAfter Duration `json:"kill_after"`
+	DownFor   Duration `json:"down_for"`
+	// Phases are before the kill, while the server was down, and after it
+	// returned, each request counted in the phase it finished in.
+	Phases []Phase `json:"phases"`
+	// ReplicatedAfter is how long after the restart every stream had its
+	// three replicas current again.
+	ReplicatedAfter Seconds `json:"replicated_after_s"`
+	// Writes are the acknowledged publishes to an R3 stream made beside
+	// the load, each read back once the cluster was whole.
+	Writes Writes `json:"writes"`
+	// HandledTwice counts requests a responder handled more than once, and
+	// AnsweredUnhandled answered ones it did not handle exactly once
+	// (the mesh row; both must be 0).
+	HandledTwice      int `json:"handled_twice"`
+	AnsweredUnhandled int `json:"answered_not_handled_once"`
+}
+
+// Phase is a stretch of a failover run.
+type Phase struct {
+	Name         string         `json:"name"`
+	Elapsed      Seconds        `json:"elapsed_s"`
+	OK           int            `json:"ok"`
+	Errors       int            `json:"errors"`
+	ReqPerSec    float64        `json:"req_per_s"`
+	ErrorsByCode map[string]int `json:"errors_by_code,omitempty"`
+	ErrorsByKind map[string]int `json:"errors_by_kind,omitempty"`
+	WritesAcked  int            `json:"writes_acked"`
+}
+
+// Writes are the failover's acknowledged writes: Acked acknowledged, Lost
+// of those not found (or changed) afterwards, Failed not acknowledged.
+type Writes struct {
+	Stream string `json:"stream"`
+	Acked  int    `json:"acked"`
+	Lost   int    `json:"lost"`
+	Failed int    `json:"failed"`
+}
+
+// Lost is what a failover lost that it must not have: acknowledged
+// writes, and requests handled twice or answered without being handled
+// exactly once.
+func (f *Failover) Lost() int { return f.Writes.Lost + f.HandledTwice + f.AnsweredUnhandled }
 
 // Latency is in microseconds in JSON.
 type Latency struct {
@@ -236,6 +287,12 @@ func (r *Report) WriteText(w io.Writer) error {
 		}
 	}
 
+	for _, row := range r.Rows {
+		if f := row.Failover; f != nil {
+			writeFailover(&b, row.Name, f)
+		}
+	}
+
 	fmt.Fprintln(&b, "\nrows:")
 	for _, row := range r.Rows {
 		if t, ok := Titles[row.Name]; ok {
@@ -244,6 +301,28 @@ func (r *Report) WriteText(w io.Writer) error {
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// writeFailover writes a row's failover section.
+func writeFailover(b *strings.Builder, row string, f *Failover) {
+	fmt.Fprintf(b, "\nfailover (%s row): %s killed after %v, restarted %v later; every stream fully replicated %.1fs after the restart\n",
+		row, f.Server, time.Duration(f.KillAfter), time.Duration(f.DownFor), time.Duration(f.ReplicatedAfter).Seconds())
+	const phaseFormat = "  %-7s %8s %9v %7v %9v %7v\n"
+	fmt.Fprintf(b, phaseFormat, "phase", "elapsed", "answered", "errors", "req/s", "writes")
+	for _, p := range f.Phases {
+		fmt.Fprintf(b, phaseFormat, p.Name, fmt.Sprintf("%.1fs", time.Duration(p.Elapsed).Seconds()), p.OK, p.Errors,
+			fmt.Sprintf("%.0f", p.ReqPerSec), p.WritesAcked)
+	}
+	for _, p := range f.Phases {
+		for _, m := range []map[string]int{p.ErrorsByCode, p.ErrorsByKind} {
+			for _, k := range slices.Sorted(maps.Keys(m)) {
+				fmt.Fprintf(b, "  errors %s: %s %d\n", p.Name, k, m[k])
+			}
+		}
+	}
+	fmt.Fprintf(b, "  acknowledged writes to an R3 stream: %d, lost: %d (not acknowledged: %d)\n", f.Writes.Acked, f.Writes.Lost, f.Writes.Failed)
+	fmt.Fprintf(b, "  requests handled twice: %d, answered but not handled exactly once: %d\n", f.HandledTwice, f.AnsweredUnhandled)
+	fmt.Fprintf(b, "  lost acknowledged messages: %d\n", f.Lost())
 }
 
 // Short writes a latency with three significant digits: 41µs, 527µs,

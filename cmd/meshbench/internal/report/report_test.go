@@ -49,6 +49,26 @@ var reports = map[string]*Report{
 					"timeout": `Post "http://127.0.0.1:41234/echo/0": context deadline exceeded`, "http_502": "HTTP 502 Bad Gateway"}},
 		},
 	},
+	"failover": {
+		Target: "nats://127.0.0.1:4222,nats://127.0.0.1:4223,nats://127.0.0.1:4224 (in-process cluster of 3)",
+		Load: Load{Callers: 64, Responders: 1, Nodes: 2, Size: 64,
+			Duration: Duration(20 * time.Second), Warmup: Duration(time.Second), Timeout: Duration(10 * time.Second)},
+		Rows: []Row{
+			{Name: "mesh", Requests: 41020, OK: 41008, Errors: 12, Elapsed: Seconds(20104 * time.Millisecond), ReqPerSec: 2039.8,
+				Latency:      Latency{P50: us(25103.2), P90: us(41000), P99: us(90200.4), Max: us(9812000)},
+				ErrorsByCode: map[string]int{"TRANSPORT_TIMEOUT": 12},
+				FirstErrors:  map[string]string{"TRANSPORT_TIMEOUT": "TRANSPORT_TIMEOUT: no answer from U… within 10s"},
+				Failover: &Failover{Server: "meshd-1", KillAfter: Duration(5 * time.Second), DownFor: Duration(5 * time.Second),
+					ReplicatedAfter: Seconds(2310 * time.Millisecond),
+					Phases: []Phase{
+						{Name: "before", Elapsed: Seconds(5 * time.Second), OK: 11200, ReqPerSec: 2240, WritesAcked: 2400},
+						{Name: "during", Elapsed: Seconds(5120 * time.Millisecond), OK: 8704, Errors: 12, ReqPerSec: 1700,
+							ErrorsByCode: map[string]int{"TRANSPORT_TIMEOUT": 12}, WritesAcked: 1903},
+						{Name: "after", Elapsed: Seconds(9984 * time.Millisecond), OK: 21104, ReqPerSec: 2113.8, WritesAcked: 4620},
+					},
+					Writes: Writes{Stream: "MESHBENCH_abcdefgh", Acked: 8923, Lost: 0, Failed: 3}}},
+		},
+	},
 }
 
 // The text and JSON reports match testdata/<case>.txt and .json; run with
