@@ -589,19 +589,33 @@ func (ml *mail) open(ctx context.Context, boxes, perBox int) error {
 	}
 	ml.cm.t.Cleanup(nc.Close)
 	ml.nc = nc
-	// Registered, then gone: their node is closed and nothing listens.
-	n, err := ml.cm.startNode(ctx, "reliability-mail-first", ml.boxes)
-	if err != nil {
-		return err
-	}
-	defer n.Close()
-	for _, k := range ml.boxes {
-		if _, err := n.Host(ctx, node.AgentConfig{Key: k, Name: "reliability mailbox", AvailabilityClass: "intermittent",
-			Handler: func(ctx context.Context, c *node.Call) error { return c.Reply(nil) }}); err != nil {
+	// Registered, then gone: their nodes are closed and nothing listens.
+	for _, group := range rosters(ml.boxes) {
+		n, err := ml.cm.startNode(ctx, "reliability-mail-first", group)
+		if err != nil {
 			return err
 		}
+		for _, k := range group {
+			if _, err := n.Host(ctx, node.AgentConfig{Key: k, Name: "reliability mailbox", AvailabilityClass: "intermittent",
+				Handler: func(ctx context.Context, c *node.Call) error { return c.Reply(nil) }}); err != nil {
+				_ = n.Close()
+				return err
+			}
+		}
+		_ = n.Close()
 	}
 	return nil
+}
+
+// rosters splits agents into node rosters of at most 16 (a node
+// credential's limit).
+func rosters(agents []*keys.Agent) [][]*keys.Agent {
+	var out [][]*keys.Agent
+	for len(agents) > 16 {
+		out = append(out, agents[:16])
+		agents = agents[16:]
+	}
+	return append(out, agents)
 }
 
 // send publishes one signed request to box, as a node's Request does
@@ -683,29 +697,38 @@ func (ml *mail) readBack(ctx context.Context, box *keys.Agent) {
 	}
 }
 
-// deliver brings every recipient online on a new node, with a handler
+// deliver brings every recipient online on new nodes, with a handler
 // counting what it is given, and drains each box until a drain finds
 // nothing.
-func (ml *mail) deliver(ctx context.Context) (*node.Node, error) {
-	n, err := ml.cm.startNode(ctx, "reliability-mail-back", ml.boxes)
-	if err != nil {
+func (ml *mail) deliver(ctx context.Context) ([]*node.Node, error) {
+	var nodes []*node.Node
+	fail := func(err error) ([]*node.Node, error) {
+		for _, n := range nodes {
+			_ = n.Close()
+		}
 		return nil, err
 	}
-	for _, k := range ml.boxes {
-		a, err := n.Host(ctx, node.AgentConfig{Key: k, Name: "reliability mailbox", AvailabilityClass: "intermittent",
-			Offerings: []node.Offering{{ID: "echo", Name: "Echo"}},
-			Handler: func(ctx context.Context, c *node.Call) error {
-				ml.handled.add(c.Env.ID)
-				return c.Reply(map[string]any{"ok": true})
-			}})
+	for _, group := range rosters(ml.boxes) {
+		n, err := ml.cm.startNode(ctx, "reliability-mail-back", group)
 		if err != nil {
-			_ = n.Close()
-			return nil, err
+			return fail(err)
 		}
-		for a.DrainNow() > 0 {
+		nodes = append(nodes, n)
+		for _, k := range group {
+			a, err := n.Host(ctx, node.AgentConfig{Key: k, Name: "reliability mailbox", AvailabilityClass: "intermittent",
+				Offerings: []node.Offering{{ID: "echo", Name: "Echo"}},
+				Handler: func(ctx context.Context, c *node.Call) error {
+					ml.handled.add(c.Env.ID)
+					return c.Reply(map[string]any{"ok": true})
+				}})
+			if err != nil {
+				return fail(err)
+			}
+			for a.DrainNow() > 0 {
+			}
 		}
 	}
-	return n, nil
+	return nodes, nil
 }
 
 // soakDuration is MESH_SOAK_DURATION (10m by default) when MESH_SOAK is

@@ -270,7 +270,12 @@ func TestClusterSurvivesAServerLoss(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer back.Close()
+	closeBack := func() {
+		for _, n := range back {
+			_ = n.Close()
+		}
+	}
+	defer closeBack()
 	ackedMail := ml.acked.snapshot()
 	for id := range ackedMail {
 		if n := ml.handled.get(id); n != 1 {
@@ -293,7 +298,7 @@ func TestClusterSurvivesAServerLoss(t *testing.T) {
 	req.close()
 	reg.close()
 	_ = fd.node.Close()
-	_ = back.Close()
+	closeBack()
 	stopStart := time.Now()
 	stopped := make(chan error, 1)
 	go func() {

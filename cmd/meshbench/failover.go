@@ -18,12 +18,13 @@ import (
 	"agentmesh.dev/mesh/shared/broker"
 )
 
-// Phases of a failover run, by the time a request finished.
 const (
 	phaseBefore = iota // all servers up
 	phaseDuring        // one server killed, until it is back
 	phaseAfter         // the server restarted
 )
+
+// Phases of a failover run, by the time a request was sent.
 
 var phaseNames = []string{"before", "during", "after"}
 
@@ -50,11 +51,12 @@ func newFailover(t *target, o options, progress io.Writer) *failover {
 	return &failover{t: t, killAfter: o.killAfter, downFor: o.downFor, classify: classify, progress: progress}
 }
 
-// wrap counts each finished request in the phase it finished in.
+// wrap counts each request in the phase it was sent in: one that fails
+// does so at its timeout, often a phase later than what made it fail.
 func (f *failover) wrap(call load.Call) load.Call {
 	return func(ctx context.Context, g, seq int) error {
-		err := call(ctx, g, seq)
 		ph := f.phase.Load()
+		err := call(ctx, g, seq)
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if err == nil {
@@ -117,9 +119,22 @@ func (f *failover) run(ctx context.Context, name string, cfg load.Config, call l
 	go func() { defer close(wroteDone); w.run(stopWrites, &f.phase) }()
 
 	killed := make(chan error, 1)
+	// Once the server is back, how long until every stream has its three
+	// replicas current again: watched while the load goes on.
+	replicated := make(chan time.Time, 1)
 	f.at[0] = time.Now()
 	go func() {
-		killed <- f.killAndRestart(ctx, victim)
+		err := f.killAndRestart(ctx, victim)
+		killed <- err
+		if err != nil {
+			return
+		}
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		defer cancel()
+		if _, err := broker.WaitReplicated(wctx, js); err == nil {
+			replicated <- time.Now()
+		}
+		close(replicated)
 	}()
 	res, runErr := load.Run(ctx, cfg, f.wrap(call))
 	f.at[3] = time.Now()
@@ -132,13 +147,11 @@ func (f *failover) run(ctx context.Context, name string, cfg load.Config, call l
 	<-wroteDone
 
 	fmt.Fprintf(f.progress, "%s: waiting for every stream to have its three replicas current again\n", name)
-	wctx, cancel = context.WithTimeout(ctx, 2*time.Minute)
-	_, err = broker.WaitReplicated(wctx, js)
-	cancel()
-	if err != nil {
-		return res, nil, fmt.Errorf("the cluster did not return to full replication: %w", err)
+	at, ok := <-replicated
+	if !ok {
+		return res, nil, errors.New("the cluster did not return to full replication within 2 minutes of the restart")
 	}
-	fo.ReplicatedAfter = report.Seconds(time.Since(f.at[2]))
+	fo.ReplicatedAfter = report.Seconds(at.Sub(f.at[2]))
 	acked, lost, err := w.verify(ctx)
 	if err != nil {
 		return res, nil, err

@@ -78,7 +78,7 @@ type Failover struct {
 	KillAfter Duration `json:"kill_after"`
 	DownFor   Duration `json:"down_for"`
 	// Phases are before the kill, while the server was down, and after it
-	// returned, each request counted in the phase it finished in.
+	// returned, each request counted in the phase it was sent in.
 	Phases []Phase `json:"phases"`
 	// ReplicatedAfter is how long after the restart every stream had its
 	// three replicas current again.
