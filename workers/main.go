@@ -193,7 +193,7 @@ func parse(w Worker, args []string, getenv func(string) string, stderr io.Writer
 	}
 	fs := flag.NewFlagSet(w.Name+"-worker", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	fs.StringVar(&o.NATSURL, "nats-url", def("MESH_NATS_URL", "nats://127.0.0.1:4222"), "the bus (env MESH_NATS_URL)")
+	fs.StringVar(&o.NATSURL, "nats-url", def("MESH_NATS_URL", "nats://127.0.0.1:4222"), "the bus: a server, or every server of a cluster, comma-separated (env MESH_NATS_URL)")
 	fs.StringVar(&o.CredsFile, "creds", getenv("MESH_CREDS_FILE"), "the worker's service credential, a NATS creds file (env MESH_CREDS_FILE)")
 	fs.StringVar(&o.ServicesKey, "services-key", getenv("MESH_SERVICES_KEY_FILE"), "seed file of the services key answers are signed with (env MESH_SERVICES_KEY_FILE)")
 	fs.StringVar(&o.SecretsProject, "secrets-project", getenv("MESH_SECRETS_PROJECT"),
