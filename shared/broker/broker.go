@@ -255,6 +255,9 @@ func (b *Broker) flushViolations() {
 //
 // A cluster member does not re-sign (Member.MeshAccountJWT says why).
 func (b *Broker) storeAccountJWTs() error {
+	if m := b.cfg.Cluster; m != nil {
+		return b.storeMemberAccountJWTs(m)
+	}
 	pk := b.trust.PublicKeys()
 	sysJWT, err := b.trust.SystemAccountJWT()
 	if err != nil {
@@ -262,9 +265,6 @@ func (b *Broker) storeAccountJWTs() error {
 	}
 	if err := b.dirRes.SaveAcc(pk.SystemAccount, sysJWT); err != nil {
 		return fmt.Errorf("broker: store system account jwt: %w", err)
-	}
-	if m := b.cfg.Cluster; m != nil {
-		return b.storeMemberAccountJWT(m)
 	}
 
 	claims := b.trust.MeshAccountClaims()

@@ -40,15 +40,18 @@ type Member struct {
 	// their directories and take each other's newer account JWTs
 	// (DefaultResolverSync when zero).
 	ResolverSync time.Duration
-	// MeshAccountJWT, when set, is stored as the mesh account's JWT before
-	// the server starts. When empty, the member keeps the JWT it has stored
-	// (a restart), which must exist.
+	// MeshAccountJWT and SystemAccountJWT, when set, are stored as the two
+	// accounts' JWTs before the server starts. When empty, the member keeps
+	// the JWT it has stored (a restart), which must exist.
 	//
-	// A member never re-signs the mesh account itself, unlike a lone
-	// broker: a re-signed JWT is newer than every other member's, so one
-	// that missed a revocation while it was down would hand its copy,
-	// without that revocation, to the whole cluster at the next sync.
-	MeshAccountJWT string
+	// A member never signs an account JWT itself, unlike a lone broker. A
+	// JWT it signed would be newer than every other member's, and the
+	// resolvers would hand it to the whole cluster at their next sync: a
+	// mesh account JWT without the revocations the member missed while it
+	// was down would undo them everywhere, and a system account JWT would
+	// be applied again to every member's running system account for
+	// nothing. StartCluster signs one of each for all members.
+	MeshAccountJWT, SystemAccountJWT string
 }
 
 // DefaultResolverSync is how often cluster members compare their account
@@ -82,19 +85,24 @@ func (m *Member) apply(opts *server.Options) error {
 	return nil
 }
 
-// storeMemberAccountJWT stores the mesh account JWT the member was given,
-// or checks that it has one of its own.
-func (b *Broker) storeMemberAccountJWT(m *Member) error {
+// storeMemberAccountJWTs stores the account JWTs the member was given, or
+// checks that it has its own.
+func (b *Broker) storeMemberAccountJWTs(m *Member) error {
 	pk := b.trust.PublicKeys()
-	if m.MeshAccountJWT != "" {
-		if err := b.dirRes.SaveAcc(pk.MeshAccount, m.MeshAccountJWT); err != nil {
-			return fmt.Errorf("broker: store mesh account jwt: %w", err)
+	for _, a := range []struct{ name, key, jwt string }{
+		{"system", pk.SystemAccount, m.SystemAccountJWT},
+		{"mesh", pk.MeshAccount, m.MeshAccountJWT},
+	} {
+		if a.jwt != "" {
+			if err := b.dirRes.SaveAcc(a.key, a.jwt); err != nil {
+				return fmt.Errorf("broker: store %s account jwt: %w", a.name, err)
+			}
+			continue
 		}
-		return nil
-	}
-	stored, err := b.dirRes.LoadAcc(pk.MeshAccount)
-	if err != nil || stored == "" {
-		return fmt.Errorf("broker: cluster member %s has no mesh account jwt stored: %w", b.cfg.Name, err)
+		stored, err := b.dirRes.LoadAcc(a.key)
+		if err != nil || stored == "" {
+			return fmt.Errorf("broker: cluster member %s has no %s account jwt stored: %w", b.cfg.Name, a.name, err)
+		}
 	}
 	return nil
 }
@@ -208,8 +216,12 @@ func StartCluster(ctx context.Context, cfg ClusterConfig) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
+	sysJWT, err := cfg.Trust.SystemAccountJWT()
+	if err != nil {
+		return nil, fmt.Errorf("broker: %w", err)
+	}
 	for i := range c.members {
-		b, err := c.startMember(ctx, i, meshJWT)
+		b, err := c.startMember(ctx, i, accountJWTs{mesh: meshJWT, system: sysJWT})
 		if err != nil {
 			c.Shutdown()
 			return nil, err
@@ -322,8 +334,12 @@ func readStoredJWT(dir, account string) (string, error) {
 	return st.LoadAcc(account)
 }
 
+// accountJWTs are the account JWTs a member starts with; an empty one is
+// the member's own stored JWT.
+type accountJWTs struct{ mesh, system string }
+
 // member is member i's broker configuration.
-func (c *Cluster) member(i int, meshJWT string) Config {
+func (c *Cluster) member(i int, jwts accountJWTs) Config {
 	m := c.members[i]
 	routes := make([]string, len(c.members))
 	for j, o := range c.members {
@@ -332,14 +348,14 @@ func (c *Cluster) member(i int, meshJWT string) Config {
 	return Config{DataDir: m.dir, Trust: c.cfg.Trust, NATSAddr: m.nats, WSAddr: m.ws, Name: m.name,
 		Logger: c.log.With("server", m.name), ReadyTimeout: c.cfg.ReadyTimeout,
 		Cluster: &Member{ClusterName: c.cfg.Name, RouteAddr: m.route, Routes: routes,
-			ResolverSync: c.cfg.ResolverSync, MeshAccountJWT: meshJWT}}
+			ResolverSync: c.cfg.ResolverSync, MeshAccountJWT: jwts.mesh, SystemAccountJWT: jwts.system}}
 }
 
-func (c *Cluster) startMember(ctx context.Context, i int, meshJWT string) (*Broker, error) {
+func (c *Cluster) startMember(ctx context.Context, i int, jwts accountJWTs) (*Broker, error) {
 	if err := os.MkdirAll(c.members[i].dir, 0o700); err != nil {
 		return nil, fmt.Errorf("broker: %w", err)
 	}
-	b, err := Start(ctx, c.member(i, meshJWT))
+	b, err := Start(ctx, c.member(i, jwts))
 	if err != nil {
 		return nil, fmt.Errorf("broker: start %s: %w", c.members[i].name, err)
 	}
@@ -676,18 +692,26 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 	if up {
 		return fmt.Errorf("broker: %s is already running", c.members[i].name)
 	}
-	meshJWT := ""
+	// Its own stored JWTs, or (a directory that lost them) the newest a
+	// running member holds, never freshly signed ones (Member).
+	var jwts accountJWTs
 	pk := c.cfg.Trust.PublicKeys()
-	if stored, err := readStoredJWT(filepath.Join(c.members[i].dir, filepath.FromSlash(AccountsDir)), pk.MeshAccount); err != nil || stored == "" {
+	dir := filepath.Join(c.members[i].dir, filepath.FromSlash(AccountsDir))
+	if stored, err := readStoredJWT(dir, pk.MeshAccount); err != nil || stored == "" {
 		ac, err := c.newestMeshAccount()
 		if err != nil {
 			return fmt.Errorf("broker: restart %s: it has no mesh account jwt and no member has one: %w", c.members[i].name, err)
 		}
-		if meshJWT, err = c.cfg.Trust.EncodeAccount(ac); err != nil {
+		if jwts.mesh, err = c.cfg.Trust.EncodeAccount(ac); err != nil {
 			return fmt.Errorf("broker: restart %s: %w", c.members[i].name, err)
 		}
 	}
-	b, err := c.startMember(ctx, i, meshJWT)
+	if stored, err := readStoredJWT(dir, pk.SystemAccount); err != nil || stored == "" {
+		if jwts.system, err = c.runningSystemJWT(); err != nil {
+			return fmt.Errorf("broker: restart %s: it has no system account jwt and no member has one: %w", c.members[i].name, err)
+		}
+	}
+	b, err := c.startMember(ctx, i, jwts)
 	if err != nil {
 		return err
 	}
@@ -696,6 +720,21 @@ func (c *Cluster) Restart(ctx context.Context, i int) error {
 	c.mu.Unlock()
 	c.log.Info("cluster member restarted", "server", c.members[i].name)
 	return nil
+}
+
+// runningSystemJWT is the system account JWT a running member holds.
+func (c *Cluster) runningSystemJWT() (string, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, b := range c.servers {
+		if b == nil {
+			continue
+		}
+		if j, err := b.dirRes.LoadAcc(c.cfg.Trust.PublicKeys().SystemAccount); err == nil && j != "" {
+			return j, nil
+		}
+	}
+	return "", errors.New("no member is running")
 }
 
 // Shutdown stops every member and the cluster's connection. It is safe to
