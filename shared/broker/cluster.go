@@ -57,7 +57,8 @@ type Member struct {
 // DefaultResolverSync is how often cluster members compare their account
 // JWTs: a member that was down when an account update was pushed takes it
 // from the others within this long of its return (nats-server's own
-// default is two minutes).
+// default, when a configuration's resolver block sets no interval, is a
+// minute).
 const DefaultResolverSync = 2 * time.Second
 
 func (m *Member) resolverSync() time.Duration {
