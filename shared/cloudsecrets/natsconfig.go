@@ -45,7 +45,7 @@ func ServerConfig(t *creds.Trust, dir, meshName string) ([]byte, error) {
 	fmt.Fprintf(&b, "# Include it from each server's configuration; it holds no seed.\n")
 	fmt.Fprintf(&b, "operator: %s\n", strconv.Quote(op))
 	fmt.Fprintf(&b, "system_account: %s\n", pk.SystemAccount)
-	fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n}\n", strconv.Quote(dir))
+	fmt.Fprintf(&b, "resolver: {\n  type: full\n  dir: %s\n  allow_delete: false\n  interval: \"2s\"\n}\n", strconv.Quote(dir))
 	fmt.Fprintf(&b, "resolver_preload: {\n  %s: %s\n  %s: %s\n}\n", pk.SystemAccount, strconv.Quote(sys), pk.MeshAccount, strconv.Quote(mesh))
 	return b.Bytes(), nil
 }
