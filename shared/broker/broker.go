@@ -22,7 +22,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/keys"
 )
 
 // Config is what Start needs. Empty addresses mean "127.0.0.1:0": a random
@@ -379,22 +378,13 @@ func (b *Broker) Healthy() bool {
 // "service" user allowed to publish and subscribe everywhere in it: the
 // identity of the workers. Its JWT never leaves the process.
 func (b *Broker) ConnectService(name string, opts ...nats.Option) (*nats.Conn, error) {
-	key, err := keys.Generate[keys.CredentialRole]()
-	if err != nil {
-		return nil, err
-	}
-	userJWT, err := b.trust.MintUser(creds.UserSpec{
-		PublicKey:   key.Public(),
-		Name:        name,
-		Kind:        creds.KindService,
-		Permissions: creds.ServicePermissions(),
-	})
+	svc, err := b.trust.MintServiceUser(name)
 	if err != nil {
 		return nil, err
 	}
 	// Service replies arrive under the services' prefix, which no client
 	// credential may subscribe (docs/security.md).
-	return b.connect(creds.UserCreds{JWT: userJWT, Key: key}, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
+	return b.connect(svc, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
 }
 
 // ConnectSystem returns an in-process connection to the system account, for

@@ -20,7 +20,6 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/creds"
-	"agentmesh.dev/mesh/shared/keys"
 )
 
 // Member is a broker's place in a JetStream cluster: the cluster's name,
@@ -475,20 +474,11 @@ func (c *Cluster) System() *nats.Conn { return c.sys }
 // every member's address, reconnecting to another member, without limit,
 // when its server goes.
 func (c *Cluster) ConnectService(name string, opts ...nats.Option) (*nats.Conn, error) {
-	key, err := keys.Generate[keys.CredentialRole]()
+	svc, err := c.cfg.Trust.MintServiceUser(name)
 	if err != nil {
 		return nil, err
 	}
-	userJWT, err := c.cfg.Trust.MintUser(creds.UserSpec{
-		PublicKey:   key.Public(),
-		Name:        name,
-		Kind:        creds.KindService,
-		Permissions: creds.ServicePermissions(),
-	})
-	if err != nil {
-		return nil, err
-	}
-	return c.dial(creds.UserCreds{JWT: userJWT, Key: key}, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
+	return c.dial(svc, name, append([]nats.Option{creds.ServiceInbox()}, opts...)...)
 }
 
 // ConnectSystem connects to the system account over TCP to every member.
