@@ -1,0 +1,241 @@
+// Package rooms is the durable rooms service (spec §2.8, §3.6, §4.3,
+// upstream-notes §7): a room's state in the mesh_rooms bucket, its record
+// in the MESH_ROOMS stream, its drive in the MESH_DRIVE stream, and the
+// acl grade's short-lived room credentials.
+//
+// This file is the part other services share: the room record, the keys of
+// the mesh_rooms bucket, and Access, the one check every call carrying a
+// room descriptor makes (the rooms verbs and the work board alike).
+package rooms
+
+import (
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
+// Bucket is the rooms' one KV bucket (DESIGN §5, the stream budget). Its
+// keys are prefixed by concern:
+//
+//	room.<room_id>                   Room
+//	member.<agent>.<room_id>         index of the rooms an agent was admitted to or created (mesh.rooms.mine)
+//	cursor.<room_id>.<agent>         an agent's read position
+//	note.<room_id>.<digest>.<agent>  one member's note on one drive file
+//	drive.<room_id>.<digest>         one drive file's metadata (the bytes are in MESH_DRIVE)
+//	cred.<room_id>.<agent>           the user keys of an acl member's live room credentials
+//	quota.<operator>                 an operator's durable rooms and drive bytes
+//	board.<room_id>.<item_id>        one work-board item (package board)
+const Bucket = "mesh_rooms"
+
+// Privacy grades of a room (upstream-notes §7).
+const (
+	GradeCapability = "capability" // membership is holding the signed descriptor
+	GradeSealed     = "sealed"     // bodies and files encrypted to a room key
+	GradeACL        = "acl"        // an admit list, traffic on room credentials
+)
+
+// DescriptorVersion is the descriptor's rooms member.
+const DescriptorVersion = "v1"
+
+// RecordEphemeral is a descriptor's record for a room that is not recorded.
+const RecordEphemeral = "ephemeral"
+
+// DurableRecord is the record member of a durable room's descriptor.
+func DurableRecord(roomID string) string { return "mesh:rooms:" + roomID }
+
+// Descriptor is a room's signed descriptor (upstream-notes §7). Raw keeps
+// the exact object as received, which is what the signature covers and
+// what is stored; the typed members are read from it.
+type Descriptor struct {
+	Rooms          string   `json:"rooms"`
+	RoomID         string   `json:"room_id"`
+	Name           string   `json:"name,omitempty"`
+	Channels       []string `json:"channels"`
+	Record         string   `json:"record"`
+	Privacy        string   `json:"privacy"`
+	KeyFingerprint string   `json:"key_fingerprint,omitempty"`
+	Creator        string   `json:"creator"`
+	CreatedAt      string   `json:"created_at"`
+	Sig            string   `json:"sig"`
+
+	Raw json.RawMessage `json:"-"`
+}
+
+// Durable reports whether the descriptor names the mesh's record for its
+// room.
+func (d *Descriptor) Durable() bool { return d.Record == DurableRecord(d.RoomID) }
+
+// ParseDescriptor reads and verifies the descriptor a call carries: raw is
+// the descriptor object, or its token form (base64url of its JSON). The
+// signature is checked against the descriptor's own creator every time
+// (upstream-notes §7: every call carries it, verified each time).
+func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
+	if len(raw) == 0 || string(raw) == "null" {
+		return nil, errs.New(errs.InputInvalid, "descriptor is required: the room's signed descriptor, as an object or its token")
+	}
+	var token string
+	if json.Unmarshal(raw, &token) == nil {
+		b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(token, "="))
+		if err != nil {
+			return nil, errs.Wrap(errs.InputInvalid, "descriptor token is not base64url", err)
+		}
+		raw = b
+	}
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, errs.Wrap(errs.InputInvalid, "descriptor is not a JSON object", err)
+	}
+	var d Descriptor
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return nil, errs.Wrap(errs.InputInvalid, "descriptor does not fit the room descriptor shape", err)
+	}
+	switch {
+	case d.Rooms != DescriptorVersion:
+		return nil, errs.Newf(errs.InputInvalid, "descriptor rooms is %q; this service speaks %q", d.Rooms, DescriptorVersion)
+	case !protocol.ValidToken(d.RoomID):
+		return nil, errs.New(errs.InputInvalid, "descriptor room_id must be one subject token: [A-Za-z0-9_-]{1,128}")
+	case len(d.Channels) == 0:
+		return nil, errs.New(errs.InputInvalid, "descriptor channels must name at least one channel")
+	case !keys.IsUserPublicKey(d.Creator):
+		return nil, errs.New(errs.InputInvalid, "descriptor creator must be an agent public key")
+	}
+	for _, c := range d.Channels {
+		if !protocol.ValidToken(c) {
+			return nil, errs.Newf(errs.InputInvalid, "descriptor channel %q is not one subject token: [A-Za-z0-9_-]{1,128}", c)
+		}
+	}
+	switch d.Privacy {
+	case GradeCapability, GradeSealed, GradeACL:
+	default:
+		return nil, errs.Newf(errs.InputInvalid, "descriptor privacy %q is not capability, sealed or acl", d.Privacy)
+	}
+	if d.Record != RecordEphemeral && !d.Durable() {
+		return nil, errs.Newf(errs.InputInvalid, "descriptor record must be %q or %q", RecordEphemeral, DurableRecord(d.RoomID))
+	}
+	if d.Privacy == GradeACL && !d.Durable() {
+		return nil, errs.New(errs.InputInvalid, "an acl room is always durable: its record must be "+DurableRecord(d.RoomID))
+	}
+	if err := protocol.VerifyRoomDescriptor(obj); err != nil {
+		return nil, err
+	}
+	d.Raw = append(json.RawMessage(nil), raw...)
+	return &d, nil
+}
+
+// Room is the record of one durable room, key room.<room_id>.
+type Room struct {
+	ID         string          `json:"room_id"`
+	Name       string          `json:"name,omitempty"`
+	Privacy    string          `json:"privacy"`
+	Channels   []string        `json:"channels"`
+	Creator    string          `json:"creator"`
+	Handle     string          `json:"handle"`   // the creator's handle when provisioned
+	Operator   string          `json:"operator"` // the quota's owner: the handle's email
+	Descriptor json.RawMessage `json:"descriptor"`
+	CreatedAt  time.Time       `json:"created_at"`
+	// LastActive is the last recorded message or call (idle expiry).
+	LastActive time.Time `json:"last_active"`
+	// Members are the acl grade's admitted agents (the creator included);
+	// empty for other grades, where membership is holding the descriptor.
+	Members []string `json:"members,omitempty"`
+	// Expelled are agents expelled from the acl room: never admitted again
+	// by credential renewal, until the creator admits them again.
+	Expelled []string `json:"expelled,omitempty"`
+	// RecordMsgs and RecordBytes count the record (10,000 / 8 MB).
+	RecordMsgs  int64 `json:"record_msgs"`
+	RecordBytes int64 `json:"record_bytes"`
+	// DriveBytes counts the room's drive files.
+	DriveBytes int64 `json:"drive_bytes"`
+}
+
+// IsMember reports whether agent may act in the room as a member: the
+// creator always; in an acl room an admitted agent; in other grades anyone
+// holding the descriptor (which Access has verified).
+func (r *Room) IsMember(agent string) bool {
+	if agent == r.Creator {
+		return true
+	}
+	if r.Privacy == GradeACL {
+		return slices.Contains(r.Members, agent)
+	}
+	return true
+}
+
+// Keys of the bucket.
+func RoomKey(roomID string) string             { return "room." + roomID }
+func MemberKey(agent, roomID string) string    { return "member." + agent + "." + roomID }
+func CursorKey(roomID, agent string) string    { return "cursor." + roomID + "." + agent }
+func DriveKey(roomID, digestHex string) string { return "drive." + roomID + "." + digestHex }
+func NoteKey(roomID, digestHex, agent string) string {
+	return "note." + roomID + "." + digestHex + "." + agent
+}
+func CredKey(roomID, agent string) string   { return "cred." + roomID + "." + agent }
+func QuotaKey(operator string) string       { return "quota." + QuotaToken(operator) }
+func BoardKey(roomID, itemID string) string { return "board." + roomID + "." + itemID }
+
+// QuotaToken is an operator (an email address) as one key token: KV keys
+// allow [-/_=.a-zA-Z0-9], and '@' is not among them, so the address is
+// spelled in base64url.
+func QuotaToken(operator string) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(operator))
+}
+
+// ErrNotMember is the refusal of a call by an agent that is not a member of
+// the room it names.
+func errNotMember(roomID string) error {
+	return errs.Newf(errs.Forbidden, "you are not a member of room %s", roomID)
+}
+
+// Access is the check every call naming a room makes: the descriptor
+// verifies, the room is durable and provisioned here (NOT_FOUND otherwise,
+// or once reclaimed or expired), the stored descriptor is the one the call
+// carries, and from is a member. It returns the descriptor and the room's
+// current record.
+func Access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMessage, from string) (*Descriptor, *Room, error) {
+	d, err := ParseDescriptor(rawDescriptor)
+	if err != nil {
+		return nil, nil, err
+	}
+	if !d.Durable() {
+		return nil, nil, errs.Newf(errs.InputInvalid, "room %s is ephemeral: the mesh keeps no record, drive or board for it", d.RoomID)
+	}
+	r, found, err := bus.GetJSON[Room](ctx, kv, RoomKey(d.RoomID))
+	if err != nil {
+		return nil, nil, fmt.Errorf("rooms: read room %s: %w", d.RoomID, err)
+	}
+	if !found {
+		return nil, nil, errs.Newf(errs.NotFound, "room %s is not provisioned on this mesh (or was reclaimed or expired)", d.RoomID)
+	}
+	if !sameDescriptor(r.Descriptor, d.Raw) {
+		return nil, nil, errs.Newf(errs.IdentityMismatch, "the descriptor is not the one room %s was provisioned with", d.RoomID)
+	}
+	if !r.IsMember(from) {
+		return nil, nil, errNotMember(d.RoomID)
+	}
+	return d, &r, nil
+}
+
+// sameDescriptor compares two descriptors by their signature: each is a
+// verified object signed by the creator, so equal signatures over the same
+// creator's key mean the same signed content (Ed25519 is deterministic).
+func sameDescriptor(stored, got json.RawMessage) bool {
+	var a, b struct {
+		Creator string `json:"creator"`
+		Sig     string `json:"sig"`
+	}
+	if json.Unmarshal(stored, &a) != nil || json.Unmarshal(got, &b) != nil {
+		return false
+	}
+	return a.Sig != "" && a.Sig == b.Sig && a.Creator == b.Creator
+}
