@@ -239,3 +239,12 @@ func sameDescriptor(stored, got json.RawMessage) bool {
 	}
 	return a.Sig != "" && a.Sig == b.Sig && a.Creator == b.Creator
 }
+
+// Quota is an operator's use of the durable rooms, key quota.<operator>:
+// updated by compare-and-set, so a limit refuses exactly at its edge
+// whatever copy answers (provision counts rooms, attach counts bytes;
+// reclaim and expiry give both back).
+type Quota struct {
+	Rooms      int   `json:"rooms"`
+	DriveBytes int64 `json:"drive_bytes"`
+}
