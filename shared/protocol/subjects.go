@@ -145,3 +145,23 @@ var subjectToken = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
 
 // ValidToken reports whether s may be used as one subject token.
 func ValidToken(s string) bool { return subjectToken.MatchString(s) }
+
+// Rooms, board and artifacts (spec §4.3, upstream-notes §7, §8, §14).
+func RoomVerbSubject(verb string) string     { return "mesh.rooms." + verb }
+func BoardVerbSubject(verb string) string    { return "mesh.board." + verb }
+func ArtifactVerbSubject(verb string) string { return "mesh.artifacts." + verb }
+
+// RoomEventSubject is a room's live traffic on one channel (capability and
+// sealed rooms); subscribe RoomEventSubject(room, "*") for every channel.
+func RoomEventSubject(room, channel string) string { return "mesh.event.room." + room + "." + channel }
+
+// ACLRoomSubject is an acl room's traffic on one channel: reachable only on
+// the room credential of mesh.rooms.credential.
+func ACLRoomSubject(room, channel string) string { return "mesh.aclroom." + room + "." + channel }
+
+// ACLRoomInboxPrefix is the reply prefix of a room credential's connection.
+func ACLRoomInboxPrefix(room string) string { return "_INBOX.aclroom." + room }
+
+// SubjRoomsSweep asks the rooms worker to expire idle rooms (the scheduled
+// job RoomSweep): {} → {expired}. Services only.
+const SubjRoomsSweep = "mesh.internal.rooms.sweep"
