@@ -69,7 +69,17 @@ type AgentConfig struct {
 	// MaxConcurrent bounds the live requests handled at once (256); beyond
 	// it a request is refused with AGENT_OVERLOADED instead of accepted.
 	MaxConcurrent int
+	// RoomInvite answers the reserved offering rooms.invite (a room
+	// invite, upstream-notes §7) before admission and without an accept,
+	// like describe: its output is the answer, its error the refusal. nil
+	// answers OFFERING_NOT_FOUND. adapter/rooms.Store.AcceptInvite
+	// remembers the room.
+	RoomInvite func(ctx context.Context, c *Call) (any, error)
 }
+
+// OfferingRoomsInvite is the reserved offering of room invites: the runtime
+// answers it (AgentConfig.RoomInvite), never the handler.
+const OfferingRoomsInvite = "rooms.invite"
 
 // Vouch lifetimes (upstream-notes §2.1).
 const (
@@ -255,7 +265,7 @@ func checkAgentConfig(cfg AgentConfig) error {
 		switch {
 		case o.ID == "":
 			return errors.New("node: every offering needs an id")
-		case o.ID == protocol.OfferingTaskCancel || o.ID == protocol.OfferingDescribe:
+		case o.ID == protocol.OfferingTaskCancel || o.ID == protocol.OfferingDescribe || o.ID == OfferingRoomsInvite:
 			return fmt.Errorf("node: offering %q is reserved; the runtime answers it", o.ID)
 		case seen[o.ID]:
 			return fmt.Errorf("node: offering %q declared twice", o.ID)

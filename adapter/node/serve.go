@@ -601,6 +601,9 @@ func (a *Agent) serve(c *Call) (err error) {
 	case protocol.OfferingDescribe:
 		defer c.cancel()
 		return c.Reply(a.Manifest())
+	case OfferingRoomsInvite:
+		defer c.cancel()
+		return a.serveRoomInvite(c)
 	}
 	held, e := a.admit(c)
 	if e != nil {
@@ -698,6 +701,28 @@ func (a *Agent) serveCancel(c *Call) error {
 		return c.fail(errs.As(err))
 	}
 	return c.replyPayload(map[string]any{"status": protocol.StateCanceled})
+}
+
+// serveRoomInvite answers a rooms.invite request through the agent's
+// RoomInvite hook. A panic there is an error answer, as in a handler.
+func (a *Agent) serveRoomInvite(c *Call) (err error) {
+	if a.cfg.RoomInvite == nil {
+		return c.fail(errs.Newf(errs.OfferingNotFound, "agent %s does not take room invites", a.id))
+	}
+	var out any
+	func() {
+		defer func() {
+			if r := recover(); r != nil {
+				a.n.log.Error("room invite hook panicked", "agent", a.id, "panic", r)
+				err = errs.Wrap(errs.InternalError, "internal error", fmt.Errorf("panic: %v", r))
+			}
+		}()
+		out, err = a.cfg.RoomInvite(c.ctx, c)
+	}()
+	if err != nil {
+		return c.fail(errs.As(err))
+	}
+	return c.Reply(out)
 }
 
 // replyPayload sends a bare terminal payload as is (the runtime's own
