@@ -194,7 +194,9 @@ func (s *Store) update(change func(*storeFile) error) error {
 	if err := change(&f); err != nil {
 		return err
 	}
-	b, err := json.MarshalIndent(f, "", "  ")
+	// Compact: an indented file would re-indent every descriptor too, and
+	// a descriptor is kept as the bytes received.
+	b, err := json.Marshal(f)
 	if err != nil {
 		return err
 	}

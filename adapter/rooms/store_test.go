@@ -46,7 +46,7 @@ func TestStoreRemembersRooms(t *testing.T) {
 		t.Fatalf("rooms file: %v %v", fi, err)
 	}
 	// By id, by name (any case), not by an ambiguous name.
-	if h, err := s.Get(a.RoomID); err != nil || h.Name != "Design review" || h.Role != RoleCreator {
+	if h, err := s.Get(a.RoomID); err != nil || h.Name != "Design review" || h.Role != RoleCreator || string(h.Descriptor) != string(a.Raw) {
 		t.Fatalf("by id: %+v %v", h, err)
 	}
 	if h, err := s.Get("design REVIEW"); err != nil || h.RoomID != a.RoomID {
