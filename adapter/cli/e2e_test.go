@@ -495,7 +495,7 @@ func TestHelp(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "Commands:") {
 		t.Fatalf("--help: %v\n%s", err, out)
 	}
-	for _, c := range []string{"start", "up", "join", "inbox", "reply", "ack", "pair", "send", "whoami", "allowance", "contacts", "room"} {
+	for _, c := range []string{"start", "up", "join", "inbox", "reply", "ack", "pair", "send", "whoami", "allowance", "contacts", "room", "board"} {
 		if !strings.Contains(string(out), "  "+c+" ") {
 			t.Errorf("--help does not list %s", c)
 		}
@@ -530,6 +530,9 @@ func TestHelp(t *testing.T) {
 		{[]string{"reply", "1"}, "give the message id and the text"},
 		{[]string{"send", "x"}, "give the recipient and the text"},
 		{[]string{"allowance", "frob"}, "unknown allowance action"},
+		{[]string{"room", "dossier"}, "room dossier takes 1 argument"},
+		{[]string{"room", "frob"}, "unknown room action"},
+		{[]string{"board", "claim", "r"}, "board claim takes 2 argument"},
 	} {
 		cmd := exec.Command(binary, append([]string{"--state-dir", filepath.Join(dir, "s")}, tc.args...)...)
 		out, err := cmd.CombinedOutput()
@@ -543,9 +546,9 @@ func TestHelp(t *testing.T) {
 	if !strings.Contains(string(out), "mesh-adapter up") {
 		t.Errorf("whoami without an identity: %s", out)
 	}
-	out, _ = exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "room", "dossier").CombinedOutput()
-	if !strings.Contains(string(out), "no rooms service") {
-		t.Errorf("room dossier: %s", out)
+	out, _ = exec.Command(binary, "--state-dir", filepath.Join(dir, "s"), "room", "dossier", "r", "--out", filepath.Join(dir, "d.json")).CombinedOutput()
+	if !strings.Contains(string(out), "mesh-adapter up") {
+		t.Errorf("room dossier without an identity: %s", out)
 	}
 }
 

@@ -57,14 +57,6 @@ as the roster of a guarded inbox.
 Example:
   mesh-adapter contacts export --out roster.json`,
 		run: runContacts})
-	register(&command{name: "room", usage: "dossier",
-		summary: "write a signed record of a room (needs the rooms service)",
-		help: `Writes a signed record of a room. This mesh has no rooms service yet, so
-there is no room to record; the command says so and exits with status 1.
-
-Example:
-  mesh-adapter room dossier`,
-		run: runRoom})
 	register(&command{name: "pair", usage: "<handle> <code>",
 		summary: "bind this agent to a handle with a pairing code",
 		help: `Signs the pairing code (from the console, or from "join") with the agent
@@ -234,18 +226,6 @@ func knownContacts(dir *state.Dir) ([]string, error) {
 	}
 	defer q.Close()
 	return q.Contacts()
-}
-
-func runRoom(_ context.Context, e *Env, args []string) error {
-	fs := flag.NewFlagSet("room", flag.ContinueOnError)
-	pos, err := e.parse(fs, args)
-	if err != nil {
-		return err
-	}
-	if len(pos) != 1 || pos[0] != "dossier" {
-		return usageError("say dossier")
-	}
-	return errors.New("this mesh has no rooms service yet, so there is no room to write a dossier of")
 }
 
 func runPair(ctx context.Context, e *Env, args []string) error {

@@ -21,6 +21,7 @@ import (
 	"agentmesh.dev/mesh/adapter/control"
 	"agentmesh.dev/mesh/adapter/inbox"
 	"agentmesh.dev/mesh/adapter/node"
+	"agentmesh.dev/mesh/adapter/rooms"
 	"agentmesh.dev/mesh/adapter/state"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -72,6 +73,9 @@ type adapter struct {
 	queue *inbox.Queue
 	allow *allowance.Store
 	guest *guestLease // the lease, when the identity is a guest's
+	// rooms is the agent's rooms and board client; the rooms it holds
+	// are remembered in the state directory (rooms.StoreFile).
+	rooms *rooms.Client
 	log   *slog.Logger
 	// natsURL is the bus the node connects to; renews is whether the node
 	// has a renewer (a guest's lease has none).
@@ -251,10 +255,13 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 		return nil, nil, err
 	}
 	undo = append(undo, func() { _ = a.node.Close() })
+	// Room invites are answered by the runtime, remembering the room,
+	// whatever the mode (a drained invite too).
+	held := rooms.OpenStore(cfg.Dir.File(rooms.StoreFile), nil)
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
 		Offerings:         []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",
-		Admit: a.admit, Handler: a.handle, OnReply: a.onReply}
+		Admit: a.admit, Handler: a.handle, OnReply: a.onReply, RoomInvite: a.roomInvite(held)}
 	if a.agent, err = a.node.Host(ctx, acfg); err != nil {
 		var rev *node.ErrRevoked
 		if errors.As(err, &rev) {
@@ -262,6 +269,11 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 		}
 		return nil, nil, fmt.Errorf("register the agent: %w", err)
 	}
+	if a.rooms, err = rooms.New(rooms.Config{Conn: a.node.Conn(), Key: a.keys.Agent, Agent: a.agent, Store: held,
+		Handle: a.id.Handle, URL: a.natsURL, Log: a.log, OnACLStop: a.aclStopped}); err != nil {
+		return nil, nil, err
+	}
+	undo = append(undo, a.rooms.Close)
 	if a.guest != nil {
 		lctx, stop := context.WithCancel(ctx)
 		undo = append(undo, stop)

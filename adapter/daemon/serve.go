@@ -429,6 +429,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		}
 		return a.send(ctx, r.To, r.Text, time.Duration(r.WaitSeconds*float64(time.Second)),
 			SendOptions{AcceptNewBinding: r.AcceptNewBinding, WaitHeld: r.WaitHeld, RegistrarURL: r.RegistrarURL})
+	case "room":
+		return a.room(ctx, r)
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
