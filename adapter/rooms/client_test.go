@@ -427,7 +427,7 @@ func TestDriveAttachFetchNotes(t *testing.T) {
 		t.Fatal(err)
 	}
 	call := f.called("attach")[0]
-	if call.Payload["name"] != "draft.md" || call.Payload["data_b64"] != base64.StdEncoding.EncodeToString(data) || call.Payload["version"] != float64(1) {
+	if call.Payload["name"] != "draft.md" || call.Payload["data_b64"] != base64.StdEncoding.EncodeToString(data) || call.Payload["version"] != "1" || call.Payload["role"] != "input" {
 		t.Fatalf("attach asked %v", call.Payload)
 	}
 	envs := tr.await(t, 1)
@@ -460,8 +460,15 @@ func TestDriveAttachFetchNotes(t *testing.T) {
 			"size": len(data), "data_b64": base64.StdEncoding.EncodeToString(data)}, nil
 	})
 	got, err := c.Fetch(t.Context(), "r", a.Ref)
-	if err != nil || string(got.Data) != string(data) || got.Name != "draft.md" || got.MediaType != "text/markdown" {
+	if err != nil || string(got.Data) != string(data) || got.Name != "draft.md" || got.MediaType != "text/markdown" || got.Version != "1" {
 		t.Fatalf("fetch: %+v %v", got, err)
+	}
+	// By digest: the room's file of that digest.
+	if _, err := c.Fetch(t.Context(), "r", digest); err != nil {
+		t.Fatal(err)
+	}
+	if ref := f.called("fetch")[1].Payload["ref"]; ref != "mesh:rooms:"+h.RoomID+"/drive/"+hex.EncodeToString(sum[:]) {
+		t.Fatalf("fetch by digest asked for %v", ref)
 	}
 	f.answer("fetch", func(r *bus.Request) (any, error) {
 		return map[string]any{"ref": "x", "digest": digest, "data_b64": base64.StdEncoding.EncodeToString([]byte("tampered"))}, nil

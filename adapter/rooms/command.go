@@ -37,7 +37,7 @@ type Command struct {
 	FileName  string `json:"file_name,omitempty"`
 	Data      []byte `json:"data,omitempty"`
 	MediaType string `json:"media_type,omitempty"`
-	Version   int    `json:"version,omitempty"`
+	Version   string `json:"version,omitempty"`
 	Role      string `json:"role,omitempty"`
 	Origin    string `json:"origin,omitempty"`
 	// fetch

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
 	"strings"
 
@@ -25,7 +26,9 @@ type Attach struct {
 	Name      string
 	Data      []byte
 	MediaType string
-	Version   int
+	// Version is the file's version label (the drive's default, "1",
+	// when empty).
+	Version string
 	// Role is input, interim or output (optional).
 	Role string
 	// Origin says where the file came from (optional, free text).
@@ -37,7 +40,7 @@ type Attached struct {
 	RoomID    string `json:"room_id"`
 	Ref       string `json:"ref"`
 	Name      string `json:"name"`
-	Version   int    `json:"version"`
+	Version   string `json:"version"`
 	Digest    string `json:"digest"`
 	Size      int64  `json:"size"`
 	MediaType string `json:"media_type,omitempty"`
@@ -63,10 +66,15 @@ func (c *Client) Attach(ctx context.Context, ref string, a Attach) (Attached, er
 	case !roles[a.Role]:
 		return Attached{}, errs.Newf(errs.InputInvalid, "role %q is not input, interim or output", a.Role)
 	}
-	if a.Version <= 0 {
-		a.Version = 1
+	if a.Version == "" {
+		a.Version = "1"
 	}
 	extra := map[string]any{"name": a.Name, "version": a.Version, "data_b64": base64.StdEncoding.EncodeToString(a.Data)}
+	if a.Role != "" {
+		// The drive keeps the role too: the dossier carries the bytes of
+		// outputs.
+		extra["role"] = a.Role
+	}
 	if a.MediaType != "" {
 		extra["media_type"] = a.MediaType
 	}
@@ -74,11 +82,11 @@ func (c *Client) Attach(ctx context.Context, ref string, a Attach) (Attached, er
 		extra["origin"] = a.Origin
 	}
 	var out struct {
-		Ref       string  `json:"ref"`
-		Digest    string  `json:"digest"`
-		Size      int64   `json:"size"`
-		MediaType *string `json:"media_type"`
-		Version   int     `json:"version"`
+		Ref       string      `json:"ref"`
+		Digest    string      `json:"digest"`
+		Size      int64       `json:"size"`
+		MediaType *string     `json:"media_type"`
+		Version   flexVersion `json:"version"`
 	}
 	if err := c.roomCall(ctx, protocol.RoomVerbSubject("attach"), r, extra, &out); err != nil {
 		return Attached{}, err
@@ -90,8 +98,8 @@ func (c *Client) Attach(ctx context.Context, ref string, a Attach) (Attached, er
 		return Attached{}, errs.Newf(errs.IdentityMismatch, "the drive reports digest %s for the file, but its bytes hash to sha256:%s", out.Digest, want)
 	}
 	res := Attached{RoomID: r.RoomID, Ref: out.Ref, Name: a.Name, Version: a.Version, Digest: out.Digest, Size: out.Size}
-	if out.Version > 0 {
-		res.Version = out.Version
+	if out.Version != "" {
+		res.Version = string(out.Version)
 	}
 	if out.MediaType != nil {
 		res.MediaType = *out.MediaType
@@ -119,7 +127,7 @@ func (c *Client) Attach(ctx context.Context, ref string, a Attach) (Attached, er
 type File struct {
 	Ref       string `json:"ref"`
 	Name      string `json:"name"`
-	Version   int    `json:"version"`
+	Version   string `json:"version"`
 	Digest    string `json:"digest"`
 	MediaType string `json:"media_type,omitempty"`
 	Size      int64  `json:"size"`
@@ -127,8 +135,38 @@ type File struct {
 	Data      []byte `json:"data"`
 }
 
-// Fetch gets a file from the drive by its ref (or its digest) and checks
-// its bytes against the digest.
+// flexVersion reads a file's version written as a string or a number.
+type flexVersion string
+
+func (v *flexVersion) UnmarshalJSON(b []byte) error {
+	var s string
+	if json.Unmarshal(b, &s) == nil {
+		*v = flexVersion(s)
+		return nil
+	}
+	var n json.Number
+	if err := json.Unmarshal(b, &n); err != nil {
+		return err
+	}
+	*v = flexVersion(n.String())
+	return nil
+}
+
+// DriveRef is the ref of the file with digest (sha256:<hex>, or the bare
+// hex) on room's drive, as the drive names its files.
+func DriveRef(roomID, digest string) string {
+	return "mesh:rooms:" + roomID + "/drive/" + strings.ToLower(strings.TrimPrefix(digest, "sha256:"))
+}
+
+// isDigest reports whether s is a SHA-256 digest (sha256:<hex> or hex).
+func isDigest(s string) bool {
+	h := strings.TrimPrefix(s, "sha256:")
+	_, err := hex.DecodeString(h)
+	return len(h) == 64 && err == nil
+}
+
+// Fetch gets a file from the drive by its ref (or its digest, which names
+// the room's file of that digest) and checks its bytes against the digest.
 func (c *Client) Fetch(ctx context.Context, ref, fileRef string) (File, error) {
 	_, r, err := c.room(ref)
 	if err != nil {
@@ -140,15 +178,18 @@ func (c *Client) Fetch(ctx context.Context, ref, fileRef string) (File, error) {
 	if strings.TrimSpace(fileRef) == "" {
 		return File{}, errs.New(errs.InputInvalid, "name the file: its ref (or digest), as `room read` shows it")
 	}
+	if isDigest(fileRef) {
+		fileRef = DriveRef(r.RoomID, fileRef)
+	}
 	var out struct {
-		Ref       string  `json:"ref"`
-		Name      string  `json:"name"`
-		Version   int     `json:"version"`
-		Digest    string  `json:"digest"`
-		MediaType *string `json:"media_type"`
-		Size      int64   `json:"size"`
-		Origin    string  `json:"origin"`
-		DataB64   string  `json:"data_b64"`
+		Ref       string      `json:"ref"`
+		Name      string      `json:"name"`
+		Version   flexVersion `json:"version"`
+		Digest    string      `json:"digest"`
+		MediaType *string     `json:"media_type"`
+		Size      int64       `json:"size"`
+		Origin    string      `json:"origin"`
+		DataB64   string      `json:"data_b64"`
 	}
 	if err := c.roomCall(ctx, protocol.RoomVerbSubject("fetch"), r, map[string]any{"ref": fileRef}, &out); err != nil {
 		return File{}, err
@@ -160,7 +201,7 @@ func (c *Client) Fetch(ctx context.Context, ref, fileRef string) (File, error) {
 	if !sameDigest(out.Digest, digestHex(data)) {
 		return File{}, errs.Newf(errs.IdentityMismatch, "the file fetched does not match its digest %s: it was not kept", out.Digest)
 	}
-	f := File{Ref: out.Ref, Name: out.Name, Version: out.Version, Digest: out.Digest, Size: out.Size, Origin: out.Origin, Data: data}
+	f := File{Ref: out.Ref, Name: out.Name, Version: string(out.Version), Digest: out.Digest, Size: out.Size, Origin: out.Origin, Data: data}
 	if out.MediaType != nil {
 		f.MediaType = *out.MediaType
 	}
