@@ -21,7 +21,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "room", usage: "create|invite|join|say|read|attach|fetch|note|notes|dossier|verify|list|status|leave|forget ...",
+	register(&command{name: "room", usage: "create|invite|join|say|read|attach|fetch|note|notes|dossier|verify|list|status|expel|leave|forget ...",
 		summary: "create rooms, invite agents, talk, share files and export a signed dossier",
 		help: `Rooms are shared channels between agents (spec §4.3). A durable room
 (the default) has a record the mesh keeps, a drive for files, notes on those
@@ -45,7 +45,7 @@ a short-lived room credential. ROOM is a room's id, its name, or its token.
   attach ROOM FILE [--name N] [--media-type T] [--role input|interim|output]
                           put a file (at most 512 KB) on the drive and
                           tell the room
-  fetch ROOM REF [--out FILE]
+  fetch ROOM REF|DIGEST [--out FILE]
                           get a file from the drive (stdout without --out)
   note ROOM DIGEST pass|flag|hold [--reason TEXT]
                           note a file on the drive (one note per member
@@ -58,6 +58,9 @@ a short-lived room credential. ROOM is a room's id, its name, or its token.
   verify FILE             verify a dossier offline
   list [--json]           the rooms this agent holds (no network)
   status ROOM             what the mesh keeps for the room (JSON)
+  expel ROOM AGENT [--severity timeout|conduct|safety] [--note TEXT]
+                          acl rooms, creator only: remove a member (its
+                          room connection is closed at once)
   leave ROOM              leave the room (acl rooms: your access ends)
   forget ROOM             drop the room from this adapter's list
 
@@ -140,7 +143,7 @@ func subcommand(args []string, what string) (string, []string, error) {
 	return args[0], args[1:], nil
 }
 
-const roomVerbs = "create, invite, join, say, read, attach, fetch, note, notes, dossier, verify, list, status, leave or forget"
+const roomVerbs = "create, invite, join, say, read, attach, fetch, note, notes, dossier, verify, list, status, expel, leave or forget"
 
 func runRoom(ctx context.Context, e *Env, args []string) error {
 	sub, args, err := subcommand(args, roomVerbs)
@@ -154,7 +157,7 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 	var (
 		acl, ephemeral, acceptNew               *bool
 		note, channel, replyTo, name, mediaType *string
-		role, out, reason                       *string
+		role, out, reason, severity             *string
 		from                                    *uint64
 		limit                                   *int
 	)
@@ -166,6 +169,10 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 		want = 2
 		note = fs.String("note", "", "a note to the invitee")
 		acceptNew = fs.Bool("accept-new-binding", false, "invite even though the handle's agent changed since it was pinned")
+	case "expel":
+		want = 2
+		severity = fs.String("severity", "conduct", "timeout, conduct or safety")
+		note = fs.String("note", "", "why, for the room")
 	case "join", "status", "leave", "forget":
 		want = 1
 	case "say":
@@ -234,6 +241,8 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 	switch sub {
 	case "invite":
 		cmd.To, cmd.Text = pos[1], *note
+	case "expel":
+		cmd.To, cmd.Verdict, cmd.Text = pos[1], *severity, *note
 	case "say":
 		cmd.Text, cmd.Channel, cmd.InReplyTo = pos[1], *channel, *replyTo
 	case "read":
@@ -415,6 +424,16 @@ func roomRun(ctx context.Context, e *Env, cmd rooms.Command, asJSON bool, out *s
 			return err
 		}
 		return printJSON(w, st)
+	case "expel":
+		var x rooms.Expelled
+		if err := e.roomDo(ctx, cmd, false, &x); err != nil {
+			return err
+		}
+		if asJSON {
+			return printJSON(w, x)
+		}
+		fmt.Fprintf(w, "expelled agent %s from room %s (%s)\n", x.Member, x.RoomID, x.Severity)
+		return nil
 	case "leave":
 		if err := e.roomDo(ctx, cmd, false, nil); err != nil {
 			return err
@@ -493,6 +512,23 @@ func describeMessage(m rooms.Message) string {
 		return "closed the room"
 	case "":
 		return "(a message without a type)"
+	}
+	if strings.HasPrefix(m.Type, "board.") {
+		// A board event, signed by the board service: {type, item}.
+		it, _ := m.Payload["item"].(map[string]any)
+		id, _ := it["item_id"].(string)
+		title, _ := it["title"].(string)
+		by := ""
+		switch m.Type {
+		case "board.claimed":
+			by, _ = it["claimed_by"].(string)
+			by = " by " + by
+		case "board.posted":
+			by, _ = it["posted_by"].(string)
+			by = " by " + by
+		}
+		return fmt.Sprintf("work board: item %s %s%s: %s", protocol.Fence(id), strings.TrimPrefix(m.Type, "board."), by,
+			protocol.Fence(strings.ReplaceAll(title, "\n", " ")))
 	}
 	return str("type") + " " + compactJSON(m.Payload)
 }

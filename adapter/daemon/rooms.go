@@ -40,10 +40,13 @@ func (a *adapter) room(ctx context.Context, r control.Request) (any, error) {
 	if err := json.Unmarshal(r.Room, &cmd); err != nil {
 		return nil, fmt.Errorf("the rooms command is not readable: %w", err)
 	}
+	if a.guest != nil {
+		return nil, errGuestRooms
+	}
 	if err := a.notConnected(ctx); err != nil {
 		return nil, err
 	}
-	if cmd.Verb == "invite" {
+	if cmd.Verb == "invite" || cmd.Verb == "expel" {
 		cfg := a.cfg
 		cfg.RegistrarURL = firstNonEmpty(r.RegistrarURL, cfg.RegistrarURL)
 		to, err := resolveRecipient(ctx, cfg, cmd.To, SendOptions{AcceptNewBinding: r.AcceptNewBinding})
@@ -55,6 +58,8 @@ func (a *adapter) room(ctx context.Context, r control.Request) (any, error) {
 	return a.rooms.Do(ctx, cmd)
 }
 
+var errGuestRooms = errors.New("rooms need an agent of your own: a guest identity reaches no rooms or board; run `mesh-adapter up <agent-key>` first")
+
 // Room runs one rooms or board command without a running adapter: the
 // agent comes up for the length of the command (in inbox mode, so a
 // message or an invite arriving meanwhile is kept), like Send.
@@ -64,13 +69,13 @@ func Room(ctx context.Context, cfg Config, cmd rooms.Command, opt SendOptions) (
 	case err != nil:
 		return nil, err
 	case id.Guest:
-		return nil, errors.New("rooms need an agent of your own: a guest identity reaches no rooms or board; run `mesh-adapter up <agent-key>` first")
+		return nil, errGuestRooms
 	}
 	conf, err := cfg.Dir.Config()
 	if err != nil {
 		return nil, err
 	}
-	if cmd.Verb == "invite" {
+	if cmd.Verb == "invite" || cmd.Verb == "expel" {
 		rcfg := cfg
 		rcfg.RegistrarURL = firstNonEmpty(opt.RegistrarURL, cfg.RegistrarURL, conf.RegistrarURL)
 		if cmd.To, err = resolveRecipient(ctx, rcfg, cmd.To, opt); err != nil {

@@ -170,3 +170,40 @@ func eventually3(t *testing.T, what string, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+func TestExpel(t *testing.T) {
+	f := newFakeMesh(t)
+	rc := &roomCreds{f: f, ttl: time.Hour}
+	f.answer("credential", rc.serve)
+	ana, bob := bustest.Agent(t), bustest.Agent(t).Public()
+	c := f.client(t, ana, func(cfg *Config) { cfg.URL = f.b.ClientURL() })
+	h, err := c.Create(t.Context(), NewRoom{Name: "closed", Privacy: GradeACL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := f.watch(t, protocol.ACLRoomSubject(h.RoomID, "*"))
+	x, err := c.Expel(t.Context(), h.RoomID, bob, "", "off topic")
+	if err != nil || x.Severity != "conduct" || x.Member != bob {
+		t.Fatalf("expel: %+v %v", x, err)
+	}
+	if p := f.called("expel")[0].Payload; p["member"] != bob || p["severity"] != "conduct" {
+		t.Fatalf("expel asked %v", p)
+	}
+	envs := tr.await(t, 1)
+	if p := payloadOf(t, envs[0]); p["type"] != "expel" || p["member"] != bob || p["note"] != "off topic" || envs[0].From != ana.Public() {
+		t.Fatalf("expel message %v", p)
+	}
+	if _, err := c.Expel(t.Context(), h.RoomID, bob, "ban", ""); errs.CodeOf(err) != errs.InputInvalid {
+		t.Fatalf("unknown severity: %v", err)
+	}
+	open, err := c.Create(t.Context(), NewRoom{Name: "open"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Expel(t.Context(), open.RoomID, bob, "", ""); errs.CodeOf(err) != errs.InputInvalid {
+		t.Fatalf("expel from a capability room: %v", err)
+	}
+	if n := len(f.called("expel")); n != 1 {
+		t.Fatalf("%d expel calls", n)
+	}
+}

@@ -11,24 +11,24 @@ import (
 
 // Item is a work-board item (upstream-notes §8).
 type Item struct {
-	ItemID         string  `json:"item_id"`
-	RoomID         string  `json:"room_id"`
-	Title          string  `json:"title"`
-	Detail         string  `json:"detail,omitempty"`
-	Offering       string  `json:"offering,omitempty"`
-	PostedBy       string  `json:"posted_by"`
-	PostedAt       string  `json:"posted_at"`
-	LeaseMS        int64   `json:"lease_ms"`
-	State          string  `json:"state"` // open | claimed | done | withdrawn
-	ClaimedBy      string  `json:"claimed_by,omitempty"`
-	ClaimedAt      string  `json:"claimed_at,omitempty"`
-	LeaseExpiresAt string  `json:"lease_expires_at,omitempty"`
-	TaskID         string  `json:"task_id,omitempty"`
-	DoneAt         string  `json:"done_at,omitempty"`
-	ResultNote     string  `json:"result_note,omitempty"`
-	Artifacts      []any   `json:"artifacts,omitempty"`
-	Claims         []Claim `json:"claims,omitempty"`
-	LeaseLapsed    bool    `json:"lease_lapsed,omitempty"`
+	ItemID         string   `json:"item_id"`
+	RoomID         string   `json:"room_id"`
+	Title          string   `json:"title"`
+	Detail         string   `json:"detail,omitempty"`
+	Offering       string   `json:"offering,omitempty"`
+	PostedBy       string   `json:"posted_by"`
+	PostedAt       string   `json:"posted_at"`
+	LeaseMS        int64    `json:"lease_ms"`
+	State          string   `json:"state"` // open | claimed | done | withdrawn
+	ClaimedBy      string   `json:"claimed_by,omitempty"`
+	ClaimedAt      string   `json:"claimed_at,omitempty"`
+	LeaseExpiresAt string   `json:"lease_expires_at,omitempty"`
+	TaskID         string   `json:"task_id,omitempty"`
+	DoneAt         string   `json:"done_at,omitempty"`
+	ResultNote     string   `json:"result_note,omitempty"`
+	Artifacts      []string `json:"artifacts,omitempty"`
+	Claims         []Claim  `json:"claims,omitempty"`
+	LeaseLapsed    bool     `json:"lease_lapsed,omitempty"`
 }
 
 // Claim is one past claim of an item.
@@ -84,7 +84,12 @@ func (c *Client) Post(ctx context.Context, ref string, it NewItem) (Item, error)
 	return c.boardItem(ctx, ref, "post", extra)
 }
 
-// List lists the room's board: lease expiry applied, oldest first.
+// maxListPages bounds the pages one List reads (each is at most 512 KiB
+// of items).
+const maxListPages = 16
+
+// List lists the room's board: lease expiry applied, oldest first, every
+// page of it (the board names the last item of a page in next_after).
 func (c *Client) List(ctx context.Context, ref string) (Board, error) {
 	_, r, err := c.room(ref)
 	if err != nil {
@@ -93,13 +98,26 @@ func (c *Client) List(ctx context.Context, ref string) (Board, error) {
 	if err := durable(r, "board"); err != nil {
 		return Board{}, err
 	}
-	var out Board
-	if err := c.roomCall(ctx, protocol.BoardVerbSubject("list"), r, nil, &out); err != nil {
-		return Board{}, err
-	}
-	out.RoomID = r.RoomID
-	if out.Items == nil {
-		out.Items = []Item{}
+	out := Board{RoomID: r.RoomID, Items: []Item{}}
+	after := ""
+	for range maxListPages {
+		var page struct {
+			Board
+			NextAfter string `json:"next_after"`
+		}
+		var extra map[string]any
+		if after != "" {
+			extra = map[string]any{"after": after}
+		}
+		if err := c.roomCall(ctx, protocol.BoardVerbSubject("list"), r, extra, &page); err != nil {
+			return Board{}, err
+		}
+		out.Items = append(out.Items, page.Items...)
+		out.Open, out.Claimed, out.Done = page.Open, page.Claimed, page.Done
+		if page.NextAfter == "" || page.NextAfter == after {
+			break
+		}
+		after = page.NextAfter
 	}
 	return out, nil
 }

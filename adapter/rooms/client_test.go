@@ -524,10 +524,14 @@ func TestBoardVerbs(t *testing.T) {
 	if p := f.called("board.post")[0].Payload; p["lease_ms"] != float64(7_200_000) || p["detail"] != "all of it" || p["offering"] != "chat" {
 		t.Fatalf("post asked %v", p)
 	}
+	// Two pages: the second follows next_after.
 	f.answer("board.list", func(r *bus.Request) (any, error) {
-		return map[string]any{"items": []any{map[string]any{"item_id": "i1", "state": "open"}}, "open": 1, "claimed": 0, "done": 0}, nil
+		if r.Object()["after"] == "i1" {
+			return map[string]any{"items": []any{map[string]any{"item_id": "i2", "state": "claimed"}}, "open": 1, "claimed": 1, "done": 0}, nil
+		}
+		return map[string]any{"items": []any{map[string]any{"item_id": "i1", "state": "open"}}, "open": 1, "claimed": 1, "done": 0, "next_after": "i1"}, nil
 	})
-	if b, err := c.List(t.Context(), "r"); err != nil || len(b.Items) != 1 || b.Open != 1 || b.RoomID != h.RoomID {
+	if b, err := c.List(t.Context(), "r"); err != nil || len(b.Items) != 2 || b.Items[1].ItemID != "i2" || b.Open != 1 || b.Claimed != 1 || b.RoomID != h.RoomID {
 		t.Fatalf("list: %+v %v", b, err)
 	}
 	if _, err := c.ClaimItem(t.Context(), "r", "i1", 0); err != nil {

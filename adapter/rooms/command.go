@@ -12,7 +12,7 @@ import (
 // connection (Do runs it either way).
 type Command struct {
 	// Verb is create, invite, join, say, read, attach, fetch, note, notes,
-	// dossier, status, leave, or board.post, board.list, board.claim,
+	// dossier, status, expel, leave, or board.post, board.list, board.claim,
 	// board.complete, board.abandon, board.withdraw.
 	Verb string `json:"verb"`
 	// Room names the room: id, name or token.
@@ -23,7 +23,7 @@ type Command struct {
 	Privacy   string   `json:"privacy,omitempty"`
 	Ephemeral bool     `json:"ephemeral,omitempty"`
 	Channels  []string `json:"channels,omitempty"`
-	// invite: the agent id (a handle is resolved before Do).
+	// invite, expel: the agent id (a handle is resolved before Do).
 	To string `json:"to,omitempty"`
 	// Text is the say body, the invite note, the note's reason or the
 	// completion note.
@@ -42,7 +42,7 @@ type Command struct {
 	Origin    string `json:"origin,omitempty"`
 	// fetch
 	Ref string `json:"ref,omitempty"`
-	// note, notes
+	// note, notes; Verdict is an expel's severity too.
 	Digest  string `json:"digest,omitempty"`
 	Verdict string `json:"verdict,omitempty"`
 	// board
@@ -82,6 +82,8 @@ func (c *Client) Do(ctx context.Context, cmd Command) (any, error) {
 		return c.Dossier(ctx, cmd.Room)
 	case "status":
 		return c.Status(ctx, cmd.Room)
+	case "expel":
+		return c.Expel(ctx, cmd.Room, cmd.To, cmd.Verdict, cmd.Text)
 	case "leave":
 		return map[string]any{"left": cmd.Room}, c.Leave(ctx, cmd.Room)
 	case "board.post":
