@@ -378,6 +378,10 @@ func TestReplayVerifiesEveryEnvelope(t *testing.T) {
 	otherRoom := emitFor(t, ana, "elsewhere", map[string]any{"type": "say", "body": "x"})
 	asString, _ := json.Marshal(string(good))
 	f.answer("replay", func(r *bus.Request) (any, error) {
+		if r.Object()["from_seq"] == float64(12) {
+			// The second page, read when no limit is set.
+			return map[string]any{"messages": []any{map[string]any{"seq": 12, "envelope": good}}, "next_seq": 13, "done": true}, nil
+		}
 		return map[string]any{"messages": []any{
 			map[string]any{"seq": 7, "envelope": good},
 			map[string]any{"seq": 8, "envelope": forged},
@@ -386,7 +390,7 @@ func TestReplayVerifiesEveryEnvelope(t *testing.T) {
 			map[string]any{"seq": 11, "envelope": json.RawMessage(asString)},
 		}, "next_seq": 12, "done": false}, nil
 	})
-	p, err := c.Replay(t.Context(), "r", 5, 50)
+	p, err := c.Replay(t.Context(), "r", 5, 5)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -395,14 +399,19 @@ func TestReplayVerifiesEveryEnvelope(t *testing.T) {
 		t.Fatalf("page %+v", p)
 	}
 	call := f.called("replay")[0]
-	if call.Payload["from_seq"] != float64(5) || call.Payload["limit"] != float64(50) {
+	if call.Payload["from_seq"] != float64(5) || call.Payload["limit"] != float64(5) || len(f.called("replay")) != 1 {
 		t.Fatalf("replay asked %v", call.Payload)
+	}
+	// Without a limit, every page to the end.
+	p, err = c.Replay(t.Context(), "r", 0, 0)
+	if err != nil || len(p.Messages) != 3 || !p.Done || p.NextSeq != 13 || f.called("replay")[1].Payload["from_seq"] != float64(1) {
+		t.Fatalf("the whole record: %+v %v", p, err)
 	}
 	eph, err := c.Create(t.Context(), NewRoom{Ephemeral: true})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Replay(t.Context(), eph.RoomID, 0, 0); errs.CodeOf(err) != errs.InputInvalid || len(f.called("replay")) != 1 {
+	if _, err := c.Replay(t.Context(), eph.RoomID, 0, 0); errs.CodeOf(err) != errs.InputInvalid || len(f.called("replay")) != 3 {
 		t.Fatalf("replay of an ephemeral room: %v", err)
 	}
 }

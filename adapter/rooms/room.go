@@ -361,9 +361,13 @@ type Page struct {
 	Unreadable int `json:"unreadable,omitempty"`
 }
 
-// Replay reads the room's record from fromSeq (1 when 0), at most limit
-// messages (the service's default when 0). Every envelope is verified
-// here again: the record is the service's, the signatures are the members'.
+// maxReplayPages bounds the pages one unbounded Replay reads.
+const maxReplayPages = 200
+
+// Replay reads the room's record from fromSeq (1 when 0): at most limit
+// messages, or with limit 0 every page up to the end of the record. Every
+// envelope is verified here again: the record is the service's, the
+// signatures are the members'.
 func (c *Client) Replay(ctx context.Context, ref string, fromSeq uint64, limit int) (Page, error) {
 	_, r, err := c.room(ref)
 	if err != nil {
@@ -372,33 +376,40 @@ func (c *Client) Replay(ctx context.Context, ref string, fromSeq uint64, limit i
 	if err := durable(r, "record"); err != nil {
 		return Page{}, err
 	}
-	extra := map[string]any{}
-	if fromSeq > 0 {
-		extra["from_seq"] = fromSeq
-	}
-	if limit > 0 {
-		extra["limit"] = limit
-	}
-	var out struct {
-		Messages []struct {
-			Seq      uint64          `json:"seq"`
-			Envelope json.RawMessage `json:"envelope"`
-		} `json:"messages"`
-		NextSeq uint64 `json:"next_seq"`
-		Done    bool   `json:"done"`
-	}
-	if err := c.roomCall(ctx, protocol.RoomVerbSubject("replay"), r, extra, &out); err != nil {
-		return Page{}, err
-	}
-	p := Page{RoomID: r.RoomID, Messages: []Message{}, NextSeq: out.NextSeq, Done: out.Done}
-	for _, m := range out.Messages {
-		msg, ok := readMessage(r, m.Envelope)
-		if !ok {
-			p.Unreadable++
-			continue
+	p := Page{RoomID: r.RoomID, Messages: []Message{}, NextSeq: max(fromSeq, 1)}
+	for range maxReplayPages {
+		extra := map[string]any{"from_seq": p.NextSeq}
+		if limit > 0 {
+			extra["limit"] = limit - len(p.Messages) - p.Unreadable
 		}
-		msg.Seq = m.Seq
-		p.Messages = append(p.Messages, msg)
+		var out struct {
+			Messages []struct {
+				Seq      uint64          `json:"seq"`
+				Envelope json.RawMessage `json:"envelope"`
+			} `json:"messages"`
+			NextSeq uint64 `json:"next_seq"`
+			Done    bool   `json:"done"`
+		}
+		if err := c.roomCall(ctx, protocol.RoomVerbSubject("replay"), r, extra, &out); err != nil {
+			return Page{}, err
+		}
+		for _, m := range out.Messages {
+			msg, ok := readMessage(r, m.Envelope)
+			if !ok {
+				p.Unreadable++
+				continue
+			}
+			msg.Seq = m.Seq
+			p.Messages = append(p.Messages, msg)
+		}
+		p.Done = out.Done
+		if out.NextSeq > p.NextSeq {
+			p.NextSeq = out.NextSeq
+		}
+		if out.Done || len(out.Messages) == 0 || out.NextSeq <= extra["from_seq"].(uint64) ||
+			(limit > 0 && len(p.Messages)+p.Unreadable >= limit) {
+			break
+		}
 	}
 	return p, nil
 }
