@@ -119,9 +119,9 @@ func Table() []Worker {
 		},
 		{
 			Name:         feeds.Name,
-			Description:  "latest envelope of every feed: stores mesh.feed.*.*, answers mesh.feed.get",
+			Description:  "latest envelope and history of every feed: stores mesh.feed.*.*, answers mesh.feed.get",
 			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
-			Production: Config{Replicas: ProductionReplicas},
+			Production: Config{Replicas: ProductionReplicas, Feeds: feeds.Config{History: feeds.DefaultHistory}},
 			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
 				c := cfg.Feeds
 				c.Replicas = cfg.replicas(c.Replicas)
