@@ -32,7 +32,7 @@ type request struct {
 	Title      string
 	Detail     string
 	Offering   string
-	// Lease is the lease asked for (post, claim), 0 when none is named;
+	// LeaseMS is the lease asked for (post, claim), 0 when none is named;
 	// at least MinLease, not yet clamped to the operator's maximum.
 	LeaseMS   int64
 	ItemID    string
