@@ -14,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/keys"
@@ -47,6 +48,9 @@ type Config struct {
 	// --catalog-official or MESH_CATALOG_OFFICIAL for activity-worker).
 	Activity activity.Config
 	Mailbox  mailbox.Config
+	// Board is the work board of durable rooms; it shares the rooms'
+	// bucket (mesh_rooms).
+	Board board.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -119,9 +123,9 @@ func Table() []Worker {
 		},
 		{
 			Name:         feeds.Name,
-			Description:  "latest envelope of every feed: stores mesh.feed.*.*, answers mesh.feed.get",
+			Description:  "latest envelope and history of every feed: stores mesh.feed.*.*, answers mesh.feed.get",
 			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
-			Production: Config{Replicas: ProductionReplicas},
+			Production: Config{Replicas: ProductionReplicas, Feeds: feeds.Config{History: feeds.DefaultHistory}},
 			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
 				c := cfg.Feeds
 				c.Replicas = cfg.replicas(c.Replicas)
@@ -181,6 +185,18 @@ func Table() []Worker {
 				return mailbox.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Mailbox.Limits.Knobs() },
+		},
+		{
+			Name:         board.Name,
+			Description:  "work board of durable rooms: mesh.board.post, list, claim, complete, abandon, withdraw",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Board: board.Config{Limits: board.DefaultLimits}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Board
+				c.Replicas = cfg.replicas(c.Replicas)
+				return board.Start(ctx, env, c)
+			},
+			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Board.Limits.Knobs() },
 		},
 	}
 }

@@ -416,7 +416,7 @@ func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 		"name":             a.cfg.Name,
 		"protocol_version": protocol.Version,
 		"endpoint":         protocol.InboxSubject(a.id),
-		"node":             map[string]any{"id": a.n.id, "attestation": v},
+		"node":             a.n.cfg.Profile.nodeObject(a.n.id, v),
 		"capabilities":     caps,
 		"offerings":        offerings,
 	}

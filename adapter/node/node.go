@@ -90,6 +90,54 @@ type Config struct {
 	// grants (ReplyPrefixOf), or NATS's default _INBOX when it grants none
 	// (a credential with only the shared _INBOX.> grant).
 	InboxPrefix string
+	// Profile is what the node declares of itself in the node object of
+	// every registration it makes; mesh.registry.nodes.list shows it.
+	Profile Profile
+}
+
+// Profile is a node's self-description (docs/bus-registry.md "Nodes
+// list"). Empty members are not declared. A trust tier is not declared
+// here: the registry decides sandbox, and any other tier is the agent's
+// claim (AgentConfig has none).
+type Profile struct {
+	Role         string // what the node is for, free text
+	Reachability string // how it is reached, e.g. "direct" or "relay"
+	// Capacity is how many tasks the node takes at once; 0 is not declared.
+	// It is also reported in every heartbeat.
+	Capacity int
+	// Device: kind (laptop, server, phone, …), host name and platform
+	// (GOOS/GOARCH), each at most 80 bytes.
+	Device Device
+}
+
+// Device is the device fields of a node profile.
+type Device struct {
+	Kind, Host, Platform string
+}
+
+// nodeObject is the node member of a manifest: the node id, the vouch and
+// the declared profile.
+func (p Profile) nodeObject(id string, v protocol.Vouch) map[string]any {
+	m := map[string]any{"id": id, "attestation": v}
+	if p.Role != "" {
+		m["role"] = p.Role
+	}
+	if p.Reachability != "" {
+		m["reachability"] = p.Reachability
+	}
+	if p.Capacity > 0 {
+		m["capacity"] = p.Capacity
+	}
+	d := map[string]any{}
+	for k, v := range map[string]string{"kind": p.Device.Kind, "host": p.Device.Host, "platform": p.Device.Platform} {
+		if v != "" {
+			d[k] = v
+		}
+	}
+	if len(d) > 0 {
+		m["device"] = d
+	}
+	return m
 }
 
 // Warning is one security warning.
@@ -451,7 +499,7 @@ func (n *Node) heartbeatLoop() {
 }
 
 // heartbeat emits one signed heartbeat on mesh.heartbeat.<node>: payload
-// {availability, agents, active_tasks, uptime_seconds} (bus.md).
+// {availability, agents, active_tasks, uptime_seconds, capacity?} (bus.md).
 func (n *Node) heartbeat(availability string) {
 	ids := []string{}
 	active := 0
@@ -463,9 +511,11 @@ func (n *Node) heartbeat(availability string) {
 	if up < 0 {
 		up = 0
 	}
-	e, err := protocol.New(protocol.TypeEmit, n.id, map[string]any{
-		"availability": availability, "agents": ids, "active_tasks": active, "uptime_seconds": up,
-	})
+	beat := map[string]any{"availability": availability, "agents": ids, "active_tasks": active, "uptime_seconds": up}
+	if c := n.cfg.Profile.Capacity; c > 0 {
+		beat["capacity"] = c
+	}
+	e, err := protocol.New(protocol.TypeEmit, n.id, beat)
 	if err == nil {
 		err = e.Sign(n.cfg.NodeKey)
 	}

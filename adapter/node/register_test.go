@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -90,5 +91,51 @@ func TestRegistrationIsNodeBoundAndSandboxSaysSo(t *testing.T) {
 	defer cancel()
 	if _, err := n2.Host(ctx, AgentConfig{Key: guest2, Name: "guest2", Sandbox: true, Handler: refuseAll}); err == nil {
 		t.Fatal("a guest registered under a node key other than its own")
+	}
+}
+
+// TestNodeProfileInTheNodesList: what a node declares (Config.Profile) and
+// what its heartbeat reports reach mesh.registry.nodes.list through the
+// registry and presence workers, with the node's live status and its
+// hosted-agent count.
+func TestNodeProfileInTheNodesList(t *testing.T) {
+	tm := newMesh(t)
+	nk, ka, kb := nodeKey(t), agentKey(t), agentKey(t)
+	profile := Profile{Role: "build box", Reachability: "direct", Capacity: 4,
+		Device: Device{Kind: "server", Host: "ci-7", Platform: "linux/amd64"}}
+	n := tm.startNode(t, nk, []*keys.Agent{ka, kb}, func(c *Config) { c.Profile = profile })
+	tm.host(t, n, AgentConfig{Key: ka, Name: "a", AvailabilityClass: "always_on", Handler: refuseAll})
+	tm.host(t, n, AgentConfig{Key: kb, Name: "b", Visibility: "unlisted", Handler: refuseAll})
+
+	var entry map[string]any
+	eventually(t, "the node live in the nodes list", func() bool {
+		rep, err := bus.Call(t.Context(), tm.svc, ka, protocol.SubjNodesList, protocol.TypeDiscover, "", map[string]any{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out struct {
+			Nodes []map[string]any `json:"nodes"`
+		}
+		if err := rep.DecodePayload(&out); err != nil {
+			t.Fatal(err)
+		}
+		for _, e := range out.Nodes {
+			if e["node"] == nk.Public() && e["live"] == true {
+				entry = e
+				return true
+			}
+		}
+		return false
+	})
+	dev, _ := entry["device"].(map[string]any)
+	beat, _ := entry["heartbeat"].(map[string]any)
+	if entry["role"] != "build box" || entry["reachability"] != "direct" || entry["capacity"] != 4.0 ||
+		entry["availability_class"] != "always_on" || entry["hosted_agents"] != 2.0 || entry["availability"] != "online" ||
+		dev["kind"] != "server" || dev["host"] != "ci-7" || dev["platform"] != "linux/amd64" ||
+		beat["capacity"] != 4.0 || beat["uptime_seconds"] == nil || beat["active_tasks"] != 0.0 {
+		t.Fatalf("node entry %v", entry)
+	}
+	if agents, _ := entry["agents"].([]any); len(agents) != 1 || agents[0] != ka.Public() {
+		t.Fatalf("public agents of the node %v", entry["agents"])
 	}
 }

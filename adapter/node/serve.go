@@ -694,7 +694,10 @@ func (a *Agent) serveCancel(c *Call) error {
 		return c.fail(errs.As(err))
 	}
 	t := a.taskByID(in.TaskID)
-	if t == nil || t.call.Env.From != c.Env.From {
+	if t == nil {
+		return c.fail(a.cancelFromRecord(c, in.TaskID))
+	}
+	if t.call.Env.From != c.Env.From {
 		return c.fail(errs.Newf(errs.TaskNotFound, "no task %s", in.TaskID))
 	}
 	if err := t.cancelFor(in); err != nil {
@@ -723,6 +726,33 @@ func (a *Agent) serveRoomInvite(c *Call) (err error) {
 		return c.fail(errs.As(err))
 	}
 	return c.Reply(out)
+}
+
+// cancelFromRecord answers the cancel of a task this process does not run:
+// one that ended before the process started, or longer ago than
+// endedTaskMemory. The task record (mesh.task.get.<id>, kept by the tasks
+// worker for 7 days) decides: a terminal task this agent performed for the
+// sender is TASK_NOT_CANCELABLE, as it was before any restart. Anything
+// else is TASK_NOT_FOUND, the same answer a stranger gets, so the record's
+// existence does not leak; that includes a task the record still shows
+// running, which no longer runs here (it was lost with an earlier process).
+func (a *Agent) cancelFromRecord(c *Call, taskID string) *errs.Error {
+	notFound := errs.Newf(errs.TaskNotFound, "no task %s", taskID)
+	ctx, cancel := context.WithTimeout(c.ctx, a.n.cfg.RequestTimeout)
+	defer cancel()
+	rec, err := a.taskRecord(ctx, taskID)
+	if err != nil {
+		if e := errs.As(err); e.Code == errs.TaskNotFound || e.Code == errs.Unauthorized {
+			return notFound
+		}
+		a.n.log.Warn("cancel: read the task record", "task", taskID, "err", err)
+		return errs.Newf(errs.Unavailable, "could not read the record of task %s; try again", taskID)
+	}
+	state, _ := rec["state"].(string)
+	if rec["responder"] != a.id || rec["requester"] != c.Env.From || !protocol.Terminal(state) {
+		return notFound
+	}
+	return errs.Newf(errs.TaskNotCancelable, "task %s is already %s", taskID, state)
 }
 
 // replyPayload sends a bare terminal payload as is (the runtime's own
@@ -898,16 +928,18 @@ func (t *Task) cancelFor(in protocol.CancelInput) error {
 	return t.publishLocked(protocol.CanceledUpdatePayload(in.Reason, in.Note), protocol.StateCanceled)
 }
 
-// taskRetention is how long an ended task is remembered, so a late cancel
-// is told TASK_NOT_CANCELABLE rather than TASK_NOT_FOUND.
-const taskRetention = time.Hour
+// endedTaskMemory is how long an ended task stays in memory. It covers the
+// moment between the terminal update and the tasks worker recording it;
+// after that (and after a restart) a late cancel is answered from the task
+// record (cancelFromRecord).
+const endedTaskMemory = time.Minute
 
 func (a *Agent) addTask(t *Task) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	now := a.n.now()
 	for id, at := range a.finished {
-		if now.Sub(at) > taskRetention {
+		if now.Sub(at) > endedTaskMemory {
 			delete(a.finished, id)
 			delete(a.tasks, id)
 		}

@@ -545,6 +545,62 @@ func TestCancel(t *testing.T) {
 	mustCode(t, err, errs.InvalidEnvelope)
 }
 
+// TestCancelAfterRestart: TASK_NOT_CANCELABLE comes from the task record,
+// so it holds once the performer's process, which ran the task, is gone.
+func TestCancelAfterRestart(t *testing.T) {
+	p, w := newWorkerPair(t, nil)
+	// One completed task, one canceled task, both recorded.
+	done, err := p.a.Request(t.Context(), p.b.ID(), "quick-task", nil, RequestOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := done.Task.Wait(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	canceled, err := p.a.Request(t.Context(), p.b.ID(), "long", nil, RequestOptions{Follow: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := canceled.Task.Cancel(t.Context(), protocol.CancelUserRequested, ""); err != nil {
+		t.Fatal(err)
+	}
+	<-w.canceled
+	for _, h := range []*TaskHandle{done.Task, canceled.Task} {
+		eventually(t, "the terminal record of "+h.ID, func() bool {
+			rec, err := h.Get(t.Context())
+			return err == nil && protocol.Terminal(rec["state"].(string))
+		})
+	}
+
+	// The performer's process ends and a new one hosts the same agent:
+	// nothing of the tasks is left in memory.
+	if err := p.nB.Close(); err != nil {
+		t.Fatal(err)
+	}
+	nB := p.tm.startNode(t, p.nkB, []*keys.Agent{p.kB}, nil)
+	p.tm.host(t, nB, AgentConfig{Key: p.kB, Name: "worker", Offerings: workerOfferings, Handler: w.handle})
+
+	_, err = done.Task.Cancel(t.Context(), protocol.CancelSuperseded, "")
+	mustCode(t, err, errs.TaskNotCancelable)
+	_, err = canceled.Task.Cancel(t.Context(), protocol.CancelUserRequested, "again")
+	mustCode(t, err, errs.TaskNotCancelable)
+
+	// Anyone but the requester is told the task does not exist, as is the
+	// requester of a task that has no record.
+	kC, nkC := agentKey(t), nodeKey(t)
+	nC := p.tm.startNode(t, nkC, []*keys.Agent{kC}, nil)
+	c := p.tm.host(t, nC, AgentConfig{Key: kC, Name: "stranger", Handler: refuseAll})
+	h, err := c.TaskFrom(p.b.ID(), done.TaskID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = h.Cancel(t.Context(), protocol.CancelPolicy, "")
+	mustCode(t, err, errs.TaskNotFound)
+	h, _ = p.a.TaskFrom(p.b.ID(), "no-such-task")
+	_, err = h.Cancel(t.Context(), protocol.CancelPolicy, "")
+	mustCode(t, err, errs.TaskNotFound)
+}
+
 func TestNoAnswerAndNoResponders(t *testing.T) {
 	tm := newMesh(t)
 	ka := agentKey(t)

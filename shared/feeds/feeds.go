@@ -1,9 +1,12 @@
-// Package feeds keeps the latest envelope of every feed (spec §4.3, §5,
-// upstream-notes §6.4). An agent publishes a signed emit {topic, kind,
-// data} on mesh.feed.<agent>.<topic>; the worker stores the envelope's
-// exact wire bytes in KV mesh_feeds under <agent>.<topic>, for state and
-// stream feeds alike, never letting an older envelope replace a newer one,
-// and answers mesh.feed.get {agent, topic}.
+// Package feeds keeps the latest envelope of every feed and the ordered
+// history of stream feeds (spec §4.3, §5, §6, upstream-notes §6.4). An
+// agent publishes a signed emit {topic, kind, data} on
+// mesh.feed.<agent>.<topic>; the worker stores the envelope's exact wire
+// bytes in KV mesh_feeds under <agent>.<topic>, for state and stream feeds
+// alike, never letting an older envelope replace a newer one; the stream
+// MESH_FEED keeps each feed's newest envelopes in the order they arrived
+// (history.go). mesh.feed.get {agent, topic} answers the latest envelope,
+// and with since or limit a page of the history.
 package feeds
 
 import (
@@ -38,11 +41,13 @@ const (
 	KindStream = "stream"
 )
 
-// Config tunes the worker. It has nothing to tune yet.
+// Config tunes the worker; zero values take the defaults.
 type Config struct {
-	// Replicas of the worker's bucket (bus.Replicas: 0 is 1, one
-	// server; the cloud's cluster runs 3, set by the workers table).
+	// Replicas of the worker's bucket and stream (bus.Replicas: 0 is 1,
+	// one server; the cloud's cluster runs 3, set by the workers table).
 	Replicas int
+	// History bounds the history stream (DefaultHistory).
+	History History
 }
 
 // Stats counts what one copy did with the publishes it received.
@@ -67,7 +72,7 @@ type Worker struct {
 // Start runs one copy of the worker in env: binds the bucket, serves
 // mesh.feed.get and subscribes mesh.feed.*.* in the worker's queue group.
 func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
-	svc, err := bus.NewServiceIn(env, Name, "latest envelope of every feed")
+	svc, err := bus.NewServiceIn(env, Name, "latest envelope and history of every feed")
 	if err != nil {
 		return nil, err
 	}
@@ -76,6 +81,15 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		_ = svc.Stop()
 		return nil, err
+	}
+	h, err := ensureStream(ctx, svc.JS, cfg.History, cfg.Replicas)
+	if err != nil {
+		_ = svc.Stop()
+		return nil, err
+	}
+	if want := cfg.History.orDefault().MaxBytes; h.MaxBytes < want {
+		svc.Log.Warn("feed history bound lowered: the broker could not reserve the configured bytes on its disk",
+			"stream", Stream, "configured_bytes", want, "bytes", h.MaxBytes)
 	}
 	w := &Worker{svc: svc, kv: kv, now: svc.Now}
 	if err := svc.Endpoint("get", protocol.SubjFeedGet, w.get); err != nil {
@@ -206,7 +220,8 @@ func newer(ts time.Time, id string, stored []byte) bool {
 }
 
 // get answers mesh.feed.get {agent, topic} with {found:true, envelope} or
-// {found:false, envelope:null}.
+// {found:false, envelope:null}; with since or limit, {agent, topic, since?,
+// limit?}, with a page of the feed's history (readHistory).
 func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	if r.Env.Type != protocol.TypeDiscover && r.Env.Type != protocol.TypeRequest {
 		return nil, errs.New(errs.InvalidEnvelope, "mesh.feed.get takes a discover or request envelope")
@@ -219,6 +234,17 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	if !protocol.ValidToken(topic) {
 		return nil, errs.New(errs.InvalidQuery, "topic must be one subject token: [A-Za-z0-9_-]{1,128}")
+	}
+	hq, history, err := parseHistoryQuery(q)
+	if err != nil {
+		return nil, err
+	}
+	if history {
+		ans, err := w.readHistory(ctx, agent, topic, hq)
+		if err != nil {
+			return nil, errs.OrUnavailable(err, "the feed history could not be read; try again")
+		}
+		return ans, nil
 	}
 	e, err := w.kv.Get(ctx, Key(agent, topic))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {

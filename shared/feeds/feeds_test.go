@@ -19,6 +19,7 @@ import (
 
 type harness struct {
 	t       *testing.T
+	m       *bustest.Bus
 	workers []*feeds.Worker
 	client  *nats.Conn
 	caller  keys.Signer
@@ -26,18 +27,37 @@ type harness struct {
 }
 
 // start runs three copies of the worker, each on its own connection.
-func start(t *testing.T) *harness {
+func start(t *testing.T) *harness { return startWith(t, feeds.Config{}) }
+
+func startWith(t *testing.T, cfg feeds.Config) *harness {
 	m := bustest.Start(t)
-	h := &harness{t: t, client: bustest.Client(t, m), caller: bustest.Agent(t), svcKey: m.ServicesKey().Public()}
+	h := &harness{t: t, m: m, client: bustest.Client(t, m), caller: bustest.Agent(t), svcKey: m.ServicesKey().Public()}
+	h.startCopies(cfg)
+	return h
+}
+
+func (h *harness) startCopies(cfg feeds.Config) {
+	h.t.Helper()
 	for range 3 {
-		w, err := feeds.Start(t.Context(), bustest.Env(t, m, "feeds", nil), feeds.Config{})
+		w, err := feeds.Start(h.t.Context(), bustest.Env(h.t, h.m, "feeds", nil), cfg)
 		if err != nil {
-			t.Fatal(err)
+			h.t.Fatal(err)
 		}
-		t.Cleanup(func() { _ = w.Stop() })
+		h.t.Cleanup(func() { _ = w.Stop() })
 		h.workers = append(h.workers, w)
 	}
-	return h
+}
+
+// restart stops every copy and starts three new ones.
+func (h *harness) restart(cfg feeds.Config) {
+	h.t.Helper()
+	for _, w := range h.workers {
+		if err := w.Stop(); err != nil {
+			h.t.Fatal(err)
+		}
+	}
+	h.workers = nil
+	h.startCopies(cfg)
 }
 
 func (h *harness) stats() feeds.Stats {

@@ -16,6 +16,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -96,6 +97,19 @@ type Node struct {
 	// the worker's clock (RFC 3339, UTC, milliseconds).
 	LastSeen string `json:"last_seen"`
 	Online   bool   `json:"online"`
+	Report
+}
+
+// Report is what a node's last heartbeat said of itself besides its
+// availability (upstream-notes §6.3: active_tasks, capacity,
+// uptime_seconds, load). A member the beat left out, or sent in another
+// shape than a non-negative number (an integer for the counts), is absent:
+// the beat is still recorded.
+type Report struct {
+	ActiveTasks   *int64   `json:"active_tasks,omitempty"`
+	Capacity      *int64   `json:"capacity,omitempty"`
+	UptimeSeconds *int64   `json:"uptime_seconds,omitempty"`
+	Load          *float64 `json:"load,omitempty"`
 }
 
 // Stats counts what one copy did with the heartbeats it received.
@@ -237,7 +251,7 @@ func (w *Worker) heartbeat(ctx context.Context, subject string, data []byte) err
 	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
 		return errDrop
 	}
-	agents, avail, ok := parseBeat(env)
+	agents, avail, report, ok := parseBeat(env)
 	if !ok {
 		return errDrop
 	}
@@ -254,7 +268,7 @@ func (w *Worker) heartbeat(ctx context.Context, subject string, data []byte) err
 			}
 		}
 		flipped = !exists || !cur.Online
-		return &Node{Node: node, Agents: agents, Availability: avail, LastSeen: protocol.FormatTime(seen), Online: true}, nil
+		return &Node{Node: node, Agents: agents, Availability: avail, LastSeen: protocol.FormatTime(seen), Online: true, Report: report}, nil
 	})
 	if err != nil {
 		return err
@@ -268,19 +282,22 @@ func (w *Worker) heartbeat(ctx context.Context, subject string, data []byte) err
 	return nil
 }
 
-// parseBeat reads a heartbeat payload {availability, agents, …}. An
-// unknown or missing availability reads as online; a payload that is not an
-// object, or agents that are not a list of strings, is undecodable. Agent
-// entries that are not agent keys are left out.
-func parseBeat(env *protocol.Envelope) (agents []string, avail string, ok bool) {
+// parseBeat reads a heartbeat payload {availability, agents, active_tasks?,
+// capacity?, uptime_seconds?, load?}. An unknown or missing availability
+// reads as online; a payload that is not an object, or agents that are not
+// a list of strings, is undecodable. Agent entries that are not agent keys
+// are left out, as are report members of the wrong shape (Report).
+func parseBeat(env *protocol.Envelope) (agents []string, avail string, report Report, ok bool) {
 	v, err := env.PayloadValue()
 	if err != nil {
-		return nil, "", false
+		return nil, "", report, false
 	}
 	m, isObj := v.(map[string]any)
 	if !isObj {
-		return nil, "", false
+		return nil, "", report, false
 	}
+	report = Report{ActiveTasks: count(m["active_tasks"]), Capacity: count(m["capacity"]),
+		UptimeSeconds: count(m["uptime_seconds"]), Load: measure(m["load"])}
 	avail = AvailOnline
 	if s, _ := m["availability"].(string); validAvailability(s) {
 		avail = s
@@ -292,16 +309,39 @@ func parseBeat(env *protocol.Envelope) (agents []string, avail string, ok bool) 
 		for _, a := range list {
 			s, isStr := a.(string)
 			if !isStr {
-				return nil, "", false
+				return nil, "", report, false
 			}
 			if keys.IsUserPublicKey(s) && !slices.Contains(agents, s) && len(agents) < maxAgents {
 				agents = append(agents, s)
 			}
 		}
 	default:
-		return nil, "", false
+		return nil, "", report, false
 	}
-	return agents, avail, true
+	return agents, avail, report, true
+}
+
+// maxReported bounds a reported number: JSON integers beyond 2^53 are not
+// exact.
+const maxReported = 1 << 53
+
+// count reads a non-negative integer of a beat, nil for anything else.
+func count(v any) *int64 {
+	n, ok := v.(float64)
+	if !ok || n < 0 || n > maxReported || n != math.Trunc(n) {
+		return nil
+	}
+	i := int64(n)
+	return &i
+}
+
+// measure reads a non-negative number of a beat, nil for anything else.
+func measure(v any) *float64 {
+	n, ok := v.(float64)
+	if !ok || n < 0 || n > maxReported || math.IsNaN(n) {
+		return nil
+	}
+	return &n
 }
 
 func validAvailability(s string) bool {

@@ -505,3 +505,26 @@ func TestPresenceWithoutRegistry(t *testing.T) {
 		time.Sleep(100 * time.Millisecond)
 	}
 }
+
+// TestHeartbeatReport: what a beat reports of its node (active_tasks,
+// capacity, uptime_seconds, load) is recorded and answered; a member of
+// the wrong shape is left out and the beat still counts.
+func TestHeartbeatReport(t *testing.T) {
+	h := start(t)
+	node, other := bustest.Node(t), bustest.Node(t)
+	h.publish(node.Public(), beat(t, node, map[string]any{"availability": "online", "agents": []any{},
+		"active_tasks": 3, "capacity": 8, "uptime_seconds": 86400, "load": 0.25}, nil))
+	h.publish(other.Public(), beat(t, other, map[string]any{"availability": "online",
+		"active_tasks": -1, "capacity": 1.5, "uptime_seconds": "a day", "load": -0.5}, nil))
+	h.waitStats(2, 0)
+
+	n := h.mustGet(map[string]any{"node": node.Public()})
+	r := n[0].Report
+	if r.ActiveTasks == nil || *r.ActiveTasks != 3 || r.Capacity == nil || *r.Capacity != 8 ||
+		r.UptimeSeconds == nil || *r.UptimeSeconds != 86400 || r.Load == nil || *r.Load != 0.25 {
+		t.Fatalf("report of node: %+v", n[0])
+	}
+	if n := h.mustGet(map[string]any{"node": other.Public()}); n[0].Report != (presence.Report{}) || !n[0].Online {
+		t.Fatalf("report of a node that sent bad members: %+v", n[0])
+	}
+}

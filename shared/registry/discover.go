@@ -203,23 +203,34 @@ func (w *Worker) discover(ctx context.Context, r *bus.Request) (any, error) {
 	return map[string]any{"agents": agents, "total": total}, nil
 }
 
-// nodeEntry is one entry of mesh.registry.nodes.list.
+// nodeEntry is one entry of mesh.registry.nodes.list (spec §4.3: trust
+// tier, role, uptime class, device fields, live status, hosted-agent
+// count).
 type nodeEntry struct {
-	Node              string   `json:"node"`
-	Agents            []string `json:"agents"`
-	HostedAgents      int      `json:"hosted_agents"`
-	TrustTier         string   `json:"trust_tier,omitempty"`
-	Role              string   `json:"role,omitempty"`
-	AvailabilityClass string   `json:"availability_class,omitempty"`
-	Live              bool     `json:"live"`
-	Availability      string   `json:"availability"`
-	LastSeen          string   `json:"last_seen,omitempty"`
+	Node         string   `json:"node"`
+	Agents       []string `json:"agents"`
+	HostedAgents int      `json:"hosted_agents"`
+	// The node profile its registrations declare.
+	TrustTier         string            `json:"trust_tier,omitempty"`
+	Role              string            `json:"role,omitempty"`
+	AvailabilityClass string            `json:"availability_class,omitempty"` // the uptime class
+	Reachability      string            `json:"reachability,omitempty"`
+	Capacity          any               `json:"capacity,omitempty"`
+	Device            map[string]string `json:"device,omitempty"`
+	// Live status, from presence.
+	Live         bool        `json:"live"`
+	Availability string      `json:"availability"`
+	LastSeen     string      `json:"last_seen,omitempty"`
+	Heartbeat    *beatReport `json:"heartbeat,omitempty"`
 }
 
 // nodesList serves mesh.registry.nodes.list: every node hosting a
 // registration, with its hosted-agent count (all registrations), the ids of
-// its public agents, the trust tier, role and availability class its
-// manifests declare (sandbox when any is sandbox) and its presence.
+// its public agents, the node profile its registrations declare, and its
+// presence. A node's agents may declare different profiles (each
+// registration carries its own copy): each member is taken from the most
+// recently updated registration that declares it, and the trust tier is
+// sandbox when any registration is.
 func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 	if err := wantType(r, protocol.TypeDiscover); err != nil {
 		return nil, err
@@ -228,6 +239,10 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 	if err != nil {
 		return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
 	}
+	// Newest registration first, so cmp.Or keeps the newest declaration.
+	slices.SortStableFunc(recs, func(a, b record) int {
+		return cmp.Or(cmp.Compare(b.str("updated_at"), a.str("updated_at")), cmp.Compare(a.id(), b.id()))
+	})
 	byNode := map[string]*nodeEntry{}
 	for _, rec := range recs {
 		id := rec.nodeID()
@@ -240,13 +255,20 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 		if rec.visibility() == VisibilityPublic {
 			e.Agents = append(e.Agents, rec.id())
 		}
-		if tier := rec.profile("trust_tier"); rec.sandbox() {
+		if rec.sandbox() {
 			e.TrustTier = TierSandbox
 		} else if e.TrustTier == "" {
-			e.TrustTier = tier
+			e.TrustTier = rec.profile("trust_tier")
 		}
 		e.Role = cmp.Or(e.Role, rec.profile("role"))
 		e.AvailabilityClass = cmp.Or(e.AvailabilityClass, rec.profile("availability_class"))
+		e.Reachability = cmp.Or(e.Reachability, rec.profile("reachability"))
+		if e.Capacity == nil {
+			e.Capacity = rec.capacity()
+		}
+		if e.Device == nil {
+			e.Device = rec.device()
+		}
 	}
 	p := newPresence(w)
 	nodes := make([]*nodeEntry, 0, len(byNode))
@@ -256,6 +278,9 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 			return nil, errs.OrUnavailable(err, "presence could not be read; try again")
 		}
 		e.Live, e.Availability, e.LastSeen = st.live(), st.availability(), st.entry.LastSeen
+		if b := st.entry.beatReport; !b.empty() {
+			e.Heartbeat = &b
+		}
 		slices.Sort(e.Agents)
 		nodes = append(nodes, e)
 	}

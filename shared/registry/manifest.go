@@ -160,10 +160,13 @@ func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 	if !ok || !keys.IsUserPublicKey(nodeID) {
 		return nil, invalid("node.id must be the node's public key")
 	}
-	for _, k := range []string{"trust_tier", "availability_class", "role"} {
+	for _, k := range []string{"trust_tier", "availability_class", "role", "reachability"} {
 		if err := optString(node, k); err != nil {
 			return nil, invalid("node.%s must be a string", k)
 		}
+	}
+	if err := optDevice(node); err != nil {
+		return nil, err
 	}
 	if _, present := node["attestation"]; !present {
 		return nil, invalid("node.attestation (the node's vouch) is required")
@@ -299,6 +302,58 @@ func optOfferings(m map[string]any, k string) error {
 		}
 	}
 	return nil
+}
+
+// Device fields a node declares in node.device (the strings an adapter's
+// check-in carries, upstream-notes §9), at most maxDeviceLen bytes each.
+var deviceFields = []string{"kind", "host", "platform"}
+
+const maxDeviceLen = 80
+
+// optDevice checks node.device: absent, or an object whose device fields
+// are strings of at most maxDeviceLen bytes. Other members are kept, not
+// listed.
+func optDevice(node map[string]any) error {
+	v, present := node["device"]
+	if !present || v == nil {
+		return nil
+	}
+	d, ok := v.(map[string]any)
+	if !ok {
+		return invalid("node.device must be an object {kind?, host?, platform?}")
+	}
+	for _, k := range deviceFields {
+		if x, present := d[k]; present && x != nil {
+			if s, ok := x.(string); !ok || len(s) > maxDeviceLen {
+				return invalid("node.device.%s must be a string of at most %d bytes", k, maxDeviceLen)
+			}
+		}
+	}
+	return nil
+}
+
+// device is the node's declared device fields, nil when it declares none.
+func (r record) device() map[string]string {
+	d, _ := r.nodeObj()["device"].(map[string]any)
+	var out map[string]string
+	for _, k := range deviceFields {
+		if s, _ := d[k].(string); s != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = s
+		}
+	}
+	return out
+}
+
+// capacity is the node profile's capacity as declared (its shape is the
+// node's), at the top level else in node; nil when absent.
+func (r record) capacity() any {
+	if v := r["capacity"]; v != nil {
+		return v
+	}
+	return r.nodeObj()["capacity"]
 }
 
 func optLimits(m map[string]any) error {

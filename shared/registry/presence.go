@@ -21,6 +21,20 @@ type presenceEntry struct {
 	Availability string `json:"availability"`
 	LastSeen     string `json:"last_seen"`
 	Online       bool   `json:"online"`
+	beatReport
+}
+
+// beatReport is what a node's last heartbeat said of itself
+// (upstream-notes §6.3); the presence worker keeps only well-formed values.
+type beatReport struct {
+	ActiveTasks   *int64   `json:"active_tasks,omitempty"`
+	Capacity      *int64   `json:"capacity,omitempty"`
+	UptimeSeconds *int64   `json:"uptime_seconds,omitempty"`
+	Load          *float64 `json:"load,omitempty"`
+}
+
+func (b beatReport) empty() bool {
+	return b.ActiveTasks == nil && b.Capacity == nil && b.UptimeSeconds == nil && b.Load == nil
 }
 
 // nodeState is what the registry knows of a node's liveness.

@@ -1,7 +1,9 @@
 package registry_test
 
 import (
+	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -621,7 +623,7 @@ func TestDiscoverGetNodes(t *testing.T) {
 	}
 	e1 := byNode[n1.Public()]
 	if e1["hosted_agents"] != 2.0 || len(e1["agents"].([]any)) != 2 || e1["live"] != true || e1["availability"] != "busy" ||
-		e1["last_seen"] != now || e1["trust_tier"] != "verified" || e1["availability_class"] != "always_on" {
+		e1["last_seen"] != now || e1["trust_tier"] != "verified" || e1["availability_class"] != "intermittent" || e1["reachability"] != "direct" {
 		t.Fatalf("node 1 %v", e1)
 	}
 	if e2 := byNode[n2.Public()]; e2["live"] != false || e2["availability"] != "offline" || e2["hosted_agents"] != 1.0 {
@@ -629,6 +631,86 @@ func TestDiscoverGetNodes(t *testing.T) {
 	}
 	if e3 := byNode[n3.Public()]; e3["hosted_agents"] != 2.0 || len(e3["agents"].([]any)) != 0 || e3["live"] != false || e3["last_seen"] != nil {
 		t.Fatalf("node 3 %v", e3)
+	}
+}
+
+// TestNodesListDeviceFields: what a node declares in its registrations
+// (trust tier, role, uptime class, reachability, capacity, device fields)
+// and what its last heartbeat reported come back in mesh.registry.nodes.list,
+// with its live status and hosted-agent count.
+func TestNodesListDeviceFields(t *testing.T) {
+	f := setup(t, registry.Config{})
+	n, quiet := bustest.Node(t), bustest.Node(t)
+	older, newer, hidden, other := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	device := map[string]any{"kind": "laptop", "host": "ada-mbp", "platform": "darwin/arm64", "serial": "not listed"}
+	// The older registration declares an earlier profile; the newest
+	// declaration of each member wins, and members only the older one
+	// declares are kept.
+	f.mustRegister(older, manifest(t, older, n, month, map[string]any{"name": "older",
+		"availability_class": "on_demand", "reachability": "relay", "role": "edge"}))
+	f.clock.Advance(time.Second)
+	man := manifest(t, newer, n, month, map[string]any{"name": "newer", "availability_class": "always_on", "trust_tier": "verified", "capacity": 8})
+	node := man["node"].(map[string]any)
+	node["role"], node["reachability"], node["device"] = "worker", "direct", device
+	f.mustRegister(newer, man)
+	f.mustRegister(hidden, manifest(t, hidden, n, month, map[string]any{"name": "hidden", "visibility": "unlisted"}))
+	f.mustRegister(other, manifest(t, other, quiet, month, map[string]any{"name": "other"}))
+
+	// The stored manifest keeps the device as sent.
+	if rec, _ := f.stored(newer.Public()); rec["node"].(map[string]any)["device"].(map[string]any)["serial"] != "not listed" {
+		t.Fatalf("stored node %v", rec["node"])
+	}
+
+	// The node's last beat, as the presence worker records it.
+	now := protocol.FormatTime(time.Now())
+	f.putJSON(registry.PresenceBucket, n.Public(), map[string]any{"node": n.Public(), "agents": []any{}, "availability": "degraded",
+		"last_seen": now, "online": true, "active_tasks": 3, "capacity": 8, "uptime_seconds": 86400, "load": 0.5})
+
+	nl, err := f.call(bustest.Agent(t), protocol.SubjNodesList, protocol.TypeDiscover, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nodes := nl["nodes"].([]any)
+	var got, quietGot map[string]any
+	for _, x := range nodes {
+		switch e := x.(map[string]any); e["node"] {
+		case n.Public():
+			got = e
+		case quiet.Public():
+			quietGot = e
+		}
+	}
+	want := map[string]any{
+		"node":               n.Public(),
+		"hosted_agents":      3.0,
+		"agents":             []any{min(older.Public(), newer.Public()), max(older.Public(), newer.Public())},
+		"trust_tier":         "verified",
+		"role":               "worker",
+		"availability_class": "always_on",
+		"reachability":       "direct",
+		"capacity":           8.0,
+		"device":             map[string]any{"kind": "laptop", "host": "ada-mbp", "platform": "darwin/arm64"},
+		"live":               true,
+		"availability":       "degraded",
+		"last_seen":          now,
+		"heartbeat":          map[string]any{"active_tasks": 3.0, "capacity": 8.0, "uptime_seconds": 86400.0, "load": 0.5},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("node entry\n%v\nwant\n%v", got, want)
+	}
+	// A node that declares nothing and never beat: only what is known.
+	wantQuiet := map[string]any{"node": quiet.Public(), "hosted_agents": 1.0, "agents": []any{other.Public()}, "live": false, "availability": "offline"}
+	if !reflect.DeepEqual(quietGot, wantQuiet) {
+		t.Fatalf("quiet node entry %v, want %v", quietGot, wantQuiet)
+	}
+
+	// A device of the wrong shape is refused at registration.
+	for _, bad := range []any{"laptop", map[string]any{"kind": 7}, map[string]any{"host": strings.Repeat("h", 81)}} {
+		k := bustest.Agent(t)
+		man := manifest(t, k, n, month, map[string]any{"name": "bad"})
+		man["node"].(map[string]any)["device"] = bad
+		_, err := f.register(k, man)
+		wantCode(t, err, errs.InvalidManifest, "node.device")
 	}
 }
 

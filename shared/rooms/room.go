@@ -38,6 +38,16 @@ import (
 //	board.<room_id>.<item_id>        one work-board item (package board)
 const Bucket = "mesh_rooms"
 
+// BucketConfig is the one configuration of the mesh_rooms bucket for
+// replicas (bus.Replicas). Every worker that binds the bucket (rooms, board)
+// creates-or-updates it with exactly this, so whichever starts first, the
+// others neither fail nor flip its configuration back and forth.
+func BucketConfig(replicas int) jetstream.KeyValueConfig {
+	return jetstream.KeyValueConfig{Bucket: Bucket,
+		Description: "durable rooms: rooms, members, cursors, notes, drive index, room credentials, quotas, board items",
+		Replicas:    bus.Replicas(replicas)}
+}
+
 // Privacy grades of a room (upstream-notes §7).
 const (
 	GradeCapability = "capability" // membership is holding the signed descriptor
