@@ -14,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/keys"
@@ -45,8 +46,9 @@ type Config struct {
 	// Activity.Official is the catalog's list of official agent ids: empty
 	// by default (no agent is official until the deployer names it, with
 	// --catalog-official or MESH_CATALOG_OFFICIAL for activity-worker).
-	Activity activity.Config
-	Mailbox  mailbox.Config
+	Activity  activity.Config
+	Mailbox   mailbox.Config
+	Artifacts artifacts.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -181,6 +183,19 @@ func Table() []Worker {
 				return mailbox.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Mailbox.Limits.Knobs() },
+		},
+		{
+			Name:         artifacts.Name,
+			Description:  "artifact store on the mesh_artifacts object store: mesh.artifacts.put, put.begin, put.commit, fetch, stat, remove, usage, link; the sweep of expired artifacts",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Artifacts: artifacts.Config{
+				Limits: artifacts.DefaultLimits, SweepEvery: artifacts.DefaultSweepEvery}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Artifacts
+				c.Replicas = cfg.replicas(c.Replicas)
+				return artifacts.Start(ctx, env, c)
+			},
+			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Artifacts.Limits.Knobs() },
 		},
 	}
 }
