@@ -498,3 +498,25 @@ func TestArtifactsSweep(t *testing.T) {
 		t.Fatalf("leaked reservation after the sweep: %v bytes in %v", b, n)
 	}
 }
+
+// TestLeaderPartInfo: the commit's second look at a part, at the object
+// store stream's leader, finds a stored part and not a deleted or missing
+// one.
+func TestLeaderPartInfo(t *testing.T) {
+	h := start(t, 1, Limits{})
+	w := h.workers[0]
+	if _, err := w.obj.PutBytes(t.Context(), partName("x", 0), []byte("hello")); err != nil {
+		t.Fatal(err)
+	}
+	if info, err := w.leaderPartInfo(t.Context(), partName("x", 0)); err != nil || info.Size != 5 || info.Name != partName("x", 0) {
+		t.Fatalf("stored part: %+v, %v", info, err)
+	}
+	if err := w.obj.Delete(t.Context(), partName("x", 0)); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{partName("x", 0), partName("never", 0)} {
+		if _, err := w.leaderPartInfo(t.Context(), name); !errors.Is(err, jetstream.ErrObjectNotFound) {
+			t.Fatalf("%s: %v; want not found", name, err)
+		}
+	}
+}

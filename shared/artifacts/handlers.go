@@ -139,7 +139,7 @@ func (w *Worker) commit(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	for i := range o.parts() {
-		info, err := w.obj.GetInfo(ctx, partName(o.ID, i))
+		info, err := w.partInfo(ctx, partName(o.ID, i))
 		if errors.Is(err, jetstream.ErrObjectNotFound) {
 			return nil, errs.Newf(errs.InputInvalid, "part %d of %d of upload %s has not arrived: send it with mesh.artifacts.put {object_id, index, data_b64}, then commit again",
 				i, o.parts(), o.ID)
@@ -165,6 +165,57 @@ func (w *Worker) commit(ctx context.Context, r *bus.Request) (any, error) {
 			o.ID, DigestPrefix, got, DigestPrefix, o.DigestHex)
 	}
 	return w.seal(ctx, o.ID)
+}
+
+// partInfo is a part's object info. The object store reads it with a
+// direct get, which on a cluster a replica may answer before it has a part
+// just put through another server; a part reported missing is looked up
+// again at the stream's leader before the commit is refused.
+func (w *Worker) partInfo(ctx context.Context, name string) (*jetstream.ObjectInfo, error) {
+	info, err := w.obj.GetInfo(ctx, name)
+	if !errors.Is(err, jetstream.ErrObjectNotFound) {
+		return info, err
+	}
+	return w.leaderPartInfo(ctx, name)
+}
+
+// leaderPartInfo reads a part's object info from the object store
+// stream's leader: the last message on the object's meta subject (NATS
+// ADR-20), which a deleted object leaves marked deleted.
+func (w *Worker) leaderPartInfo(ctx context.Context, name string) (*jetstream.ObjectInfo, error) {
+	req, err := json.Marshal(struct {
+		LastBy string `json:"last_by_subj"`
+	}{"$O." + ObjectStore + ".M." + base64.URLEncoding.EncodeToString([]byte(name))})
+	if err != nil {
+		return nil, err
+	}
+	msg, err := w.svc.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET.OBJ_"+ObjectStore, req)
+	if err != nil {
+		return nil, fmt.Errorf("artifacts: %s from the leader: %w", name, err)
+	}
+	var resp struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, fmt.Errorf("artifacts: %s from the leader: %w", name, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound, resp.Error == nil && resp.Message == nil:
+		return nil, jetstream.ErrObjectNotFound
+	case resp.Error != nil:
+		return nil, fmt.Errorf("artifacts: %s from the leader: %w", name, resp.Error)
+	}
+	var li jetstream.ObjectInfo
+	if err := json.Unmarshal(resp.Message.Data, &li); err != nil {
+		return nil, fmt.Errorf("artifacts: %s from the leader: %w", name, err)
+	}
+	if li.Deleted {
+		return nil, jetstream.ErrObjectNotFound
+	}
+	return &li, nil
 }
 
 // readPart copies part i of artifact id to dst (the object store checks
