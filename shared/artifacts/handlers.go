@@ -218,12 +218,23 @@ func (w *Worker) leaderPartInfo(ctx context.Context, name string) (*jetstream.Ob
 	return &li, nil
 }
 
+// missingPart is the answer when the object store reads no part i of
+// artifact id, whose record says it is there: the part was removed since,
+// or (on a cluster) the replica that answered has not got it yet, which
+// the leader tells apart.
+func (w *Worker) missingPart(ctx context.Context, id string, i int) error {
+	if _, err := w.leaderPartInfo(ctx, partName(id, i)); err == nil {
+		return errs.Newf(errs.Unavailable, "artifact %s is still being copied between the mesh's servers; retry in a moment", Ref(id))
+	}
+	return errs.Newf(errs.ArtifactGone, "artifact %s was removed", Ref(id))
+}
+
 // readPart copies part i of artifact id to dst (the object store checks
 // the part's own digest as it reads).
 func (w *Worker) readPart(ctx context.Context, id string, i int, dst io.Writer) error {
 	res, err := w.obj.Get(ctx, partName(id, i))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return errs.Newf(errs.ArtifactGone, "artifact %s was removed while it was read", Ref(id))
+		return w.missingPart(ctx, id, i)
 	}
 	if err != nil {
 		return fmt.Errorf("artifacts: read %s: %w", partName(id, i), err)
@@ -376,7 +387,7 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 	i := int(p.Offset / o.ChunkBytes)
 	data, err := w.obj.GetBytes(ctx, partName(o.ID, i))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, errs.Newf(errs.ArtifactGone, "artifact %s was removed", p.Ref)
+		return nil, w.missingPart(ctx, o.ID, i)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("artifacts: read %s: %w", partName(o.ID, i), err)
