@@ -7,6 +7,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/mailbox"
@@ -68,12 +69,13 @@ type WorkerConfig struct {
 	Admission admission.Config
 	Activity  activity.Config
 	Mailbox   mailbox.Config
+	Artifacts artifacts.Config
 }
 
 // table is c as the workers table's configuration.
 func (c WorkerConfig) table() workers.Config {
 	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
-		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox}
+		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts}
 }
 
 // Workers returns the running workers.

@@ -14,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
@@ -50,7 +51,8 @@ type Config struct {
 	Mailbox  mailbox.Config
 	// Board is the work board of durable rooms; it shares the rooms'
 	// bucket (mesh_rooms).
-	Board board.Config
+	Board     board.Config
+	Artifacts artifacts.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -197,6 +199,19 @@ func Table() []Worker {
 				return board.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Board.Limits.Knobs() },
+		},
+		{
+			Name:         artifacts.Name,
+			Description:  "artifact store on the mesh_artifacts object store: mesh.artifacts.put, put.begin, put.commit, fetch, stat, remove, usage, link; the sweep of expired artifacts",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Artifacts: artifacts.Config{
+				Limits: artifacts.DefaultLimits, SweepEvery: artifacts.DefaultSweepEvery}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Artifacts
+				c.Replicas = cfg.replicas(c.Replicas)
+				return artifacts.Start(ctx, env, c)
+			},
+			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Artifacts.Limits.Knobs() },
 		},
 	}
 }
