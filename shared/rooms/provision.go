@@ -12,11 +12,11 @@ import (
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// Member is the value of a member.<agent>.<room_id> key, the index that
+// MemberEntry is the value of a member.<agent>.<room_id> key, the index that
 // mesh.rooms.mine reads. Whoever writes the key (provision for the creator,
 // admit for an acl member) writes one; mine reads only the key's presence
 // and checks membership on the room itself.
-type Member struct {
+type MemberEntry struct {
 	Role string `json:"role"` // "creator" or "member"
 	At   string `json:"at"`
 }
@@ -58,6 +58,11 @@ func (w *Worker) provision(ctx context.Context, r *bus.Request) (any, error) {
 		if err := sameRoom(&cur, d); err != nil {
 			return nil, err
 		}
+		// The index entry again, in case the first provision stopped short
+		// of it.
+		if err := putJSON(ctx, w, MemberKey(d.Creator, d.RoomID), MemberEntry{Role: RoleCreator, At: protocol.FormatTime(cur.CreatedAt)}); err != nil {
+			return nil, err
+		}
 		return provisioned(&cur, false), nil
 	}
 	if err := w.countRoom(ctx, owner.Operator, d.RoomID); err != nil {
@@ -93,7 +98,7 @@ func (w *Worker) provision(ctx context.Context, r *bus.Request) (any, error) {
 		}
 		return nil, sameRoom(other, d)
 	}
-	member := Member{Role: RoleCreator, At: protocol.FormatTime(stored.CreatedAt)}
+	member := MemberEntry{Role: RoleCreator, At: protocol.FormatTime(stored.CreatedAt)}
 	if err := putJSON(ctx, w, MemberKey(d.Creator, d.RoomID), member); err != nil {
 		return nil, err
 	}

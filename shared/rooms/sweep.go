@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -70,8 +71,8 @@ func (w *Worker) Sweep(ctx context.Context) (int, error) {
 		case now.Sub(room.LastActive) > w.limits.IdleAfter:
 			idle := func(cur *Room) bool { return now.Sub(cur.LastActive) > w.limits.IdleAfter }
 			closed, err := w.closeRoom(ctx, room.ID, WhyExpired, idle)
-			if errors.Is(err, errNotIdle) {
-				continue
+			if errors.Is(err, errNotIdle) || errs.CodeOf(err) == errs.NotFound {
+				continue // spoke since, or removed since (another copy's sweep)
 			}
 			if err != nil {
 				errsSeen = append(errsSeen, err)

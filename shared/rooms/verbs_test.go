@@ -185,7 +185,7 @@ func TestStatusCursorMine(t *testing.T) {
 	}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := h.kv.Put(t.Context(), rooms.MemberKey(bob.Public(), aclID), mustJSON(t, rooms.Member{Role: rooms.RoleMember, At: protocol.FormatTime(time.Now())})); err != nil {
+	if _, err := h.kv.Put(t.Context(), rooms.MemberKey(bob.Public(), aclID), mustJSON(t, rooms.MemberEntry{Role: rooms.RoleMember, At: protocol.FormatTime(time.Now())})); err != nil {
 		t.Fatal(err)
 	}
 	bm := mine(bob)
