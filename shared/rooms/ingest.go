@@ -27,6 +27,11 @@ const (
 	MsgClose    = "close"
 )
 
+// BoardEventPrefix starts the type of the work board's events (board.posted,
+// board.claimed, ...), which ride the room's traffic signed by the services
+// key: the record takes them from that key only.
+const BoardEventPrefix = "board."
+
 // startIngest subscribes the room traffic the record keeps, in the
 // worker's queue group so each message is recorded by one copy: capability
 // and sealed rooms on mesh.event.room.<id>.<channel>, acl rooms on
@@ -153,8 +158,8 @@ func hasChannel(channels []string, c string) bool {
 // genesis, expel and close only from the creator; join and leave only in
 // the first person (member == from); phase only from the facilitator (the
 // creator unless the playbook names one). A message of the services key
-// (the board's events) is never one of these. It returns why a message
-// breaks them, or "".
+// (the board's events) is never one of these, and board events come from
+// it alone. It returns why a message breaks them, or "".
 func senderRule(room *Room, facilitator, from string, services bool, payload map[string]any) string {
 	typ, _ := payload["type"].(string)
 	if typ == "" {
@@ -175,6 +180,10 @@ func senderRule(room *Room, facilitator, from string, services bool, payload map
 		}
 		if services || from != facilitator {
 			return "phase from someone other than the facilitator"
+		}
+	default:
+		if strings.HasPrefix(typ, BoardEventPrefix) && !services {
+			return "a board event not signed by the services key"
 		}
 	}
 	return ""

@@ -151,6 +151,7 @@ func TestRecordSenderRules(t *testing.T) {
 		{"board event by the services key", cap, services, capID, msg("board.posted", "item", map[string]any{"item_id": "x"}), nil, "recorded"},
 		{"board event by the services key in an acl room", acl, services, aclID, msg("board.claimed", "item", map[string]any{"item_id": "x"}), nil, "recorded"},
 		{"genesis by the services key", cap, services, capID, msg("genesis", "descriptor", "x"), nil, "dropped"},
+		{"board event by a member", cap, ana, capID, msg("board.claimed", "item", map[string]any{"item_id": "x"}), nil, "dropped"},
 		{"channel not in the descriptor", protocol.RoomEventSubject(capID, "other"), ana, capID, say("hi"), nil, "dropped"},
 		{"ephemeral (unknown) room", protocol.RoomEventSubject(ephemeral, "main"), ana, ephemeral, say("hi"), nil, "dropped"},
 		{"context_id of another room", cap, ana, aclID, say("hi"), nil, "dropped"},
