@@ -190,6 +190,9 @@ type Mesh struct {
 
 	// workers are the running bus workers.
 	workers *Workers
+	// roomOwners is the rooms worker's registrar, set once the control
+	// plane has built it.
+	roomOwners *registrarOwners
 
 	// control is the control plane (store, services, routes).
 	control *Control

@@ -13,6 +13,7 @@ import (
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/registry"
+	"agentmesh.dev/mesh/shared/rooms"
 	"agentmesh.dev/mesh/shared/tasks"
 	"agentmesh.dev/mesh/workers"
 )
@@ -28,6 +29,7 @@ type Workers struct {
 	Admission []*admission.Worker
 	Activity  []*activity.Worker
 	Mailbox   []*mailbox.Worker
+	Rooms     []*rooms.Worker
 }
 
 // add files a started copy under its worker, for tests that reach into one.
@@ -47,6 +49,8 @@ func (w *Workers) add(s workers.Stopper) {
 		w.Activity = append(w.Activity, s)
 	case *mailbox.Worker:
 		w.Mailbox = append(w.Mailbox, s)
+	case *rooms.Worker:
+		w.Rooms = append(w.Rooms, s)
 	}
 }
 
@@ -70,12 +74,14 @@ type WorkerConfig struct {
 	Activity  activity.Config
 	Mailbox   mailbox.Config
 	Artifacts artifacts.Config
+	// Rooms.Owners is the mesh's own registrar unless a test names another.
+	Rooms rooms.Config
 }
 
 // table is c as the workers table's configuration.
 func (c WorkerConfig) table() workers.Config {
 	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
-		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts}
+		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts, Rooms: c.Rooms}
 }
 
 // Workers returns the running workers.
@@ -85,6 +91,7 @@ func (m *Mesh) Workers() *Workers { return m.workers }
 func (m *Mesh) startWorkers(cfg Config) error {
 	w := &Workers{}
 	m.workers = w
+	m.roomOwners = &registrarOwners{}
 	if cfg.Workers.None {
 		return nil
 	}
@@ -104,6 +111,9 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		return nil
 	})
 	wcfg := cfg.Workers.table()
+	if wcfg.Rooms.Owners == nil {
+		wcfg.Rooms.Owners = m.roomOwners
+	}
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

@@ -335,6 +335,8 @@ func TestWorkerTableChecked(t *testing.T) {
 		{{Name: "registry", MinInstances: 1, MaxInstances: 1}, {Name: "registry", MinInstances: 1, MaxInstances: 1}},
 		{{Name: "registry", MinInstances: 0, MaxInstances: 1}},
 		{{Name: "registry", MinInstances: 2, MaxInstances: 1}},
+		{{Name: "rooms", MinInstances: 1, MaxInstances: 1, Env: map[string]string{"MESH_NATS_URL": "nats://elsewhere"}}},
+		{{Name: "rooms", MinInstances: 1, MaxInstances: 1, Env: map[string]string{"PATH": "/tmp"}}},
 	} {
 		if _, err := workerConfig(bad); err == nil {
 			t.Errorf("%+v: want an error", bad)

@@ -2,7 +2,9 @@ package main
 
 import (
 	"fmt"
+	"maps"
 	"regexp"
+	"slices"
 
 	"agentmesh.dev/mesh/workers"
 )
@@ -15,6 +17,9 @@ type Worker struct {
 	MinInstances int
 	MaxInstances int
 	CPU, Memory  string
+	// Env are the worker's own variables (Terraform expressions), beside
+	// the bus and the secrets every worker gets.
+	Env map[string]string
 }
 
 // workerRows is the worker table (package workers) as the generator reads
@@ -22,12 +27,16 @@ type Worker struct {
 func workerRows() []Worker {
 	var rows []Worker
 	for _, w := range workers.Table() {
-		rows = append(rows, Worker{Name: w.Name, MinInstances: w.MinInstances, MaxInstances: w.MaxInstances, CPU: w.CPU, Memory: w.Memory})
+		rows = append(rows, Worker{Name: w.Name, MinInstances: w.MinInstances, MaxInstances: w.MaxInstances, CPU: w.CPU, Memory: w.Memory,
+			Env: w.CloudEnv})
 	}
 	return rows
 }
 
-var workerName = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+var (
+	workerName = regexp.MustCompile(`^[a-z][a-z0-9]{0,11}$`)
+	envName    = regexp.MustCompile(`^MESH_[A-Z0-9_]+$`)
+)
 
 // credsSecret is the Secret Manager secret holding a worker's NATS
 // credential (a creds file), written by `meshd cloud init`.
@@ -58,6 +67,16 @@ func workerConfig(workers []Worker) (tf, error) {
 			"display_name": "mesh " + w.Name + " worker (Cloud Run)",
 			"description":  "Runs the " + w.Name + " bus worker; reads only its own credential and the services seed.",
 		}
+		env := []tf{
+			{"name": "MESH_NATS_URL", "value": "${local.nats_internal_urls}"},
+			{"name": "MESH_SECRETS_PROJECT", "value": "${var.project}"},
+		}
+		for _, k := range slices.Sorted(maps.Keys(w.Env)) {
+			if !envName.MatchString(k) || k == "MESH_NATS_URL" || k == "MESH_SECRETS_PROJECT" {
+				return nil, fmt.Errorf("worker %q: variable %q is not one of its own MESH_* variables", w.Name, k)
+			}
+			env = append(env, tf{"name": k, "value": w.Env[k]})
+		}
 		creds := secretRef(credsSecret(w.Name))
 		seed := secretRef(servicesSecret)
 		access[res+"_creds"] = tf{"secret_id": "${" + creds + ".id}", "role": "roles/secretmanager.secretAccessor", "member": "serviceAccount:" + account}
@@ -80,10 +99,7 @@ func workerConfig(workers []Worker) (tf, error) {
 					// through the Secret Manager API at start, as the
 					// functions do: no seed sits on a volume whose file mode
 					// must be right.
-					"env": []tf{
-						{"name": "MESH_NATS_URL", "value": "${local.nats_internal_urls}"},
-						{"name": "MESH_SECRETS_PROJECT", "value": "${var.project}"},
-					},
+					"env": env,
 					// CPU stays allocated between requests: a worker's work
 					// arrives on the bus, never as a request.
 					"resources":      tf{"cpu_idle": false, "limits": tf{"cpu": w.CPU, "memory": w.Memory}},

@@ -27,26 +27,6 @@ func (w *Worker) driveEndpoints() []endpoint {
 	}
 }
 
-// driveFile is one drive file's metadata, key drive.<room_id>.<hex digest>;
-// an inline file's bytes are the one message on DriveSubject(room, hex).
-// Its members are upstream's RoomFile (mesh.rooms.status drive.artifacts[])
-// and the role the dossier lists. (The rooms-core work names the same shape
-// DriveFile; the two become one at merge.)
-type driveFile struct {
-	Ref        string  `json:"ref"`
-	Name       string  `json:"name"`
-	Version    string  `json:"version"`
-	Digest     string  `json:"digest"`
-	MediaType  *string `json:"media_type"`
-	Size       int64   `json:"size"`
-	AttachedBy string  `json:"attached_by"`
-	AttachedAt string  `json:"attached_at"`
-	Origin     *string `json:"origin"`
-	// External is where the bytes are when the room holds none (the link
-	// form): the digest is then the attaching member's claim.
-	External *string `json:"external"`
-	Role     string  `json:"role,omitempty"`
-}
 
 // attach answers mesh.rooms.attach: puts a file on the room's drive (the
 // inline form) or records a link to one the room does not hold (the link
@@ -114,7 +94,7 @@ func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest)
 	if room.Operator == "" {
 		return false, fmt.Errorf("rooms: room %s has no operator to count its drive against", room.ID)
 	}
-	if err := w.countRoom(ctx, room.ID, a.Size); err != nil {
+	if err := w.countRoomDrive(ctx, room.ID, a.Size); err != nil {
 		return false, err
 	}
 	if err := w.countQuota(ctx, room.Operator, a.Size); err != nil {
@@ -146,8 +126,8 @@ func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest)
 	}
 }
 
-// countRoom adds n bytes to the room's drive count.
-func (w *Worker) countRoom(ctx context.Context, roomID string, n int64) error {
+// countRoomDrive adds n bytes to the room's drive count.
+func (w *Worker) countRoomDrive(ctx context.Context, roomID string, n int64) error {
 	now := w.now()
 	_, _, err := bus.CAS(ctx, w.kv, RoomKey(roomID), func(cur *Room, exists bool) (*Room, error) {
 		if !exists {
@@ -194,7 +174,7 @@ func (w *Worker) giveBack(room *Room, a *attachRequest, roomCounted, quotaCounte
 		}
 	}
 	if roomCounted {
-		if err := w.countRoom(ctx, room.ID, -a.Size); err != nil && errs.As(err).Code != errs.NotFound {
+		if err := w.countRoomDrive(ctx, room.ID, -a.Size); err != nil && errs.As(err).Code != errs.NotFound {
 			w.svc.Log.Error("drive: give back room count", "room", room.ID, "digest", a.Digest, "err", err)
 		}
 	}

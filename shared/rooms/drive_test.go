@@ -4,9 +4,7 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -159,11 +157,6 @@ func (h *driveHarness) listing(roomID string) []driveFile {
 
 func attachPayload(desc json.RawMessage, name string, data []byte) map[string]any {
 	return map[string]any{"descriptor": desc, "name": name, "data_b64": base64.StdEncoding.EncodeToString(data)}
-}
-
-func digestOf(data []byte) string {
-	sum := sha256.Sum256(data)
-	return DigestPrefix + hex.EncodeToString(sum[:])
 }
 
 func randomBytes(t testing.TB, n int) []byte {
@@ -373,7 +366,7 @@ func TestDriveCrashHeal(t *testing.T) {
 	w := h.workers[0]
 
 	// What the crashed attach did: counted, then stored the bytes.
-	if err := w.countRoom(t.Context(), roomID, limit); err != nil {
+	if err := w.countRoomDrive(t.Context(), roomID, limit); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.countQuota(t.Context(), "ops@example.com", limit); err != nil {
