@@ -27,7 +27,6 @@ func (w *Worker) driveEndpoints() []endpoint {
 	}
 }
 
-
 // attach answers mesh.rooms.attach: puts a file on the room's drive (the
 // inline form) or records a link to one the room does not hold (the link
 // form), and answers {ref, digest, size, media_type, external?}.
