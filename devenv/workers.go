@@ -102,6 +102,7 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		return nil
 	})
 	wcfg := cfg.Workers.table()
+	wcfg.Rooms.Credentials = m.roomCredentials()
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

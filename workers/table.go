@@ -22,6 +22,7 @@ import (
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/registry"
+	"agentmesh.dev/mesh/shared/rooms"
 	"agentmesh.dev/mesh/shared/tasks"
 )
 
@@ -51,6 +52,10 @@ type Config struct {
 	// Board is the work board of durable rooms; it shares the rooms'
 	// bucket (mesh_rooms).
 	Board board.Config
+	// Rooms.Credentials is set by the composition root (devenv, the
+	// binary's roomCredentials), never by configuration: it holds the
+	// trust chain.
+	Rooms rooms.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
