@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/broker"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/creds"
@@ -44,6 +45,29 @@ type brokerRevoker struct{ b *bustest.Bus }
 
 func (r brokerRevoker) Revoke(ctx context.Context, userKeys []string, at time.Time) error {
 	return r.b.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error { return creds.RevokeCredentials(ac, at, userKeys...) })
+}
+
+func (r brokerRevoker) SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error) {
+	err = r.b.UpdateMeshAccount(ctx, func(ac *jwt.AccountClaims) error {
+		if added, forgotten = creds.SyncRevocations(ac, keep, forget); added+forgotten == 0 {
+			return broker.ErrUnchanged
+		}
+		return nil
+	})
+	return added, forgotten, err
+}
+
+// revokedAt is the broker's revocation of key (zero for none).
+func (m *aclMesh) revokedAt(key string) time.Time {
+	m.t.Helper()
+	var at time.Time
+	if err := m.b.UpdateMeshAccount(m.t.Context(), func(ac *jwt.AccountClaims) error {
+		at = creds.RevokedAt(ac, key)
+		return broker.ErrUnchanged
+	}); err != nil {
+		m.t.Fatal(err)
+	}
+	return at
 }
 
 // startACL starts copies of the rooms worker; trust says whether they
@@ -538,12 +562,16 @@ func TestExpelDuringRenewals(t *testing.T) {
 		}
 	}
 	m.refused(nil, member, "credential", map[string]any{"descriptor": desc}, errs.Forbidden, "expelled")
-	if n := m.credsOnRecord(desc, member); n != 0 {
-		t.Fatalf("%d credentials still on record after the expel", n)
+	// Every credential on record is revoked: those handed out, and those
+	// minted, recorded and taken back before they were.
+	if live, revoked := m.credsOnRecord(desc, member); live != 0 || revoked < len(handed) {
+		t.Fatalf("%d unrevoked and %d revoked credentials on record after the expel, want 0 and at least %d", live, revoked, len(handed))
 	}
 }
 
-func (m *aclMesh) credsOnRecord(desc json.RawMessage, member *keys.Agent) int {
+// credsOnRecord counts member's credentials on record in the room: live
+// and unrevoked, and revoked.
+func (m *aclMesh) credsOnRecord(desc json.RawMessage, member *keys.Agent) (live, revoked int) {
 	m.t.Helper()
 	d, err := ParseDescriptor(desc)
 	if err != nil {
@@ -553,7 +581,14 @@ func (m *aclMesh) credsOnRecord(desc json.RawMessage, member *keys.Agent) int {
 	if err != nil {
 		m.t.Fatal(err)
 	}
-	return len(rec.Creds)
+	for _, c := range rec.Creds {
+		if c.Revoked {
+			revoked++
+		} else {
+			live++
+		}
+	}
+	return live, revoked
 }
 
 // TestLiveCredentialsAreBounded: a member holds at most MaxLiveCredentials
@@ -571,8 +606,8 @@ func TestLiveCredentialsAreBounded(t *testing.T) {
 	w := m.workers[0]
 	w.now = func() time.Time { return time.Now().Add(DefaultCredentialTTL + 2*credSkew) }
 	m.must(nil, creator, "credential", map[string]any{"descriptor": desc})
-	if n := m.credsOnRecord(desc, creator); n != 1 {
-		t.Fatalf("%d credentials on record, want the new one only", n)
+	if live, revoked := m.credsOnRecord(desc, creator); live != 1 || revoked != 0 {
+		t.Fatalf("%d live and %d revoked credentials on record, want the new one only", live, revoked)
 	}
 	_ = id
 }
@@ -597,7 +632,65 @@ func TestReclaimRevokesEveryMembersCredentials(t *testing.T) {
 	for _, c := range conns {
 		c.waitClosed(t, time.Now())
 	}
-	if m.credsOnRecord(desc, creator)+m.credsOnRecord(desc, member) != 0 {
-		t.Fatal("credentials left on record")
+	cl, cr := m.credsOnRecord(desc, creator)
+	ml, mr := m.credsOnRecord(desc, member)
+	if cl+ml != 0 || cr+mr != 3 {
+		t.Fatalf("on record: %d unrevoked, %d revoked; want 0 and 3", cl+ml, cr+mr)
+	}
+}
+
+// TestSyncRevocations: a room credential's revocation the broker lost (two
+// updates of the account JWT at once) is made again by the sweep's sync,
+// and one whose credential has expired is forgotten at the broker and on
+// record.
+func TestSyncRevocations(t *testing.T) {
+	m := startACL(t, 2, Limits{}, true)
+	creator, member := bustest.Agent(t), bustest.Agent(t)
+	desc, _ := m.room(creator, GradeACL)
+	m.must(nil, creator, "admit", map[string]any{"descriptor": desc, "agent_id": member.Public()})
+	cred := m.must(nil, member, "credential", map[string]any{"descriptor": desc})
+	seed, _ := cred["seed"].(string)
+	key, err := keys.FromSeed[keys.CredentialRole]([]byte(seed))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m.must(nil, creator, "expel", map[string]any{"descriptor": desc, "member": member.Public()})
+	if m.revokedAt(key.Public()).IsZero() {
+		t.Fatal("the expel revoked nothing at the broker")
+	}
+
+	// Lost: another process's update of the account JWT, built on the JWT
+	// before the expel's, drops the revocation; the credential connects.
+	if err := m.b.UpdateMeshAccount(t.Context(), func(ac *jwt.AccountClaims) error {
+		delete(ac.Revocations, key.Public())
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	back := m.roomConn(cred)
+	restored, forgotten, err := m.workers[1].syncRevocations(t.Context())
+	if err != nil || restored != 1 || forgotten != 0 {
+		t.Fatalf("sync: restored %d, forgot %d: %v", restored, forgotten, err)
+	}
+	back.waitClosed(t, time.Now())
+	if _, err := m.dialRoom(cred); err == nil {
+		t.Fatal("the credential connects after the sync")
+	}
+	if restored, _, err := m.workers[0].syncRevocations(t.Context()); err != nil || restored != 0 {
+		t.Fatalf("a second sync restored %d: %v", restored, err)
+	}
+
+	// Past its expiry the revocation is no longer needed: forgotten at the
+	// broker and on record.
+	m.workers[0].now = func() time.Time { return time.Now().Add(DefaultCredentialTTL + 2*credSkew) }
+	restored, forgotten, err = m.workers[0].syncRevocations(t.Context())
+	if err != nil || restored != 0 || forgotten != 1 {
+		t.Fatalf("sync after expiry: restored %d, forgot %d: %v", restored, forgotten, err)
+	}
+	if at := m.revokedAt(key.Public()); !at.IsZero() {
+		t.Fatalf("the broker still revokes the expired credential (up to %s)", at)
+	}
+	if live, revoked := m.credsOnRecord(desc, member); live+revoked != 0 {
+		t.Fatalf("on record after the sync: %d live, %d revoked", live, revoked)
 	}
 }

@@ -47,6 +47,17 @@ func (c *TrustCredentials) MintRoom(roomID, member string, ttl time.Duration) (R
 	return RoomCredential{JWT: u.JWT, Seed: string(u.Key.Seed()), UserKey: u.Key.Public(), Expires: time.Unix(uc.Expires, 0)}, nil
 }
 
+// SyncRevocations brings the broker's revocations in line with keep and
+// forget (RevocationSyncer), through the revoker: devenv.Mesh and
+// creds.Revoker both can.
+func (c *TrustCredentials) SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error) {
+	s, ok := c.Revoker.(RevocationSyncer)
+	if !ok {
+		return 0, 0, errors.New("sync room credential revocations: the revoker cannot sync")
+	}
+	return s.SyncRevocations(ctx, keep, forget)
+}
+
 // Revoke revokes the user keys at the broker, up to at.
 func (c *TrustCredentials) Revoke(ctx context.Context, userKeys []string, at time.Time) error {
 	if c.Revoker == nil {
