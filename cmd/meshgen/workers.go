@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"regexp"
 
+	"agentmesh.dev/mesh/shared/cloudsecrets"
 	"agentmesh.dev/mesh/workers"
 )
 
@@ -15,6 +16,10 @@ type Worker struct {
 	MinInstances int
 	MaxInstances int
 	CPU, Memory  string
+	// Trust says the worker reads the four trust seeds too
+	// (workers.ReadsTrust: the rooms worker, which mints and revokes acl
+	// room credentials).
+	Trust bool
 }
 
 // workerRows is the worker table (package workers) as the generator reads
@@ -22,7 +27,8 @@ type Worker struct {
 func workerRows() []Worker {
 	var rows []Worker
 	for _, w := range workers.Table() {
-		rows = append(rows, Worker{Name: w.Name, MinInstances: w.MinInstances, MaxInstances: w.MaxInstances, CPU: w.CPU, Memory: w.Memory})
+		rows = append(rows, Worker{Name: w.Name, MinInstances: w.MinInstances, MaxInstances: w.MaxInstances, CPU: w.CPU, Memory: w.Memory,
+			Trust: workers.ReadsTrust(w.Name)})
 	}
 	return rows
 }
@@ -35,6 +41,12 @@ func credsSecret(worker string) string { return "mesh-worker-" + worker + "-cred
 
 // servicesSecret holds the seed the workers sign their answers with.
 const servicesSecret = "mesh-services-seed"
+
+// trustSecrets are the four seeds of the trust chain, which a worker with
+// Trust reads: the operator's (it re-signs the mesh account JWT to revoke),
+// the system account's (it pushes the update), the mesh account's and its
+// signing key's (it mints).
+var trustSecrets = []string{cloudsecrets.OperatorSeed, cloudsecrets.SystemAccountSeed, cloudsecrets.AccountSeed, cloudsecrets.AccountSigningSeed}
 
 func workerConfig(workers []Worker) (tf, error) {
 	accounts, access, services := tf{}, tf{}, tf{}
@@ -53,15 +65,30 @@ func workerConfig(workers []Worker) (tf, error) {
 		names = append(names, w.Name)
 		res := "worker_" + w.Name
 		account := "${google_service_account." + res + ".email}"
+		description := "Runs the " + w.Name + " bus worker; reads only its own credential and the services seed."
+		if w.Trust {
+			description = "Runs the " + w.Name + " bus worker; reads its own credential, the services seed and the trust seeds (it mints and revokes acl room credentials)."
+		}
 		accounts[res] = tf{
 			"account_id":   "${var.prefix}-w-" + w.Name,
 			"display_name": "mesh " + w.Name + " worker (Cloud Run)",
-			"description":  "Runs the " + w.Name + " bus worker; reads only its own credential and the services seed.",
+			"description":  description,
 		}
 		creds := secretRef(credsSecret(w.Name))
 		seed := secretRef(servicesSecret)
 		access[res+"_creds"] = tf{"secret_id": "${" + creds + ".id}", "role": "roles/secretmanager.secretAccessor", "member": "serviceAccount:" + account}
 		access[res+"_services"] = tf{"secret_id": "${" + seed + ".id}", "role": "roles/secretmanager.secretAccessor", "member": "serviceAccount:" + account}
+		grants := []string{
+			"google_secret_manager_secret_iam_member." + res + "_creds",
+			"google_secret_manager_secret_iam_member." + res + "_services",
+		}
+		if w.Trust {
+			for i, secret := range trustSecrets {
+				name := fmt.Sprintf("%s_trust%d", res, i)
+				access[name] = tf{"secret_id": "${" + secretRef(secret) + ".id}", "role": "roles/secretmanager.secretAccessor", "member": "serviceAccount:" + account}
+				grants = append(grants, "google_secret_manager_secret_iam_member."+name)
+			}
+		}
 		services[res] = tf{
 			"name":     "${var.prefix}-" + w.Name + "-worker",
 			"location": "${var.region}",
@@ -91,11 +118,7 @@ func workerConfig(workers []Worker) (tf, error) {
 					"liveness_probe": tf{"http_get": tf{"path": "/healthz"}, "period_seconds": 30, "failure_threshold": 3},
 				},
 			},
-			"depends_on": []string{
-				"google_project_service.enabled",
-				"google_secret_manager_secret_iam_member." + res + "_creds",
-				"google_secret_manager_secret_iam_member." + res + "_services",
-			},
+			"depends_on": append([]string{"google_project_service.enabled"}, grants...),
 		}
 	}
 	return tf{
