@@ -45,6 +45,7 @@ func TestRoomCredentialsOnTheMesh(t *testing.T) {
 				closed := make(chan struct{})
 				nc, err := nats.Connect(url, nats.UserJWT(func() (string, error) { return cred.JWT, nil }, key.SignNonce),
 					nats.CustomInboxPrefix(protocol.ACLRoomInboxPrefix("room-1")), nats.NoReconnect(),
+					nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), // the revocation, expected
 					nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 				return nc, closed, err
 			}

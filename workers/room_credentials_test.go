@@ -95,6 +95,7 @@ func revokesAtTheBroker(t *testing.T, b *bustest.Bus, row Worker, o Options) {
 	closed := make(chan struct{})
 	nc, err := nats.Connect(b.ClientURL(), nats.UserJWT(func() (string, error) { return cred.JWT, nil }, key.SignNonce),
 		nats.CustomInboxPrefix(protocol.ACLRoomInboxPrefix("room-1")), nats.NoReconnect(),
+		nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {}), // the revocation, expected
 		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
 	if err != nil {
 		t.Fatalf("the broker refuses the room credential: %v", err)
