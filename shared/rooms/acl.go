@@ -46,12 +46,13 @@ func (w *Worker) aclEndpoints() []endpoint {
 	}
 }
 
-// aclMemberEntry is the value of member.<agent>.<room_id> that admit writes:
-// the index mesh.rooms.mine lists an agent's acl rooms by.
+// aclMemberEntry is the value of member.<agent>.<room_id> that admit
+// writes: the index mesh.rooms.mine lists an agent's acl rooms by (it
+// reads the key's presence and checks membership on the room itself). It
+// has the shape of provision's entry for the creator.
 type aclMemberEntry struct {
-	RoomID string    `json:"room_id"`
-	Role   string    `json:"role"`
-	Since  time.Time `json:"since"`
+	Role string `json:"role"` // "member"
+	At   string `json:"at"`
 }
 
 // admit adds an agent to an acl room's members: creator only.
@@ -94,7 +95,7 @@ func (w *Worker) admit(ctx context.Context, r *bus.Request) (any, error) {
 	// The index follows the room: written again on a repeated admit, so a
 	// write lost after the room's changed is made good by admitting again.
 	if req.AgentID != room.Creator {
-		b, err := json.Marshal(aclMemberEntry{RoomID: d.RoomID, Role: "member", Since: w.now().UTC()})
+		b, err := json.Marshal(aclMemberEntry{Role: "member", At: protocol.FormatTime(w.now())})
 		if err != nil {
 			return nil, err
 		}

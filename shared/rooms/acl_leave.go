@@ -41,3 +41,17 @@ func (w *Worker) memberLeft(ctx context.Context, roomID, member string) error {
 	}
 	return nil
 }
+
+// roomClosed revokes the live room credentials of every member of a room
+// that reclaim or the idle sweep is removing, before its cred. and member.
+// keys go: nobody speaks in a closed room. Other grades have none.
+func (w *Worker) roomClosed(ctx context.Context, room *Room) error {
+	if room.Privacy != GradeACL {
+		return nil
+	}
+	n, err := w.revokeRoomCredentials(ctx, room.ID)
+	if n > 0 {
+		w.svc.Log.Info("acl room closed: room credentials revoked", "room", room.ID, "credentials_revoked", n)
+	}
+	return err
+}

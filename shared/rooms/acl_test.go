@@ -612,9 +612,9 @@ func TestLiveCredentialsAreBounded(t *testing.T) {
 	_ = id
 }
 
-// TestReclaimRevokesEveryMembersCredentials: revokeRoomCredentials (for
-// reclaim and idle expiry) closes every member's room connection and
-// clears the records.
+// TestReclaimRevokesEveryMembersCredentials: roomClosed (reclaim and idle
+// expiry call it before the room's keys go) closes every member's room
+// connection.
 func TestReclaimRevokesEveryMembersCredentials(t *testing.T) {
 	m := startACL(t, 2, Limits{}, true)
 	creator, member := bustest.Agent(t), bustest.Agent(t)
@@ -625,9 +625,9 @@ func TestReclaimRevokesEveryMembersCredentials(t *testing.T) {
 		m.roomConn(m.must(nil, member, "credential", map[string]any{"descriptor": desc})),
 		m.roomConn(m.must(nil, member, "credential", map[string]any{"descriptor": desc})),
 	}
-	n, err := m.workers[1].revokeRoomCredentials(t.Context(), id)
-	if err != nil || n != 3 {
-		t.Fatalf("revoked %d: %v", n, err)
+	r := m.readRoom(id)
+	if err := m.workers[1].roomClosed(t.Context(), &r); err != nil {
+		t.Fatal(err)
 	}
 	for _, c := range conns {
 		c.waitClosed(t, time.Now())
