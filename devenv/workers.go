@@ -114,6 +114,7 @@ func (m *Mesh) startWorkers(cfg Config) error {
 	if wcfg.Rooms.Owners == nil {
 		wcfg.Rooms.Owners = m.roomOwners
 	}
+	wcfg.Rooms.Credentials = m.roomCredentials()
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

@@ -3,6 +3,7 @@ package creds
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -33,6 +34,10 @@ const (
 	// KindJob is the narrow, minutes-long credential of POST
 	// /v1/job-credential for one task performed by one agent.
 	KindJob
+	// KindRoom is the acl grade's room credential (mesh.rooms.credential):
+	// a fresh key reaching one room's traffic and its reply prefix, and
+	// nothing else, for at most MaxRoomLifetime. It hosts no agent.
+	KindRoom
 )
 
 // String names the kind in errors and logs.
@@ -52,6 +57,8 @@ func (k Kind) String() string {
 		return "guest"
 	case KindJob:
 		return "job"
+	case KindRoom:
+		return "room"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -60,7 +67,7 @@ func (k Kind) String() string {
 // they are signed: every kind that can leave the process.
 func (k Kind) Guarded() bool {
 	switch k {
-	case KindNode, KindBootstrap, KindApp, KindGuest, KindJob:
+	case KindNode, KindBootstrap, KindApp, KindGuest, KindJob, KindRoom:
 		return true
 	}
 	return false
@@ -109,6 +116,12 @@ const (
 	denyJS       = "$JS.>"
 	denyObjects  = "$O.>"
 	denyInternal = "mesh.internal.>"
+	// denyACLRoomInbox is the acl rooms' reply space, every
+	// protocol.ACLRoomInboxPrefix: it lies under the shared _INBOX.>, so
+	// without this deny a credential holding the shared grant would read
+	// every acl room's replies, and any credential could publish forged
+	// ones into them. Only a room credential reaches it (its own room's).
+	denyACLRoomInbox = "_INBOX.aclroom.>"
 )
 
 // RequiredDenies returns the four namespaces spec §4.6 requires every
@@ -116,11 +129,25 @@ const (
 func RequiredDenies() []string { return []string{denyKV, denyPeer, denyACLRoom, denySys} }
 
 // MeshDenies returns everything a guarded credential of this mesh denies
-// both ways: RequiredDenies and the JetStream, object store, internal and
-// service reply namespaces.
+// both ways: RequiredDenies and the JetStream, object store, internal,
+// service reply and acl room reply namespaces. The room credential is the
+// one exception (RoomDenies): it reaches the acl namespaces, of one room.
 func MeshDenies() []string {
-	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace)
+	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace, denyACLRoomInbox)
 }
+
+// RoomDenies is what a room credential denies both ways: MeshDenies less
+// the two acl namespaces (mesh.aclroom.> and _INBOX.aclroom.>), which it
+// must reach for its own room (deny wins over allow at the broker, and a
+// deny cannot except one room). Its allow lists, which the guard holds to
+// one room (RuleRoomScope), are what keep it out of every other room.
+func RoomDenies() []string {
+	return slices.DeleteFunc(MeshDenies(), func(s string) bool { return s == denyACLRoom || s == denyACLRoomInbox })
+}
+
+// roomSubDenies are RoomDenies plus what every guarded credential denies
+// for subscribe: the relay reply space and every queue subscription.
+func roomSubDenies() []string { return append(RoomDenies(), protocol.RelayReplySpace, denyQueues) }
 
 // denyQueues denies every queue subscription ("<subject> <queue>", both
 // wildcards): no client needs one, and the workers' queue groups
@@ -186,7 +213,9 @@ func replyPublish() []string {
 // reply prefix _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
 //
 // Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.> (spec), and
-// $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>; subscribe also _MESH_RELAY.>.
+// $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>, _INBOX.aclroom.> (the acl
+// rooms' replies, inside the shared _INBOX.>); subscribe also
+// _MESH_RELAY.> and every queue subscription.
 //
 // The builder does not check the roster; the guard (run by MintUser) refuses
 // an empty, oversized, duplicated or malformed one.
@@ -285,6 +314,35 @@ func JobPermissions(credKey, agent, taskID string) Permissions {
 		SubAllow: append([]string{"mesh.task." + taskID + ".>"}, PrivateOnly(credKey).subAllow()...),
 		PubDeny:  MeshDenies(),
 		SubDeny:  subDenies(),
+	}
+}
+
+// MaxRoomLifetime bounds a room credential (upstream-notes §7: one hour):
+// expel and leave revoke it at the broker at once, and its renewal is
+// refused, so a short life bounds what a lost revocation could leave open.
+const MaxRoomLifetime = time.Hour
+
+// RoomPermissions is the room credential of acl room roomID (spec §4.3,
+// upstream-notes §7): the room's traffic and its reply prefix, both ways,
+// and nothing else.
+//
+// Publish and subscribe: mesh.aclroom.<room>.> (protocol.ACLRoomSubject)
+// and _INBOX.aclroom.<room>.> (protocol.ACLRoomInboxPrefix, the prefix the
+// room connection sets, shared by the room's members: a member's request
+// in the room is answered by another member there). Denied both ways:
+// RoomDenies; subscribe also _MESH_RELAY.> and every queue subscription.
+// No $SYS, $KV, $JS, service verb, event, inbox or other room.
+//
+// roomID must be one subject token (protocol.ValidToken); the guard
+// refuses a wildcard or a second room (RuleRoomScope).
+func RoomPermissions(roomID string) Permissions {
+	traffic := protocol.ACLRoomSubject(roomID, ">")
+	replies := protocol.ACLRoomInboxPrefix(roomID) + ".>"
+	return Permissions{
+		PubAllow: []string{traffic, replies},
+		SubAllow: []string{traffic, replies},
+		PubDeny:  RoomDenies(),
+		SubDeny:  roomSubDenies(),
 	}
 }
 

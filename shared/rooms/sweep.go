@@ -92,6 +92,13 @@ func (w *Worker) Sweep(ctx context.Context) (int, error) {
 	if err := w.releaseLostCounts(ctx, rooms, now); err != nil {
 		errsSeen = append(errsSeen, err)
 	}
+	// Room credentials revoked by expel and leave: restore a revocation the
+	// broker lost, forget those whose credentials have expired.
+	if restored, forgotten, err := w.syncRevocations(ctx); err != nil {
+		errsSeen = append(errsSeen, err)
+	} else if restored+forgotten > 0 {
+		w.svc.Log.Info("room credential revocations synced", "restored", restored, "forgotten", forgotten)
+	}
 	return removed, errors.Join(errsSeen...)
 }
 
