@@ -16,6 +16,7 @@ import (
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
 	"agentmesh.dev/mesh/shared/store"
@@ -34,6 +35,8 @@ const AdminSocket = "admin.sock"
 //	                                     → {token, id, label, expires_in, command, handle_claim, handle_note, operator_name}
 //	POST /admin/agents/{id}/retire       {reason}        → {ok}
 //	POST /admin/accounts/{id}/disable    {reason}        → {ok}
+//	POST /admin/operator-credentials     {ttl, label?}   → {public_key, name, jwt, seed, creds, expires_at, mesh}
+//	POST /admin/operator-credentials/{key}/revoke        → {ok}
 //
 // The same handler runs behind the socket of a running meshd and in-process
 // in the admin command when no meshd is running.
@@ -94,7 +97,51 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		}
 		return c.Credentials.DisableAccount(ctx, id, reason)
 	}))
+	h("POST /admin/operator-credentials", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			TTL   string `json:"ttl"`
+			Label string `json:"label"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		ttl, err := OperatorTTL(b.TTL)
+		if err != nil {
+			return err
+		}
+		res, err := c.Credentials.MintOperator(r.Context(), b.Label, ttl)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, res)
+		return nil
+	})
+	h("POST /admin/operator-credentials/{key}/revoke", func(w http.ResponseWriter, r *http.Request) error {
+		if err := c.Credentials.RevokeOperator(r.Context(), r.PathValue("key")); err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+		return nil
+	})
 	return httpx.JSONErrors(mux, log)
+}
+
+// OperatorTTL reads the lifetime of an operator test credential: a Go
+// duration ("1h", "90m"), required, more than zero and at most
+// creds.MaxOperatorLifetime. There is no default: whoever mints one says
+// how long it may read the mesh's traffic.
+func OperatorTTL(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, errs.New(errs.InvalidRequest, "an operator credential needs an explicit --ttl (for example 1h), at most 24h")
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, errs.Newf(errs.InvalidRequest, "--ttl %q is not a duration such as 1h or 90m", s)
+	}
+	if d > creds.MaxOperatorLifetime {
+		return 0, errs.Newf(errs.InvalidRequest, "--ttl %s is more than a day; an operator credential lives at most 24h", s)
+	}
+	return d, nil
 }
 
 // startAdmin serves AdminHandler on the data directory's socket.

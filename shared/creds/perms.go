@@ -52,6 +52,8 @@ func (k Kind) String() string {
 		return "guest"
 	case KindJob:
 		return "job"
+	case KindOperator:
+		return "operator"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
