@@ -19,6 +19,7 @@ import (
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
 )
@@ -37,6 +38,8 @@ const AdminSocket = "admin.sock"
 //	POST /admin/accounts/{id}/disable    {reason}        → {ok}
 //	POST /admin/operator-credentials     {ttl, label?}   → {public_key, name, jwt, seed, creds, expires_at, mesh}
 //	POST /admin/operator-credentials/{key}/revoke        → {ok}
+//	POST /admin/catalog/{agent}/official {official: on|off} → {entry}
+//	POST /admin/catalog/{agent}/remove                   → {agent_id, removed}
 //
 // The same handler runs behind the socket of a running meshd and in-process
 // in the admin command when no meshd is running.
@@ -123,7 +126,53 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
 		return nil
 	})
+	h("POST /admin/catalog/{agent}/official", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			Official string `json:"official"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		var on bool
+		switch b.Official {
+		case "on":
+			on = true
+		case "off":
+		default:
+			return errs.Newf(errs.InvalidRequest, "say on or off, not %q", b.Official)
+		}
+		out, err := catalogAdmin(r.Context(), c, map[string]any{"agent_id": r.PathValue("agent"), "official": on})
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
+	h("POST /admin/catalog/{agent}/remove", func(w http.ResponseWriter, r *http.Request) error {
+		out, err := catalogAdmin(r.Context(), c, map[string]any{"agent_id": r.PathValue("agent"), "remove": true})
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
 	return httpx.JSONErrors(mux, log)
+}
+
+// catalogAdmin asks the activity worker to change the catalog as the
+// operator (protocol.SubjCatalogAdmin, signed by the services key). The
+// catalog lives on the bus, so a stopped mesh cannot change it.
+func catalogAdmin(ctx context.Context, c *Control, payload map[string]any) (map[string]any, error) {
+	if c.Bus == nil {
+		return nil, errs.New(errs.Unavailable, "the catalog lives on the bus: start meshd on this data dir, then run the command again")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := c.Bus.Call(ctx, protocol.SubjCatalogAdmin, protocol.TypeRequest, payload)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the catalog service did not answer; retry shortly")
+	}
+	return out, nil
 }
 
 // OperatorTTL reads the lifetime of an operator test credential: a Go

@@ -149,6 +149,40 @@ and it cannot come back with the same key.
 		},
 	},
 	{
+		words: "catalog official", args: []string{"AGENT", "on|off"},
+		summary: "mark a catalog entry official, or not",
+		help: `Sets whether agent AGENT (its public key) is official in the catalog
+(mesh.catalog.list), over the configured list (MESH_CATALOG_OFFICIAL). The
+agent must be in the catalog: it registered publicly at least once and was
+not removed. Needs the running meshd (the catalog lives on the bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id, on := a.pos[0], a.pos[1]
+			return "/admin/catalog/" + id + "/official", map[string]any{"official": on}, func(map[string]any) string {
+				if on == "on" {
+					return "agent " + id + " is official in the catalog"
+				}
+				return "agent " + id + " is not official in the catalog"
+			}
+		},
+	},
+	{
+		words: "catalog remove", args: []string{"AGENT"},
+		summary: "remove an agent's catalog entry",
+		help: `Removes agent AGENT's entry from the catalog. It stays out until the agent
+registers anew (a registration made after the removal); to keep an agent
+off the mesh, retire it. Needs the running meshd (the catalog lives on the
+bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id := a.pos[0]
+			return "/admin/catalog/" + id + "/remove", map[string]any{}, func(r map[string]any) string {
+				if r["removed"] == true {
+					return "agent " + id + " removed from the catalog"
+				}
+				return "agent " + id + " was not in the catalog; nothing to remove"
+			}
+		},
+	},
+	{
 		// Before "operator-credential": the first command whose words start
 		// the line is the one run.
 		words: "operator-credential revoke", args: []string{"KEY"},

@@ -163,23 +163,6 @@ type Usage struct {
 	LastActive  string `json:"last_active"`
 }
 
-// Offering is one offering of a catalog entry.
-type Offering struct {
-	ID          string `json:"id"`
-	Name        string `json:"name"`
-	Description string `json:"description"`
-}
-
-// Entry is one entry of a mesh.catalog.list answer.
-type Entry struct {
-	AgentID    string     `json:"agent_id"`
-	Name       string     `json:"name"`
-	Offerings  []Offering `json:"offerings"`
-	Provider   string     `json:"provider,omitempty"`
-	Official   bool       `json:"official"`
-	Categories []string   `json:"categories"`
-}
-
 // Stats counts what one copy's taps did.
 type Stats struct {
 	Recorded   uint64 // new timeline items (a request and the answer it carries are two)
@@ -201,6 +184,10 @@ type Worker struct {
 	registry bus.LazyBucket
 	subs     []*nats.Subscription
 	once     sync.Once
+
+	// The catalog's follower of the registry (catalog.go).
+	catCancel context.CancelFunc
+	catDone   chan struct{}
 
 	// pending are counter deltas not yet written; a copy counts only the
 	// messages whose timeline record it wrote (not a duplicate), so deltas
@@ -245,8 +232,9 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id",
-		Replicas: bus.Replicas(cfg.Replicas)})
+	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket,
+		Description: "per-agent message counters, keyed by agent id, and the catalog, keyed catalog.<agent id>",
+		Replicas:    bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(err)
 	}
@@ -320,6 +308,8 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		{"activity", protocol.SubjActivityList, w.listActivity},
 		{"usage", protocol.SubjUsageList, w.listUsage},
 		{"catalog", protocol.SubjCatalogList, w.listCatalog},
+		{"catalog-remove", protocol.SubjCatalogRemove, w.removeOwn},
+		{"catalog-admin", protocol.SubjCatalogAdmin, w.admin},
 		{"guest-erase", protocol.SubjGuestErase, w.eraseGuests},
 	} {
 		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
@@ -346,6 +336,9 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		_ = w.Stop()
 		return nil, fmt.Errorf("%s: flush: %w", Name, err)
 	}
+	catCtx, cancel := context.WithCancel(context.Background())
+	w.catCancel, w.catDone = cancel, make(chan struct{})
+	go w.catalogLoop(catCtx)
 	return w, nil
 }
 
@@ -354,6 +347,10 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 func (w *Worker) Stop() error {
 	var err error
 	w.once.Do(func() {
+		if w.catCancel != nil {
+			w.catCancel()
+			<-w.catDone
+		}
 		w.subsMu.Lock()
 		for _, s := range w.subs {
 			if n, err := s.Dropped(); err == nil && n > 0 {
@@ -1058,6 +1055,9 @@ func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
 		return map[string]any{"agents": out}, nil
 	}
 	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
+		if strings.HasPrefix(key, CatalogPrefix) {
+			return
+		}
 		var u Usage
 		if json.Unmarshal(v, &u) == nil {
 			out = append(out, u)
@@ -1068,125 +1068,4 @@ func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Agent, b.Agent) })
 	return map[string]any{"agents": out}, nil
-}
-
-// ---------------------------------------------------------------------------
-// mesh.catalog.list
-
-// listCatalog answers {official?, categories?} with {entries, total}: every
-// public, non-sandbox registration in mesh_registry (none while the bucket
-// does not exist), sorted by name then id. official filters on the flag;
-// categories keeps entries carrying any of the given tags (case-insensitive).
-func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
-	q := r.Object()
-	var wantOfficial *bool
-	switch v := q["official"].(type) {
-	case nil:
-	case bool:
-		wantOfficial = &v
-	default:
-		return nil, errs.New(errs.InvalidQuery, "official must be a boolean")
-	}
-	var cats []string
-	switch v := q["categories"].(type) {
-	case nil:
-	case []any:
-		for _, c := range v {
-			s, ok := c.(string)
-			if !ok {
-				return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
-			}
-			cats = append(cats, strings.ToLower(s))
-		}
-	default:
-		return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
-	}
-	entries := []Entry{}
-	kv, err := w.registry.Get(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if kv != nil {
-		err = bus.EachValue(ctx, kv, func(key string, v []byte) {
-			e, ok := w.entryOf(key, v)
-			if !ok {
-				return
-			}
-			if wantOfficial != nil && e.Official != *wantOfficial {
-				return
-			}
-			if len(cats) > 0 && !slices.ContainsFunc(e.Categories, func(c string) bool { return slices.Contains(cats, strings.ToLower(c)) }) {
-				return
-			}
-			entries = append(entries, e)
-		})
-		if err != nil {
-			return nil, err
-		}
-	}
-	slices.SortFunc(entries, func(a, b Entry) int {
-		if c := strings.Compare(a.Name, b.Name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.AgentID, b.AgentID)
-	})
-	return map[string]any{"entries": entries, "total": len(entries)}, nil
-}
-
-// entryOf makes a catalog entry of a registry record, or reports that the
-// record is not listed: not public, sandbox, or not an agent record.
-func (w *Worker) entryOf(key string, v []byte) (Entry, bool) {
-	var m map[string]any
-	if json.Unmarshal(v, &m) != nil {
-		return Entry{}, false
-	}
-	id := stringOf(m["id"])
-	if id != key || !keys.IsUserPublicKey(id) {
-		return Entry{}, false
-	}
-	if stringOf(m["visibility"]) != "public" || m["sandbox"] == true || stringOf(m["trust_tier"]) == "sandbox" {
-		return Entry{}, false
-	}
-	e := Entry{AgentID: id, Name: stringOf(m["name"]), Offerings: []Offering{}, Official: w.official[id], Categories: []string{}}
-	if list, ok := m["offerings"].([]any); ok {
-		for _, o := range list {
-			om, ok := o.(map[string]any)
-			if !ok {
-				continue
-			}
-			e.Offerings = append(e.Offerings, Offering{ID: stringOf(om["id"]), Name: stringOf(om["name"]), Description: stringOf(om["description"])})
-		}
-	}
-	if tags, ok := m["tags"].([]any); ok {
-		for _, t := range tags {
-			if s, ok := t.(string); ok && s != "" {
-				e.Categories = append(e.Categories, s)
-			}
-		}
-	}
-	e.Provider = providerOf(m)
-	return e, true
-}
-
-// providerOf reads the manifest's provider: a string, or an object's name,
-// at the top level or under meta.
-func providerOf(m map[string]any) string {
-	for _, v := range []any{m["provider"], mapOf(m["meta"])["provider"]} {
-		switch p := v.(type) {
-		case string:
-			if p != "" {
-				return p
-			}
-		case map[string]any:
-			if s := stringOf(p["name"]); s != "" {
-				return s
-			}
-		}
-	}
-	return ""
-}
-
-func mapOf(v any) map[string]any {
-	m, _ := v.(map[string]any)
-	return m
 }
