@@ -99,6 +99,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		m.closers = append(m.closers, d.Grants.Close)
 	}
 	m.log.Info("registrar ready", "url", m.urls.Registrar, "registrar_key", regKey.Public(), "kid", registrar.Kid(regKey.Public()))
+	m.appAccounts.creds.Store(d.Credentials)
 	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d, Bus: caller}
 	d.Mount(m.mux, routes.All())
 	if err := m.applyStoredRevocations(context.Background(), st); err != nil {

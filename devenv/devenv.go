@@ -190,6 +190,8 @@ type Mesh struct {
 
 	// workers are the running bus workers.
 	workers *Workers
+	// appAccounts tells the activity worker an app's account's agents.
+	appAccounts appAccounts
 
 	// control is the control plane (store, services, routes).
 	control *Control

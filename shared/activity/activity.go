@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -99,8 +100,14 @@ const (
 
 // Config tunes the worker.
 type Config struct {
-	// Official lists the agent ids the catalog marks official.
+	// Official lists the agent ids the catalog marks official, unless the
+	// operator said otherwise for one (meshd admin catalog official).
 	Official []string
+	// Accounts says which agents an app credential may read the activity
+	// and usage of (access.go); nil refuses every caller but the services
+	// key with UNAVAILABLE. devenv gives the control plane's credential
+	// service.
+	Accounts Accounts
 	// FlushEvery is how often a copy writes the counter deltas it has
 	// accumulated (DefaultFlushEvery, 250 ms): counters are eventually
 	// consistent within it, and a crash loses at most that much counting.
@@ -866,6 +873,23 @@ func (w *Worker) listActivity(ctx context.Context, r *bus.Request) (any, error) 
 	default:
 		return nil, errs.New(errs.InvalidQuery, "limit must be a positive integer")
 	}
+	scope, err := w.scope(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if scope != nil {
+		// An app names one of its account's agents: every item it then
+		// reads has that agent at one end.
+		switch {
+		case from == "" && to == "":
+			return nil, errs.New(errs.InvalidQuery, "name one of this app's account's agents in from or to")
+		case !scope[from] && !scope[to]:
+			if from != "" {
+				return nil, notYours(from)
+			}
+			return nil, notYours(to)
+		}
+	}
 	items, total, err := w.read(ctx, from, to, limit)
 	if err != nil {
 		return nil, err
@@ -1037,35 +1061,63 @@ func keyFilter(q map[string]any, name string) (string, error) {
 // ---------------------------------------------------------------------------
 // mesh.usage.list
 
-// listUsage answers {agent?} with {agents:[counters]}, sorted by agent.
+// listUsage answers {agent?, agents?} with {agents:[counters]}, sorted by
+// agent: one agent's, those of a list (at most MaxUsageAgents), or every
+// agent's the caller may read (an app: its account's).
 func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
-	agent, err := keyFilter(r.Object(), "agent")
+	q := r.Object()
+	agent, err := keyFilter(q, "agent")
 	if err != nil {
 		return nil, err
 	}
-	out := []Usage{}
+	var list []string
+	switch v := q["agents"].(type) {
+	case nil:
+	case []any:
+		if len(v) > MaxUsageAgents || agent != "" {
+			return nil, errs.Newf(errs.InvalidQuery, "agents is a list of at most %d public keys, without agent", MaxUsageAgents)
+		}
+		for _, x := range v {
+			k, ok := x.(string)
+			if !ok || !keys.IsUserPublicKey(k) {
+				return nil, errs.New(errs.InvalidQuery, "agents must be public keys")
+			}
+			list = append(list, k)
+		}
+	default:
+		return nil, errs.New(errs.InvalidQuery, "agents must be a list of public keys")
+	}
 	if agent != "" {
-		u, found, err := bus.GetJSON[Usage](ctx, w.usage, agent)
-		if err != nil {
-			return nil, err
-		}
-		if found {
-			out = append(out, u)
-		}
-		return map[string]any{"agents": out}, nil
+		list = []string{agent}
 	}
-	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
-		if strings.HasPrefix(key, CatalogPrefix) {
-			return
-		}
-		var u Usage
-		if json.Unmarshal(v, &u) == nil {
-			out = append(out, u)
-		}
-	})
+	scope, err := w.scope(ctx, r)
 	if err != nil {
 		return nil, err
+	}
+	for _, a := range list {
+		if scope != nil && !scope[a] {
+			return nil, notYours(a)
+		}
+	}
+	if list == nil && scope != nil {
+		list = slices.Sorted(maps.Keys(scope))
+		if len(list) == 0 {
+			return map[string]any{"agents": []Usage{}}, nil
+		}
+	}
+	var out []Usage
+	if list != nil {
+		slices.Sort(list)
+		out, err = w.usageOf(ctx, slices.Compact(list))
+	} else {
+		out, err = w.allUsage(ctx)
+	}
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the usage counters could not be read; try again")
 	}
 	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Agent, b.Agent) })
 	return map[string]any{"agents": out}, nil
 }
+
+// MaxUsageAgents bounds the agents one mesh.usage.list names.
+const MaxUsageAgents = 1000

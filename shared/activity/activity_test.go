@@ -36,7 +36,9 @@ type harness struct {
 func start(t *testing.T, official ...string) *harness {
 	t.Helper()
 	m := bustest.Start(t)
-	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: bustest.Agent(t), cfg: activity.Config{Official: official}}
+	// The tests read as the account views do, signed by the services key;
+	// access.go's tests read as apps and others.
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: m.ServicesKey(), cfg: activity.Config{Official: official}}
 	h.js, _ = jetstream.New(h.nc)
 	var err error
 	if h.reg, err = bus.Bucket(t.Context(), h.js, jetstream.KeyValueConfig{Bucket: activity.RegistryBucket}); err != nil {
@@ -351,7 +353,7 @@ func TestCatalogWithoutRegistry(t *testing.T) {
 	if string(rep.Payload) != `{"entries":[],"total":0}` {
 		t.Fatalf("catalog without registry: %s", rep.Payload)
 	}
-	rep, err = bus.Call(ctx, bustest.Client(t, m), bustest.Agent(t), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
+	rep, err = bus.Call(ctx, bustest.Client(t, m), m.ServicesKey(), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
 	if err != nil || string(rep.Payload) != `{"items":[],"total":0}` {
 		t.Fatalf("empty activity: %s %v", rep.Payload, err)
 	}

@@ -238,7 +238,7 @@ func TestCatalogIsPersistent(t *testing.T) {
 		t.Fatalf("official for an agent not in the catalog: %v", err)
 	}
 	// Only the services key reaches the operator's subject.
-	if err := h.call(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "official": false}, &map[string]any{}); errs.CodeOf(err) != errs.Forbidden {
+	if err := h.callAs(other, protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "official": false}, &map[string]any{}); errs.CodeOf(err) != errs.Forbidden {
 		t.Fatalf("an agent on the operator's subject: %v", err)
 	}
 
