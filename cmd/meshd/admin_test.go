@@ -17,6 +17,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -387,4 +388,103 @@ func newKey(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return k.Public()
+}
+
+// The operator's catalog commands on a running meshd: official on and off
+// over an agent's entry, which outlives the agent's deregistration, and
+// removal; on a stopped mesh they say the catalog needs the running meshd.
+func TestAdminCatalog(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	urls, _, stop := runUntilReady(t, dataDir)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	acct := adminJSON(t, dataDir, "account", "create", "--email", "cat@example.org")["account_id"].(string)
+	token := adminJSON(t, dataDir, "agent-token", "--account", acct, "--name", "finder")["token"].(string)
+	agent, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := keys.Generate[keys.NodeRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, boot := postJSON(t, urls["control_url"]+"/v1/bootstrap", map[string]any{"token": token, "agent_id": agent.Public()})
+	if st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, boot)
+	}
+	nc, err := nats.Connect(urls["mesh_tcp_url"], nats.UserCredentialBytes([]byte(boot["creds"].(string))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	vouch, err := protocol.NewVouch(node, agent.Public(), time.Now(), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", map[string]any{
+		"id": agent.Public(), "name": "finder", "endpoint": protocol.InboxSubject(agent.Public()), "visibility": "public",
+		"node": map[string]any{"id": node.Public(), "attestation": vouch}, "offerings": []any{map[string]any{"id": "find", "name": "Find"}},
+	}); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	// The agent's own credential reads the catalog (every non-guest kind may).
+	entry := func(what string, ok func(map[string]any) bool) {
+		t.Helper()
+		for {
+			rep, err := bus.Call(ctx, nc, agent, protocol.SubjCatalogList, protocol.TypeDiscover, "", map[string]any{})
+			if err != nil {
+				t.Fatalf("catalog: %v", err)
+			}
+			var c struct {
+				Entries []map[string]any `json:"entries"`
+			}
+			_ = rep.DecodePayload(&c)
+			if len(c.Entries) == 1 && c.Entries[0]["agent_id"] == agent.Public() && ok(c.Entries[0]) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the catalog never showed %s: %v", what, c.Entries)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	entry("the agent", func(e map[string]any) bool { return e["available"] == true && e["official"] == false })
+
+	out, errOut, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "on")
+	if err != nil || !strings.Contains(out, "is official") {
+		t.Fatalf("catalog official on: %v %q %q", err, out, errOut)
+	}
+	entry("official", func(e map[string]any) bool { return e["official"] == true })
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjDeregister, protocol.TypeRegister, "", map[string]any{"agent_id": agent.Public()}); err != nil {
+		t.Fatalf("deregister: %v", err)
+	}
+	entry("the deregistered agent, still official", func(e map[string]any) bool { return e["available"] == false && e["official"] == true })
+	if got := adminJSON(t, dataDir, "catalog", "official", agent.Public(), "off"); got["entry"].(map[string]any)["official"] != false {
+		t.Fatalf("catalog official off: %v", got)
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "maybe"); err == nil || !strings.Contains(err.Error(), "on or off") {
+		t.Errorf("catalog official maybe: %v", err)
+	}
+	if got := adminJSON(t, dataDir, "catalog", "remove", agent.Public()); got["removed"] != true {
+		t.Fatalf("catalog remove: %v", got)
+	}
+	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "remove", agent.Public()); err != nil || !strings.Contains(out, "was not in the catalog") {
+		t.Errorf("removing again: %v %q", err, out)
+	}
+
+	nc.Close()
+	stopped = true
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "on"); err == nil || !strings.Contains(err.Error(), "start meshd") {
+		t.Errorf("catalog official on a stopped mesh: %v", err)
+	}
 }
