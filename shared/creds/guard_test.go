@@ -97,7 +97,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	wantPub := []string{
 		"mesh.registry.>", "mesh.agent.*.inbox", "mesh.task.>", "mesh.event.>", "mesh.presence.get",
 		"mesh.heartbeat.*", "mesh.feed.get", "mesh.admission.guard", "mesh.admission.unguard",
-		"mesh.mailbox.fetch", "mesh.mailbox.ack",
+		"mesh.mailbox.fetch", "mesh.mailbox.ack", "mesh.catalog.list", "mesh.catalog.remove",
 		"mesh.rooms.provision", "mesh.rooms.reclaim", "mesh.rooms.replay", "mesh.rooms.status",
 		"mesh.rooms.attach", "mesh.rooms.fetch", "mesh.rooms.mine", "mesh.rooms.cursor", "mesh.rooms.usage",
 		"mesh.rooms.admit", "mesh.rooms.credential", "mesh.rooms.expel", "mesh.rooms.leave", "mesh.rooms.note",
@@ -143,8 +143,12 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	if got, want := BootstrapPermissions(a, PrivateOnly(nodeKey)), NodePermissions([]string{a}, PrivateOnly(nodeKey)); !equalPerms(got, want) {
 		t.Errorf("bootstrap set differs from the one-agent node set")
 	}
-	if got, want := AppPermissions(a, true), NodePermissions([]string{a}, Replies{Key: a, Shared: true}); !equalPerms(got, want) {
-		t.Errorf("app set differs from the one-agent node set")
+	// An app's is that set and the activity and usage listings of its
+	// account's agents.
+	app := NodePermissions([]string{a}, Replies{Key: a, Shared: true})
+	app.PubAllow = append(app.PubAllow, "mesh.activity.list", "mesh.usage.list")
+	if got := AppPermissions(a, true); !equalPerms(got, app) {
+		t.Errorf("app set differs from the one-agent node set with the activity and usage listings")
 	}
 }
 

@@ -59,6 +59,8 @@ func (k Kind) String() string {
 		return "job"
 	case KindRoom:
 		return "room"
+	case KindOperator:
+		return "operator"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -199,7 +201,8 @@ func replyPublish() []string {
 // mesh.task.>, mesh.event.>, mesh.presence.get, mesh.heartbeat.*,
 // mesh.feed.get, mesh.admission.guard, mesh.admission.unguard, every verb of
 // mesh.rooms, mesh.artifacts and mesh.board one by one, mesh.mailbox.fetch
-// and mesh.mailbox.ack, and the reply spaces (_INBOX.>, _MESH_INBOX.>,
+// and mesh.mailbox.ack, mesh.catalog.list and mesh.catalog.remove, and the
+// reply spaces (_INBOX.>, _MESH_INBOX.>,
 // _MESH_RELAY.>). The mailbox is reached through the mailbox worker, so no
 // JetStream subject is granted.
 //
@@ -243,8 +246,15 @@ func BootstrapPermissions(agent string, r Replies) Permissions {
 // AppPermissions is an app's durable credential: the app key is both the
 // credential key and an agent the app hosts, so it is the node set for a
 // roster of that one key.
+//
+// On top of the node set an app reads the activity timeline and the usage
+// counters of its account's agents (mesh.activity.list, mesh.usage.list:
+// the activity worker answers an app about its own account's agents only,
+// docs/bus.md "Who may call what"); no other kind may ask them.
 func AppPermissions(appKey string, shared bool) Permissions {
-	return nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, []string{subjRegistryAll}, true)
+	p := nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, []string{subjRegistryAll}, true)
+	p.PubAllow = append(p.PubAllow, protocol.SubjActivityList, protocol.SubjUsageList)
+	return p
 }
 
 // GuestPermissions is the sandbox fence of a leased guest credential whose
@@ -376,7 +386,11 @@ func nodeLike(agents []string, r Replies, registry []string, full bool) Permissi
 	)
 	if full {
 		pub = append(pub, protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard,
-			protocol.SubjMailboxFetch, protocol.SubjMailboxAck)
+			protocol.SubjMailboxFetch, protocol.SubjMailboxAck,
+			// The catalog is public to every credential but a guest's (and
+			// a job's, which sees its one task); an agent removes its own
+			// entry (the worker checks the signature).
+			protocol.SubjCatalogList, protocol.SubjCatalogRemove)
 		pub = appendVerbs(pub, roomsPrefix, protocol.RoomVerbs)
 		pub = appendVerbs(pub, artifactsPrefix, protocol.ArtifactVerbs)
 		pub = appendVerbs(pub, boardPrefix, protocol.BoardVerbs)

@@ -155,6 +155,9 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if spec.Class != "" {
 		uc.Tags.Add(ClassTag(spec.Class))
 	}
+	if spec.Kind == KindOperator {
+		uc.Tags.Add(OperatorTag)
+	}
 	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(time.Now(), spec.RevokedAt))
 	if err != nil {
 		return "", err
@@ -230,6 +233,8 @@ func checkKind(spec UserSpec) error {
 	switch {
 	case spec.Kind == KindUnset:
 		return errors.New("credential kind not set; every credential names what it is for")
+	case spec.Kind == KindOperator:
+		return checkOperator(spec)
 	case spec.Kind == KindService:
 		if len(spec.Hosted) > 0 {
 			return fmt.Errorf("%s credential names hosted agents; set the kind that serves them", spec.Kind)
