@@ -16,8 +16,10 @@ import (
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/httpx"
 	"agentmesh.dev/mesh/shared/mail"
+	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/store"
 	"agentmesh.dev/mesh/shared/store/boltstore"
 )
@@ -34,6 +36,10 @@ const AdminSocket = "admin.sock"
 //	                                     → {token, id, label, expires_in, command, handle_claim, handle_note, operator_name}
 //	POST /admin/agents/{id}/retire       {reason}        → {ok}
 //	POST /admin/accounts/{id}/disable    {reason}        → {ok}
+//	POST /admin/operator-credentials     {ttl, label?}   → {public_key, name, jwt, seed, creds, expires_at, mesh}
+//	POST /admin/operator-credentials/{key}/revoke        → {ok}
+//	POST /admin/catalog/{agent}/official {official: on|off} → {entry}
+//	POST /admin/catalog/{agent}/remove                   → {agent_id, removed}
 //
 // The same handler runs behind the socket of a running meshd and in-process
 // in the admin command when no meshd is running.
@@ -94,7 +100,97 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		}
 		return c.Credentials.DisableAccount(ctx, id, reason)
 	}))
+	h("POST /admin/operator-credentials", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			TTL   string `json:"ttl"`
+			Label string `json:"label"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		ttl, err := OperatorTTL(b.TTL)
+		if err != nil {
+			return err
+		}
+		res, err := c.Credentials.MintOperator(r.Context(), b.Label, ttl)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, res)
+		return nil
+	})
+	h("POST /admin/operator-credentials/{key}/revoke", func(w http.ResponseWriter, r *http.Request) error {
+		if err := c.Credentials.RevokeOperator(r.Context(), r.PathValue("key")); err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true})
+		return nil
+	})
+	h("POST /admin/catalog/{agent}/official", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			Official string `json:"official"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		var on bool
+		switch b.Official {
+		case "on":
+			on = true
+		case "off":
+		default:
+			return errs.Newf(errs.InvalidRequest, "say on or off, not %q", b.Official)
+		}
+		out, err := catalogAdmin(r.Context(), c, map[string]any{"agent_id": r.PathValue("agent"), "official": on})
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
+	h("POST /admin/catalog/{agent}/remove", func(w http.ResponseWriter, r *http.Request) error {
+		out, err := catalogAdmin(r.Context(), c, map[string]any{"agent_id": r.PathValue("agent"), "remove": true})
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
 	return httpx.JSONErrors(mux, log)
+}
+
+// catalogAdmin asks the activity worker to change the catalog as the
+// operator (protocol.SubjCatalogAdmin, signed by the services key). The
+// catalog lives on the bus, so a stopped mesh cannot change it.
+func catalogAdmin(ctx context.Context, c *Control, payload map[string]any) (map[string]any, error) {
+	if c.Bus == nil {
+		return nil, errs.New(errs.Unavailable, "the catalog lives on the bus: start meshd on this data dir, then run the command again")
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := c.Bus.Call(ctx, protocol.SubjCatalogAdmin, protocol.TypeRequest, payload)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the catalog service did not answer; retry shortly")
+	}
+	return out, nil
+}
+
+// OperatorTTL reads the lifetime of an operator test credential: a Go
+// duration ("1h", "90m"), required, more than zero and at most
+// creds.MaxOperatorLifetime. There is no default: whoever mints one says
+// how long it may read the mesh's traffic.
+func OperatorTTL(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, errs.New(errs.InvalidRequest, "an operator credential needs an explicit --ttl (for example 1h), at most 24h")
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d <= 0 {
+		return 0, errs.Newf(errs.InvalidRequest, "--ttl %q is not a duration such as 1h or 90m", s)
+	}
+	if d > creds.MaxOperatorLifetime {
+		return 0, errs.Newf(errs.InvalidRequest, "--ttl %s is more than a day; an operator credential lives at most 24h", s)
+	}
+	return d, nil
 }
 
 // startAdmin serves AdminHandler on the data directory's socket.

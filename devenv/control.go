@@ -42,6 +42,10 @@ type Control struct {
 	Guests      *guest.Service
 	Registrar   *registrar.Service
 	Deps        *api.Deps
+	// Bus is the control plane's signed way onto the bus (the services
+	// key), for the operator commands that act on bus state (the
+	// catalog); nil on a stopped mesh.
+	Bus *bus.Caller
 }
 
 // startControlPlane opens the store (or takes cfg.Store) and builds the
@@ -79,8 +83,9 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	}
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
 	tcpURLs, wsURLs := m.meshURLs()
+	caller := &bus.Caller{NC: cpNC, Key: m.servicesKey}
 	d, err := api.NewDeps(api.Backends{Log: m.log, Store: st, Mail: mailer, Trust: m.trust, Revoker: m,
-		Bus: &bus.Caller{NC: cpNC, Key: m.servicesKey}, RegistrarKey: regKey, Now: cfg.Now,
+		Bus: caller, RegistrarKey: regKey, Now: cfg.Now,
 		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: tcpURLs, WS: wsURLs},
 		ControlURL: m.urls.Control, ConsoleURL: m.urls.Console, RegistrarURL: m.urls.Registrar,
 		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
@@ -94,7 +99,11 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		m.closers = append(m.closers, d.Grants.Close)
 	}
 	m.log.Info("registrar ready", "url", m.urls.Registrar, "registrar_key", regKey.Public(), "kid", registrar.Kid(regKey.Public()))
-	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d}
+	if m.roomOwners != nil {
+		m.roomOwners.reg.Store(d.Registrar)
+	}
+	m.appAccounts.creds.Store(d.Credentials)
+	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d, Bus: caller}
 	d.Mount(m.mux, routes.All())
 	if err := m.applyStoredRevocations(context.Background(), st); err != nil {
 		return err

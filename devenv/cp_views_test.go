@@ -158,8 +158,17 @@ func TestAccountViews(t *testing.T) {
 	if _, err := bus.Call(ctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", manifest); err != nil {
 		t.Fatalf("register: %v", err)
 	}
-	if st, out := c.post("/v1/accounts/"+acct+"/subscriptions", map[string]any{"agent_id": agent.Public()}, tok); st != 201 {
-		t.Fatalf("subscribe: %d %v", st, out)
+	// The catalog follows the registry within moments.
+	deadline = time.Now().Add(5 * time.Second)
+	for {
+		st, out := c.post("/v1/accounts/"+acct+"/subscriptions", map[string]any{"agent_id": agent.Public()}, tok)
+		if st == 201 {
+			break
+		}
+		if st != 404 || time.Now().After(deadline) {
+			t.Fatalf("subscribe: %d %v", st, out)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 	st, out = c.do(http.MethodGet, "/v1/accounts/"+acct+"/subscriptions", nil, tok)
 	subs := out["subscriptions"].([]any)

@@ -190,6 +190,11 @@ type Mesh struct {
 
 	// workers are the running bus workers.
 	workers *Workers
+	// roomOwners is the rooms worker's registrar, set once the control
+	// plane has built it.
+	roomOwners *registrarOwners
+	// appAccounts tells the activity worker an app's account's agents.
+	appAccounts appAccounts
 
 	// control is the control plane (store, services, routes).
 	control *Control

@@ -3,15 +3,20 @@ package devenv
 import (
 	"context"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/registry"
+	"agentmesh.dev/mesh/shared/rooms"
 	"agentmesh.dev/mesh/shared/tasks"
 	"agentmesh.dev/mesh/workers"
 )
@@ -27,6 +32,7 @@ type Workers struct {
 	Admission []*admission.Worker
 	Activity  []*activity.Worker
 	Mailbox   []*mailbox.Worker
+	Rooms     []*rooms.Worker
 }
 
 // add files a started copy under its worker, for tests that reach into one.
@@ -46,6 +52,8 @@ func (w *Workers) add(s workers.Stopper) {
 		w.Activity = append(w.Activity, s)
 	case *mailbox.Worker:
 		w.Mailbox = append(w.Mailbox, s)
+	case *rooms.Worker:
+		w.Rooms = append(w.Rooms, s)
 	}
 }
 
@@ -68,12 +76,15 @@ type WorkerConfig struct {
 	Admission admission.Config
 	Activity  activity.Config
 	Mailbox   mailbox.Config
+	Artifacts artifacts.Config
+	// Rooms.Owners is the mesh's own registrar unless a test names another.
+	Rooms rooms.Config
 }
 
 // table is c as the workers table's configuration.
 func (c WorkerConfig) table() workers.Config {
 	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
-		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox}
+		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts, Rooms: c.Rooms}
 }
 
 // Workers returns the running workers.
@@ -83,6 +94,7 @@ func (m *Mesh) Workers() *Workers { return m.workers }
 func (m *Mesh) startWorkers(cfg Config) error {
 	w := &Workers{}
 	m.workers = w
+	m.roomOwners = &registrarOwners{}
 	if cfg.Workers.None {
 		return nil
 	}
@@ -102,6 +114,15 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		return nil
 	})
 	wcfg := cfg.Workers.table()
+	if wcfg.Rooms.Owners == nil {
+		wcfg.Rooms.Owners = m.roomOwners
+	}
+	wcfg.Rooms.Credentials = m.roomCredentials()
+	if wcfg.Activity.Accounts == nil {
+		// Apps read their account's activity and usage (activity.Accounts),
+		// answered by the control plane's store once it runs.
+		wcfg.Activity.Accounts = &m.appAccounts
+	}
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}
@@ -124,4 +145,18 @@ func (m *Mesh) startWorkers(cfg Config) error {
 	}
 	m.log.Info("bus workers running", "workers", len(table), "copies", copies)
 	return nil
+}
+
+// appAccounts answers the activity worker's question about apps from the
+// control plane's credential service, which starts after the workers.
+type appAccounts struct {
+	creds atomic.Pointer[credential.Service]
+}
+
+func (a *appAccounts) AppAgents(ctx context.Context, appKey string) ([]string, error) {
+	c := a.creds.Load()
+	if c == nil {
+		return nil, errs.New(errs.Unavailable, "the control plane is starting; try again")
+	}
+	return c.AppAgents(ctx, appKey)
 }

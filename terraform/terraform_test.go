@@ -12,6 +12,8 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/routes"
+	"agentmesh.dev/mesh/shared/cloudsecrets"
+	"agentmesh.dev/mesh/workers"
 )
 
 const (
@@ -376,18 +378,24 @@ func TestWorkersAreDeployed(t *testing.T) {
 			t.Errorf("worker %s mounts volumes %v: its keys are read through the API", name, v)
 		}
 	}
-	// Each worker's account reads exactly its credential and the seed.
+	// Each worker's account reads exactly its credential and the seed; the
+	// rooms worker (workers.ReadsTrust) the four trust seeds as well.
+	trustSeeds := []string{cloudsecrets.OperatorSeed, cloudsecrets.SystemAccountSeed, cloudsecrets.AccountSeed, cloudsecrets.AccountSigningSeed}
 	for name, r := range m.resources["google_secret_manager_secret_iam_member"] {
 		w, ok := strings.CutPrefix(name, "worker_")
 		if !ok {
 			continue
 		}
-		w = strings.TrimSuffix(strings.TrimSuffix(w, "_creds"), "_services")
+		w, _, _ = strings.Cut(w, "_") // worker names have no '_'
 		if str(r, "member") != "serviceAccount:${google_service_account.worker_"+w+".email}" {
 			t.Errorf("%s grants to %q", name, str(r, "member"))
 		}
 		secret := str(r, "secret_id")
-		if secret != `${google_secret_manager_secret.mesh["mesh-worker-`+w+`-creds"].id}` && secret != `${google_secret_manager_secret.mesh["mesh-services-seed"].id}` {
+		own := []string{"mesh-worker-" + w + "-creds", "mesh-services-seed"}
+		if workers.ReadsTrust(w) {
+			own = append(own, trustSeeds...)
+		}
+		if !slices.ContainsFunc(own, func(s string) bool { return secret == `${google_secret_manager_secret.mesh["`+s+`"].id}` }) {
 			t.Errorf("worker %s may read %s", w, secret)
 		}
 	}

@@ -38,6 +38,9 @@ type Options struct {
 	// credential and the services key from that project's Secret Manager
 	// instead of the two files.
 	SecretsProject string
+	// TrustDir (--trust-dir, MESH_TRUST_DIR; the rooms worker only) is
+	// where the trust chain's seed files are, when not in Secret Manager.
+	TrustDir string
 	// secretManagerHost is MESH_SECRETMANAGER_EMULATOR_HOST: a Secret
 	// Manager emulator, for tests of the binaries.
 	secretManagerHost string
@@ -77,6 +80,11 @@ func Run(ctx context.Context, w Worker, args []string, getenv func(string) strin
 	if err != nil {
 		return err
 	}
+	stopCreds, err := roomCredentials(ctx, w, opts, &cfg, log)
+	if err != nil {
+		return err
+	}
+	defer stopCreds()
 	// Replies arrive under the services' prefix, which no client credential
 	// may subscribe (docs/security.md).
 	closed := make(chan struct{})
@@ -199,6 +207,7 @@ func parse(w Worker, args []string, getenv func(string) string, stderr io.Writer
 	fs.StringVar(&o.SecretsProject, "secrets-project", getenv("MESH_SECRETS_PROJECT"),
 		"read the credential and the services key from this project's Secret Manager instead of files (env MESH_SECRETS_PROJECT)")
 	o.secretManagerHost = getenv("MESH_SECRETMANAGER_EMULATOR_HOST")
+	trustDirFlag(w, fs, &o, getenv)
 	fs.StringVar(&o.HealthAddr, "health-addr", ":"+def("PORT", "8080"), "where GET /healthz answers (env PORT: Cloud Run sets it)")
 	level := fs.String("log-level", def("MESH_LOG_LEVEL", "info"), "debug, info, warn or error (env MESH_LOG_LEVEL)")
 	for _, k := range knobs {

@@ -18,6 +18,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/rooms"
 )
 
 const wait = 10 * time.Second
@@ -197,5 +198,27 @@ func TestParseStartsFromProduction(t *testing.T) {
 		if _, _, err := parse(act, bad, func(k string) string { return env[k] }, io.Discard); err == nil {
 			t.Errorf("%q accepted", bad)
 		}
+	}
+
+	// The rooms worker resolves room creators with the registrar it is
+	// given; without one its Owners is unset (provision answers
+	// UNAVAILABLE).
+	rw, err := Lookup("rooms")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, cfg, err = parse(rw, nil, func(k string) string { return env[k] }, io.Discard); err != nil || cfg.Rooms.Owners != nil ||
+		cfg.Rooms.Limits != rooms.DefaultLimits {
+		t.Fatalf("rooms without a registrar: %+v %v", cfg.Rooms, err)
+	}
+	renv := map[string]string{"MESH_CREDS_FILE": "c", "MESH_SERVICES_KEY_FILE": "k", "MESH_REGISTRAR_URL": "https://mesh.example.org"}
+	if _, cfg, err = parse(rw, nil, func(k string) string { return renv[k] }, io.Discard); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := cfg.Rooms.Owners.(*rooms.RegistrarOwners); !ok {
+		t.Fatalf("rooms owners %T", cfg.Rooms.Owners)
+	}
+	if _, _, err := parse(rw, []string{"--registrar-url", "mesh.example.org"}, func(k string) string { return env[k] }, io.Discard); err == nil {
+		t.Error("a registrar URL without a scheme accepted")
 	}
 }

@@ -14,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
@@ -22,6 +23,7 @@ import (
 	"agentmesh.dev/mesh/shared/presence"
 	"agentmesh.dev/mesh/shared/ratelimit"
 	"agentmesh.dev/mesh/shared/registry"
+	"agentmesh.dev/mesh/shared/rooms"
 	"agentmesh.dev/mesh/shared/tasks"
 )
 
@@ -48,9 +50,16 @@ type Config struct {
 	// --catalog-official or MESH_CATALOG_OFFICIAL for activity-worker).
 	Activity activity.Config
 	Mailbox  mailbox.Config
+	// Rooms.Owners resolves room creators to their handles: none by
+	// default (provision answers UNAVAILABLE) until the deployer names the
+	// registrar, with --registrar-url or MESH_REGISTRAR_URL for
+	// rooms-worker (the cloud's Terraform sets it); meshd gives its
+	// registrar in process.
+	Rooms rooms.Config
 	// Board is the work board of durable rooms; it shares the rooms'
 	// bucket (mesh_rooms).
-	Board board.Config
+	Board     board.Config
+	Artifacts artifacts.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -87,6 +96,10 @@ type Worker struct {
 	// Knobs are the worker's own settings beyond the common ones, as flags
 	// and MESH_* variables of its binary; each writes into cfg. Nil: none.
 	Knobs func(cfg *Config) []ratelimit.Knob
+	// CloudEnv are MESH_* variables of the worker's knobs that the cloud
+	// deployment sets, as Terraform expressions (the generator writes them
+	// into the worker's Cloud Run service). Nil: none.
+	CloudEnv map[string]string
 }
 
 // ProductionReplicas is the replica count of every stream and bucket on the
@@ -187,6 +200,19 @@ func Table() []Worker {
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Mailbox.Limits.Knobs() },
 		},
 		{
+			Name:         rooms.Name,
+			Description:  "durable rooms: the mesh.rooms verbs, the record of room traffic, idle expiry",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Rooms: rooms.Config{Limits: rooms.DefaultLimits}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Rooms
+				c.Replicas = cfg.replicas(c.Replicas)
+				return rooms.Start(ctx, env, c)
+			},
+			Knobs:    func(cfg *Config) []ratelimit.Knob { return []ratelimit.Knob{registrarKnob(&cfg.Rooms.Owners)} },
+			CloudEnv: map[string]string{"MESH_REGISTRAR_URL": "${local.control_url}"},
+		},
+		{
 			Name:         board.Name,
 			Description:  "work board of durable rooms: mesh.board.post, list, claim, complete, abandon, withdraw",
 			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
@@ -197,6 +223,19 @@ func Table() []Worker {
 				return board.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Board.Limits.Knobs() },
+		},
+		{
+			Name:         artifacts.Name,
+			Description:  "artifact store on the mesh_artifacts object store: mesh.artifacts.put, put.begin, put.commit, fetch, stat, remove, usage, link; the sweep of expired artifacts",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Artifacts: artifacts.Config{
+				Limits: artifacts.DefaultLimits, SweepEvery: artifacts.DefaultSweepEvery}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Artifacts
+				c.Replicas = cfg.replicas(c.Replicas)
+				return artifacts.Start(ctx, env, c)
+			},
+			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Artifacts.Limits.Knobs() },
 		},
 	}
 }
@@ -231,6 +270,26 @@ func officialKnob(ids *[]string) ratelimit.Knob {
 				list = append(list, id)
 			}
 			*ids = list
+			return nil
+		}}
+}
+
+// registrarKnob names the registrar the rooms worker resolves room creators
+// with (rooms.RegistrarOwners): its base URL, whose /api/resolve and
+// /api/registrar-key it reads.
+func registrarKnob(owners *rooms.Owners) ratelimit.Knob {
+	return ratelimit.Knob{Flag: "registrar-url", Env: "MESH_REGISTRAR_URL", Default: "none",
+		Help: "the registrar that resolves room creators to their handles, e.g. https://mesh.example.org (none: durable rooms cannot be provisioned)",
+		Set: func(s string) error {
+			if strings.TrimSpace(s) == "" {
+				*owners = nil
+				return nil
+			}
+			o, err := rooms.NewRegistrarOwners(s)
+			if err != nil {
+				return err
+			}
+			*owners = o
 			return nil
 		}}
 }

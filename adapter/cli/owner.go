@@ -180,18 +180,9 @@ func runContacts(_ context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	contacts, err := knownContacts(dir)
+	r, err := signedRoster(dir, ks)
 	if err != nil {
 		return err
-	}
-	now := protocol.FormatTime(time.Now())
-	r := Roster{Admission: "v1", OwnerKey: ks.Owner.Public(),
-		Defaults: map[string]string{"contact": "allow", "registered": "hold", "anonymous": "block"}, Entries: []RosterEntry{}, UpdatedAt: now}
-	for _, c := range contacts {
-		r.Entries = append(r.Entries, RosterEntry{Subject: c, Stance: "allow", Note: "exchanged messages", UpdatedAt: now})
-	}
-	if r.Sig, err = protocol.SignRoster(r, ks.Owner); err != nil {
-		return fmt.Errorf("sign the roster: %w", err)
 	}
 	b, err := json.MarshalIndent(r, "", "  ")
 	if err != nil {
@@ -207,6 +198,26 @@ func runContacts(_ context.Context, e *Env, args []string) error {
 	}
 	fmt.Fprintf(e.Stdout, "wrote a roster of %d contacts, signed by owner key %s, to %s\n", len(r.Entries), ks.Owner.Public(), *out)
 	return nil
+}
+
+// signedRoster is the admission roster of `contacts export`: every known
+// contact allowed, other registered agents held, anonymous senders
+// blocked, signed by the owner key.
+func signedRoster(dir *state.Dir, ks state.Keys) (Roster, error) {
+	contacts, err := knownContacts(dir)
+	if err != nil {
+		return Roster{}, err
+	}
+	now := protocol.FormatTime(time.Now())
+	r := Roster{Admission: "v1", OwnerKey: ks.Owner.Public(),
+		Defaults: map[string]string{"contact": "allow", "registered": "hold", "anonymous": "block"}, Entries: []RosterEntry{}, UpdatedAt: now}
+	for _, c := range contacts {
+		r.Entries = append(r.Entries, RosterEntry{Subject: c, Stance: "allow", Note: "exchanged messages", UpdatedAt: now})
+	}
+	if r.Sig, err = protocol.SignRoster(r, ks.Owner); err != nil {
+		return Roster{}, fmt.Errorf("sign the roster: %w", err)
+	}
+	return r, nil
 }
 
 // knownContacts are the agents this adapter has exchanged messages with

@@ -23,7 +23,7 @@ var ErrNotRunning = errors.New("no inbox-mode adapter running: start one with `m
 
 // Request is one command.
 type Request struct {
-	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | room
+	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room
 	// inbox
 	All bool `json:"all,omitempty"`
 	// reply, refuse, ack
@@ -44,6 +44,9 @@ type Request struct {
 	// RegistrarURL resolves a handle instead of the running adapter's own
 	// registrar (send --registrar-url, MESH_REGISTRAR_URL).
 	RegistrarURL string `json:"registrar_url,omitempty"`
+	// guard: the owner-signed admission roster to submit (null keeps the
+	// one the admission service holds).
+	Roster json.RawMessage `json:"roster,omitempty"`
 	// Room is a rooms or board command (adapter/rooms.Command), run by
 	// the running adapter's rooms client.
 	Room json.RawMessage `json:"room,omitempty"`

@@ -255,13 +255,18 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 		return nil, nil, err
 	}
 	undo = append(undo, func() { _ = a.node.Close() })
+	guard, err := cfg.Dir.Guard()
+	if err != nil {
+		return nil, nil, err
+	}
+	guard.Guarded = guard.Guarded && a.guest == nil
 	// Room invites are answered by the runtime, remembering the room,
 	// whatever the mode (a drained invite too).
 	held := rooms.OpenStore(cfg.Dir.File(rooms.StoreFile), nil)
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
 		Offerings:         []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",
-		Admit: a.admit, Handler: a.handle, OnReply: a.onReply, RoomInvite: a.roomInvite(held)}
+		Admit: a.admit, Handler: a.handle, OnReply: a.onReply, Guarded: guard.Guarded, RoomInvite: a.roomInvite(held)}
 	if a.agent, err = a.node.Host(ctx, acfg); err != nil {
 		var rev *node.ErrRevoked
 		if errors.As(err, &rev) {
@@ -274,6 +279,9 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 		return nil, nil, err
 	}
 	undo = append(undo, a.rooms.Close)
+	if guard.Guarded {
+		a.reguard(ctx)
+	}
 	if a.guest != nil {
 		lctx, stop := context.WithCancel(ctx)
 		undo = append(undo, stop)

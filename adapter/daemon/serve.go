@@ -399,7 +399,12 @@ func resolveRecipient(ctx context.Context, cfg Config, to string, opt SendOption
 func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, error) {
 	switch r.Op {
 	case "status":
-		return map[string]any{"agent_id": a.id.AgentID, "name": a.id.Name, "mode": a.cfg.Mode, "node_id": a.node.ID(), "health": a.node.Health()}, nil
+		return map[string]any{"agent_id": a.id.AgentID, "name": a.id.Name, "mode": a.cfg.Mode, "node_id": a.node.ID(), "health": a.node.Health(),
+			"guarded": a.agent.Guarded()}, nil
+	case "guard":
+		return a.guard(ctx, r.Roster)
+	case "unguard":
+		return a.unguard(ctx)
 	case "inbox":
 		return a.queue.List(r.All)
 	case "reply":

@@ -603,6 +603,14 @@ func (a *Agent) Guard(ctx context.Context, roster any) (bool, error) {
 	return a.setGuard(ctx, protocol.SubjAdmissionGuard, payload, true)
 }
 
+// Guarded reports whether the agent serves its guarded inbox (the
+// admission service guards its public one).
+func (a *Agent) Guarded() bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.guarded
+}
+
 // Unguard withdraws the guard and moves back to the public inbox.
 func (a *Agent) Unguard(ctx context.Context) error {
 	_, err := a.setGuard(ctx, protocol.SubjAdmissionUnguard, map[string]any{}, false)

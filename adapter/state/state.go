@@ -12,6 +12,7 @@
 //	inbox.db        the local message queue (package inbox)
 //	journal.log     requests already answered (the runtime's FileJournal)
 //	allowance.json  the owner-signed allowance policy
+//	guard.json      whether the agent's inbox is guarded (mesh-adapter guard)
 //	pins.json       registrar keys and handle → agent pins (adapter/registrar.Pins)
 //	control.sock    the running adapter's control socket (0600)
 //
@@ -37,6 +38,7 @@ const (
 	JournalFile   = "journal.log"
 	AllowanceFile = "allowance.json"
 	SocketFile    = "control.sock"
+	GuardFile     = "guard.json"
 	NodesDir      = "nodes"
 )
 
@@ -185,6 +187,31 @@ func (d *Dir) Config() (Config, error) {
 
 // SaveConfig writes config.json.
 func (d *Dir) SaveConfig(c Config) error { return d.writeSecret(ConfigFile, c) }
+
+// Guard is guard.json: whether the agent asked the admission service to
+// guard its inbox (mesh-adapter guard), so that a restarted adapter serves
+// the guarded inbox again and asks for the guard once more.
+type Guard struct {
+	Guarded bool `json:"guarded"`
+	// OwnerKey signed the roster last submitted, Contacts is how many it
+	// allowed by name ("" and 0 when the service kept the roster it had).
+	OwnerKey  string `json:"owner_key,omitempty"`
+	Contacts  int    `json:"contacts"`
+	UpdatedAt string `json:"updated_at"`
+}
+
+// Guard reads guard.json; a directory without one is unguarded.
+func (d *Dir) Guard() (Guard, error) {
+	var g Guard
+	err := d.readSecret(GuardFile, &g)
+	if errors.Is(err, os.ErrNotExist) {
+		return Guard{}, nil
+	}
+	return g, err
+}
+
+// SaveGuard writes guard.json.
+func (d *Dir) SaveGuard(g Guard) error { return d.writeSecret(GuardFile, g) }
 
 func (d *Dir) readSecret(name string, dst any) error {
 	path := d.File(name)

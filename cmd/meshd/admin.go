@@ -55,10 +55,15 @@ type adminCommand struct {
 	summary  string   // one line for the command list
 	help     string   // what it does, in a few lines
 	call     func(a adminArgs) (path string, body map[string]any, show func(map[string]any) string)
+	// finish, when set, acts on the answer on this side of the socket (the
+	// operator credential is written to a file here) and returns what is
+	// printed instead of it.
+	finish func(a adminArgs, dataDir string, res map[string]any) (map[string]any, error)
 }
 
 // placeholders name the value of each flag in synopses.
-var placeholders = map[string]string{"email": "E", "reason": "R", "account": "ID", "name": "NAME", "operator": "NAME"}
+var placeholders = map[string]string{"email": "E", "reason": "R", "account": "ID", "name": "NAME", "operator": "NAME",
+	"ttl": "DURATION", "out": "FILE", "label": "TEXT"}
 
 func (c adminCommand) synopsis() string {
 	parts := append([]string{c.words}, c.args...)
@@ -143,6 +148,78 @@ and it cannot come back with the same key.
 				func(map[string]any) string { return "agent " + id + " retired; its credentials are revoked" }
 		},
 	},
+	{
+		words: "catalog official", args: []string{"AGENT", "on|off"},
+		summary: "mark a catalog entry official, or not",
+		help: `Sets whether agent AGENT (its public key) is official in the catalog
+(mesh.catalog.list), over the configured list (MESH_CATALOG_OFFICIAL). The
+agent must be in the catalog: it registered publicly at least once and was
+not removed. Needs the running meshd (the catalog lives on the bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id, on := a.pos[0], a.pos[1]
+			return "/admin/catalog/" + id + "/official", map[string]any{"official": on}, func(map[string]any) string {
+				if on == "on" {
+					return "agent " + id + " is official in the catalog"
+				}
+				return "agent " + id + " is not official in the catalog"
+			}
+		},
+	},
+	{
+		words: "catalog remove", args: []string{"AGENT"},
+		summary: "remove an agent's catalog entry",
+		help: `Removes agent AGENT's entry from the catalog. It stays out until the agent
+registers anew (a registration made after the removal); to keep an agent
+off the mesh, retire it. Needs the running meshd (the catalog lives on the
+bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id := a.pos[0]
+			return "/admin/catalog/" + id + "/remove", map[string]any{}, func(r map[string]any) string {
+				if r["removed"] == true {
+					return "agent " + id + " removed from the catalog"
+				}
+				return "agent " + id + " was not in the catalog; nothing to remove"
+			}
+		},
+	},
+	{
+		// Before "operator-credential": the first command whose words start
+		// the line is the one run.
+		words: "operator-credential revoke", args: []string{"KEY"},
+		summary: "revoke an operator test credential at once",
+		help: `Revokes the operator test credential with public key KEY (as minting
+printed it): its connections close at once, and it is refused from then on.
+On a stopped mesh the revocation is recorded and applied when meshd starts.`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			key := a.pos[0]
+			return "/admin/operator-credentials/" + key + "/revoke", map[string]any{},
+				func(map[string]any) string { return "operator credential " + key + " revoked" }
+		},
+	},
+	{
+		words: "operator-credential", flags: []string{"ttl", "out", "label"}, required: []string{"ttl"},
+		summary: "mint a wide, short-lived test credential (mesh.> and _INBOX.>) into a creds file",
+		help: `Mints the operator's test credential: one NATS user that publishes and
+subscribes mesh.> and _INBOX.> (never $SYS.>, $KV.>, $JS.> or
+mesh.internal.>), so it can speak for any agent key and read every agent's
+traffic. It is for third-party conformance suites that assume one such
+credential, on a mesh you run; read docs/security.md before using it.
+The creds file is written with mode 0600 (never over an existing file);
+the seed is printed nowhere and logged nowhere. The mint is logged and
+recorded; revoke it with "meshd admin operator-credential revoke KEY".
+  --ttl DURATION   required: how long it lives, at most 24h (e.g. 1h, 90m)
+  --out FILE       where to write the creds file
+                   (default DIR/operator-<key>.creds)
+  --label TEXT     a note added to its name (who, which suite)`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			return "/admin/operator-credentials", map[string]any{"ttl": a.flags["ttl"], "label": a.flags["label"]},
+				func(r map[string]any) string {
+					return fmt.Sprintf("wrote %s: %s, public key %s, expires %s.\nIt reads every agent's traffic on this mesh; revoke it when the run is over:\n  meshd admin operator-credential revoke %s",
+						r["creds_file"], r["name"], r["public_key"], r["expires_at"], r["public_key"])
+				}
+		},
+		finish: writeOperatorCreds,
+	},
 }
 
 // adminUsageText is the admin help with its command list.
@@ -224,6 +301,11 @@ func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.
 			return usageErr(stderr, fmt.Sprintf("%s needs --%s %s", cmd.words, f, placeholders[f]), cmd.usage())
 		}
 	}
+	if f, ok := a.flags["ttl"]; ok {
+		if _, err := devenv.OperatorTTL(f); err != nil {
+			return usageErr(stderr, err.Error(), cmd.usage())
+		}
+	}
 	path, body, show := cmd.call(a)
 
 	client, done, err := adminClient(dataDir)
@@ -234,6 +316,11 @@ func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.
 	res, err := call(ctx, client, path, body)
 	if err != nil {
 		return err
+	}
+	if cmd.finish != nil {
+		if res, err = cmd.finish(a, dataDir, res); err != nil {
+			return err
+		}
 	}
 	if *asJSON {
 		return json.NewEncoder(stdout).Encode(res)
@@ -353,4 +440,35 @@ func call(ctx context.Context, c *http.Client, path string, body map[string]any)
 		return nil, fmt.Errorf("%s (%s)", e.Error, e.Code)
 	}
 	return out, nil
+}
+
+// writeOperatorCreds writes a minted operator credential's creds file
+// (0600, never over an existing file) and answers what may be printed:
+// everything but the JWT, the seed and the creds themselves.
+func writeOperatorCreds(a adminArgs, dataDir string, res map[string]any) (map[string]any, error) {
+	key, _ := res["public_key"].(string)
+	cf, _ := res["creds"].(string)
+	if key == "" || cf == "" {
+		return nil, errors.New("meshd answered without a credential")
+	}
+	path := a.flags["out"]
+	if path == "" {
+		path = filepath.Join(dataDir, "operator-"+key[:12]+".creds")
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("the credential was minted but not written (revoke %s with meshd admin operator-credential revoke): %w", key, err)
+	}
+	if _, err := f.WriteString(cf); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("write %s: %w", path, err)
+	}
+	if err := f.Close(); err != nil {
+		return nil, fmt.Errorf("write %s: %w", path, err)
+	}
+	abs, err := filepath.Abs(path)
+	if err != nil {
+		abs = path
+	}
+	return map[string]any{"creds_file": abs, "public_key": key, "name": res["name"], "expires_at": res["expires_at"], "mesh": res["mesh"]}, nil
 }

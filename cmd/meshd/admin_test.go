@@ -13,9 +13,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/jwt/v2"
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -249,5 +251,240 @@ func TestAdminWaitsForALockedDataDir(t *testing.T) {
 	want := fmt.Sprintf("a meshd is running on this data dir (pid %d) but its admin socket", os.Getpid())
 	if err == nil || !strings.Contains(err.Error(), want) {
 		t.Fatalf("admin on a locked data dir: %v, want %q", err, want)
+	}
+}
+
+// The operator test credential: refused without --ttl or with more than a
+// day, written 0600 with --ttl (nothing secret printed), wide on mesh.>
+// and _INBOX.> yet refused $KV.> and $SYS.> by the broker, and closed and
+// refused by the broker once revoked.
+func TestAdminOperatorCredential(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	urls, stdout, stop := runUntilReady(t, dataDir)
+	defer stop()
+
+	for _, args := range [][]string{
+		{"admin", "--data-dir", dataDir, "operator-credential"},
+		{"admin", "--data-dir", dataDir, "operator-credential", "--ttl", ""},
+		{"admin", "--data-dir", dataDir, "operator-credential", "--ttl", "25h"},
+		{"admin", "--data-dir", dataDir, "operator-credential", "--ttl", "-1h"},
+		{"admin", "--data-dir", dataDir, "operator-credential", "--ttl", "soon"},
+	} {
+		_, errOut, err := runAdmin(t, args...)
+		if !errors.Is(err, errUsage) || !strings.Contains(errOut, "--ttl") {
+			t.Errorf("meshd %s: %v %q, want a usage error naming --ttl", strings.Join(args, " "), err, errOut)
+		}
+	}
+	if entries, _ := filepath.Glob(filepath.Join(dataDir, "operator-*.creds")); len(entries) > 0 {
+		t.Fatalf("a refused command wrote %v", entries)
+	}
+
+	out := filepath.Join(t.TempDir(), "op.creds")
+	res := adminJSON(t, dataDir, "operator-credential", "--ttl", "1h", "--out", out, "--label", "suite run 7")
+	key, _ := res["public_key"].(string)
+	if !keys.IsUserPublicKey(key) || res["creds_file"] != out || !strings.Contains(res["name"].(string), "OPERATOR TEST CREDENTIAL") ||
+		res["seed"] != nil || res["jwt"] != nil || res["creds"] != nil {
+		t.Fatalf("operator-credential answered %v", res)
+	}
+	if exp, err := protocol.ParseTime(res["expires_at"].(string)); err != nil || time.Until(exp) > time.Hour || time.Until(exp) < 55*time.Minute {
+		t.Errorf("expires_at %v, want an hour from now", res["expires_at"])
+	}
+	fi, err := os.Stat(out)
+	if err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("creds file: %v %v", fi, err)
+	}
+	cf, _ := os.ReadFile(out)
+	seed, err := jwt.ParseDecoratedNKey(cf)
+	if err != nil {
+		t.Fatalf("the creds file holds no seed: %v", err)
+	}
+	raw, _ := seed.Seed()
+	if strings.Contains(stdout.String(), string(raw)) {
+		t.Error("meshd printed the operator credential's seed")
+	}
+	// The text form names the file and the key, and how to revoke; no seed.
+	text, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "operator-credential", "--ttl", "30m", "--out", filepath.Join(t.TempDir(), "two.creds"))
+	if err != nil || !strings.Contains(text, "operator-credential revoke U") || strings.Contains(text, "NKEY") || strings.Contains(text, "eyJ") {
+		t.Errorf("text answer: %v %q", err, text)
+	}
+	// Never over an existing file.
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "operator-credential", "--ttl", "1h", "--out", out); err == nil ||
+		!strings.Contains(err.Error(), "not written") {
+		t.Errorf("a second mint onto the same file: %v", err)
+	}
+
+	violations := make(chan error, 16)
+	closed := make(chan struct{})
+	nc, err := nats.Connect(urls["mesh_tcp_url"], nats.UserCredentials(out), nats.MaxReconnects(0),
+		nats.ErrorHandler(func(_ *nats.Conn, _ *nats.Subscription, err error) { violations <- err }),
+		nats.ClosedHandler(func(*nats.Conn) { close(closed) }))
+	if err != nil {
+		t.Fatalf("connect with the operator creds: %v", err)
+	}
+	defer nc.Close()
+	// Any agent's inbox, both ways, and a reply on the shared _INBOX.
+	a, b := newKey(t), newKey(t)
+	for _, agent := range []string{a, b} {
+		sub, err := nc.SubscribeSync(protocol.InboxSubject(agent))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := nc.Publish(protocol.InboxSubject(agent), []byte("hello "+agent)); err != nil {
+			t.Fatal(err)
+		}
+		if m, err := sub.NextMsg(5 * time.Second); err != nil || string(m.Data) != "hello "+agent {
+			t.Fatalf("round trip on %s's inbox: %v", agent, err)
+		}
+	}
+	echo, err := nc.Subscribe("mesh.event.echo", func(m *nats.Msg) { _ = m.Respond(m.Data) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := nc.Request("mesh.event.echo", []byte("ping"), 5*time.Second); err != nil || string(r.Data) != "ping" {
+		t.Fatalf("request on _INBOX.: %v", err)
+	}
+	_ = echo.Unsubscribe()
+	// The broker refuses the denied namespaces (the refusal is asynchronous:
+	// silence fails the test).
+	for _, subj := range []string{"$KV.mesh_registry." + a, "$SYS.REQ.SERVER.PING", "$JS.API.INFO", "mesh.internal.guest.erase"} {
+		if err := nc.Publish(subj, []byte("x")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case err := <-violations:
+			if !strings.Contains(strings.ToLower(err.Error()), "permissions violation") {
+				t.Errorf("publish %s: %v", subj, err)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("publish %s: no permissions violation from the broker", subj)
+		}
+	}
+
+	if got := adminJSON(t, dataDir, "operator-credential", "revoke", key); got["ok"] != true {
+		t.Fatalf("revoke: %v", got)
+	}
+	select {
+	case <-closed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the operator credential's connection was not closed within 5 s of its revocation")
+	}
+	if nc2, err := nats.Connect(urls["mesh_tcp_url"], nats.UserCredentials(out), nats.MaxReconnects(0)); err == nil {
+		nc2.Close()
+		t.Fatal("a revoked operator credential connected again")
+	} else if !errors.Is(err, nats.ErrAuthorization) && !strings.Contains(err.Error(), "Authorization") {
+		t.Errorf("a revoked operator credential refused with %v", err)
+	}
+	// Only operator credentials are revoked through this command.
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "operator-credential", "revoke", a); err == nil ||
+		!strings.Contains(err.Error(), "no operator credential") {
+		t.Errorf("revoking a key that is no operator credential: %v", err)
+	}
+}
+
+func newKey(t *testing.T) string {
+	t.Helper()
+	k, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return k.Public()
+}
+
+// The operator's catalog commands on a running meshd: official on and off
+// over an agent's entry, which outlives the agent's deregistration, and
+// removal; on a stopped mesh they say the catalog needs the running meshd.
+func TestAdminCatalog(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	urls, _, stop := runUntilReady(t, dataDir)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	acct := adminJSON(t, dataDir, "account", "create", "--email", "cat@example.org")["account_id"].(string)
+	token := adminJSON(t, dataDir, "agent-token", "--account", acct, "--name", "finder")["token"].(string)
+	agent, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	node, err := keys.Generate[keys.NodeRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, boot := postJSON(t, urls["control_url"]+"/v1/bootstrap", map[string]any{"token": token, "agent_id": agent.Public()})
+	if st != 200 {
+		t.Fatalf("bootstrap: %d %v", st, boot)
+	}
+	nc, err := nats.Connect(urls["mesh_tcp_url"], nats.UserCredentialBytes([]byte(boot["creds"].(string))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	ctx, cancel := context.WithTimeout(t.Context(), 20*time.Second)
+	defer cancel()
+	vouch, err := protocol.NewVouch(node, agent.Public(), time.Now(), time.Now().Add(time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", map[string]any{
+		"id": agent.Public(), "name": "finder", "endpoint": protocol.InboxSubject(agent.Public()), "visibility": "public",
+		"node": map[string]any{"id": node.Public(), "attestation": vouch}, "offerings": []any{map[string]any{"id": "find", "name": "Find"}},
+	}); err != nil {
+		t.Fatalf("register: %v", err)
+	}
+	// The agent's own credential reads the catalog (every non-guest kind may).
+	entry := func(what string, ok func(map[string]any) bool) {
+		t.Helper()
+		for {
+			rep, err := bus.Call(ctx, nc, agent, protocol.SubjCatalogList, protocol.TypeDiscover, "", map[string]any{})
+			if err != nil {
+				t.Fatalf("catalog: %v", err)
+			}
+			var c struct {
+				Entries []map[string]any `json:"entries"`
+			}
+			_ = rep.DecodePayload(&c)
+			if len(c.Entries) == 1 && c.Entries[0]["agent_id"] == agent.Public() && ok(c.Entries[0]) {
+				return
+			}
+			select {
+			case <-ctx.Done():
+				t.Fatalf("the catalog never showed %s: %v", what, c.Entries)
+			case <-time.After(20 * time.Millisecond):
+			}
+		}
+	}
+	entry("the agent", func(e map[string]any) bool { return e["available"] == true && e["official"] == false })
+
+	out, errOut, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "on")
+	if err != nil || !strings.Contains(out, "is official") {
+		t.Fatalf("catalog official on: %v %q %q", err, out, errOut)
+	}
+	entry("official", func(e map[string]any) bool { return e["official"] == true })
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjDeregister, protocol.TypeRegister, "", map[string]any{"agent_id": agent.Public()}); err != nil {
+		t.Fatalf("deregister: %v", err)
+	}
+	entry("the deregistered agent, still official", func(e map[string]any) bool { return e["available"] == false && e["official"] == true })
+	if got := adminJSON(t, dataDir, "catalog", "official", agent.Public(), "off"); got["entry"].(map[string]any)["official"] != false {
+		t.Fatalf("catalog official off: %v", got)
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "maybe"); err == nil || !strings.Contains(err.Error(), "on or off") {
+		t.Errorf("catalog official maybe: %v", err)
+	}
+	if got := adminJSON(t, dataDir, "catalog", "remove", agent.Public()); got["removed"] != true {
+		t.Fatalf("catalog remove: %v", got)
+	}
+	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "remove", agent.Public()); err != nil || !strings.Contains(out, "was not in the catalog") {
+		t.Errorf("removing again: %v %q", err, out)
+	}
+
+	nc.Close()
+	stopped = true
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "official", agent.Public(), "on"); err == nil || !strings.Contains(err.Error(), "start meshd") {
+		t.Errorf("catalog official on a stopped mesh: %v", err)
 	}
 }

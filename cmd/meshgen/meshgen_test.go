@@ -329,12 +329,45 @@ func TestSchedule(t *testing.T) {
 	}
 }
 
+// A worker that reads the trust chain (the rooms worker) is granted the
+// four trust seeds beside its credential and the services seed, and its
+// service waits for those grants; every other worker gets its two only.
+func TestTrustWorkerReadsTheTrustSeeds(t *testing.T) {
+	out, err := workerConfig([]Worker{{Name: "rooms", MinInstances: 1, MaxInstances: 1, Trust: true},
+		{Name: "feeds", MinInstances: 1, MaxInstances: 1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := out["resource"].(tf)
+	access := res["google_secret_manager_secret_iam_member"].(tf)
+	readBy := map[string][]string{}
+	for name, g := range access {
+		w := strings.Split(strings.TrimPrefix(name, "worker_"), "_")[0]
+		readBy[w] = append(readBy[w], g.(tf)["secret_id"].(string))
+	}
+	for _, secret := range []string{"mesh-worker-rooms-creds", "mesh-services-seed", "mesh-operator-seed", "mesh-system-account-seed",
+		"mesh-account-seed", "mesh-account-signing-seed"} {
+		if !slices.Contains(readBy["rooms"], "${"+secretRef(secret)+".id}") {
+			t.Errorf("the rooms worker may not read %s", secret)
+		}
+	}
+	if len(readBy["rooms"]) != 6 || len(readBy["feeds"]) != 2 {
+		t.Errorf("grants %v", readBy)
+	}
+	deps := res["google_cloud_run_v2_service"].(tf)["worker_rooms"].(tf)["depends_on"].([]string)
+	if len(deps) != 7 || !slices.Contains(deps, "google_secret_manager_secret_iam_member.worker_rooms_trust0") {
+		t.Errorf("the rooms service depends on %v", deps)
+	}
+}
+
 func TestWorkerTableChecked(t *testing.T) {
 	for _, bad := range [][]Worker{
 		{{Name: "Registry", MinInstances: 1, MaxInstances: 1}},
 		{{Name: "registry", MinInstances: 1, MaxInstances: 1}, {Name: "registry", MinInstances: 1, MaxInstances: 1}},
 		{{Name: "registry", MinInstances: 0, MaxInstances: 1}},
 		{{Name: "registry", MinInstances: 2, MaxInstances: 1}},
+		{{Name: "rooms", MinInstances: 1, MaxInstances: 1, Env: map[string]string{"MESH_NATS_URL": "nats://elsewhere"}}},
+		{{Name: "rooms", MinInstances: 1, MaxInstances: 1, Env: map[string]string{"PATH": "/tmp"}}},
 	} {
 		if _, err := workerConfig(bad); err == nil {
 			t.Errorf("%+v: want an error", bad)

@@ -42,6 +42,7 @@ var Routes = []api.Route{
 	{EntryPoint: "AppRevoke", Method: "DELETE", Path: "/v1/accounts/{id}/apps/{app}", Auth: api.Session, Handler: apps(method((*handlers).revokeApp))},
 	{EntryPoint: "AccountAgents", Method: "GET", Path: "/v1/accounts/{id}/agents", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).agents))},
 	{EntryPoint: "AccountActivity", Method: "GET", Path: "/v1/accounts/{id}/activity", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).activity))},
+	{EntryPoint: "AccountUsage", Method: "GET", Path: "/v1/accounts/{id}/usage", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).usage))},
 	{EntryPoint: "SubscriptionList", Method: "GET", Path: "/v1/accounts/{id}/subscriptions", Auth: api.SessionOrToken("read"), Handler: views(method((*handlers).subscriptions))},
 	{EntryPoint: "SubscriptionAdd", Method: "POST", Path: "/v1/accounts/{id}/subscriptions", Auth: api.Session, Handler: views(method((*handlers).subscribe))},
 	{EntryPoint: "SubscriptionRemove", Method: "DELETE", Path: "/v1/accounts/{id}/subscriptions/{agent}", Auth: api.Session, Handler: views(method((*handlers).unsubscribe))},
@@ -338,6 +339,14 @@ func (h *handlers) activity(w http.ResponseWriter, r *http.Request) error {
 		return err
 	}
 	return ok(w, http.StatusOK, map[string]any{"items": items})
+}
+
+func (h *handlers) usage(w http.ResponseWriter, r *http.Request) error {
+	agents, err := h.d.Views.Usage(r.Context(), api.PrincipalOf(r).AccountID)
+	if err != nil {
+		return err
+	}
+	return ok(w, http.StatusOK, map[string]any{"agents": agents})
 }
 
 func (h *handlers) subscriptions(w http.ResponseWriter, r *http.Request) error {

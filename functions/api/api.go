@@ -15,6 +15,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/grant"
@@ -37,6 +38,10 @@ type Deps struct {
 	// Grants is the cloud grants and the deployment manager; nil without a
 	// deployer service account (the grant routes answer 501).
 	Grants *grant.Service
+	// Bus is the control plane's signed way onto the bus (the services
+	// key), for the jobs that ask a bus worker (RoomSweep); nil without a
+	// bus connection.
+	Bus *bus.Caller
 	// RateLimit is the per-IP limit every route sits behind.
 	RateLimit *httpx.Limiter
 	// TrustedProxyHops is how many proxies append to X-Forwarded-For in

@@ -113,7 +113,7 @@ func NewDeps(b Backends) (*Deps, error) {
 	if err != nil {
 		return nil, fmt.Errorf("control plane: passkeys: %w", err)
 	}
-	d := &Deps{Log: b.Log.With("component", "http"), TrustedProxyHops: max(s.TrustedProxyHops, 0), BodyTimeout: s.BodyTimeout}
+	d := &Deps{Log: b.Log.With("component", "http"), TrustedProxyHops: max(s.TrustedProxyHops, 0), BodyTimeout: s.BodyTimeout, Bus: b.Bus}
 	d.Accounts = account.New(account.Config{Store: b.Store, Mail: b.Mail, Passkeys: pk, Log: b.Log.With("service", "account"),
 		ConsoleURL: b.ConsoleURL, ControlURL: b.ControlURL, Now: b.Now, Limits: s.AccountLimits})
 	if b.Grants.Deployer != "" {

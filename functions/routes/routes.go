@@ -15,10 +15,11 @@ import (
 	"agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
 	"agentmesh.dev/mesh/functions/registrar"
+	"agentmesh.dev/mesh/functions/rooms"
 )
 
 // All returns every row. The table is checked (api.Check) by this
 // package's tests; a malformed row never reaches a deployment.
 func All() []api.Route {
-	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, console.Routes)
+	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, console.Routes, rooms.Routes)
 }

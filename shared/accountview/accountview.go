@@ -142,6 +142,68 @@ func (s *Service) Activity(ctx context.Context, accountID string, limit int) ([]
 	return items[:min(limit, len(items))], nil
 }
 
+// AgentUsage is one of an account's agents (or apps) with its counters
+// (mesh.usage.list): zero, with no times, for one never seen.
+type AgentUsage struct {
+	AgentID     string `json:"agent_id"`
+	Label       string `json:"label"`
+	Kind        string `json:"kind"` // "agent" or "app"
+	MessagesIn  int64  `json:"messages_in"`
+	MessagesOut int64  `json:"messages_out"`
+	Errors      int64  `json:"errors"`
+	FirstSeen   string `json:"first_seen,omitempty"`
+	LastActive  string `json:"last_active,omitempty"`
+}
+
+// Usage lists the counters of every agent and app the account holds, in
+// the order they were made, from one mesh.usage.list for all of them.
+func (s *Service) Usage(ctx context.Context, accountID string) ([]AgentUsage, error) {
+	ags, err := s.Credentials.Agents(ctx, accountID)
+	if err != nil {
+		return nil, err
+	}
+	apps, err := s.Credentials.ListApps(ctx, accountID)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]AgentUsage, 0, len(ags)+len(apps))
+	for _, a := range ags {
+		out = append(out, AgentUsage{AgentID: a.ID, Label: a.Label, Kind: "agent"})
+	}
+	for _, a := range apps {
+		out = append(out, AgentUsage{AgentID: a.Key, Label: a.Name, Kind: "app"})
+	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	ids := make([]any, len(out))
+	for i, u := range out {
+		ids[i] = u.AgentID
+	}
+	res, err := s.call(ctx, protocol.SubjUsageList, map[string]any{"agents": ids})
+	if err != nil {
+		return nil, err
+	}
+	counters := map[string]map[string]any{}
+	for _, c := range asList(res["agents"]) {
+		if m, ok := c.(map[string]any); ok {
+			id, _ := m["agent"].(string)
+			counters[id] = m
+		}
+	}
+	for i := range out {
+		c := counters[out[i].AgentID]
+		if c == nil {
+			continue
+		}
+		n := func(k string) int64 { f, _ := c[k].(float64); return int64(f) }
+		out[i].MessagesIn, out[i].MessagesOut, out[i].Errors = n("messages_in"), n("messages_out"), n("errors")
+		out[i].FirstSeen, _ = c["first_seen"].(string)
+		out[i].LastActive, _ = c["last_active"].(string)
+	}
+	return out, nil
+}
+
 // Subscription is one catalog entry an account follows.
 type Subscription struct {
 	AgentID string `json:"agent_id"`

@@ -25,6 +25,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"regexp"
 	"slices"
 	"strings"
@@ -99,8 +100,14 @@ const (
 
 // Config tunes the worker.
 type Config struct {
-	// Official lists the agent ids the catalog marks official.
+	// Official lists the agent ids the catalog marks official, unless the
+	// operator said otherwise for one (meshd admin catalog official).
 	Official []string
+	// Accounts says which agents an app credential may read the activity
+	// and usage of (access.go); nil refuses every caller but the services
+	// key with UNAVAILABLE. devenv gives the control plane's credential
+	// service.
+	Accounts Accounts
 	// FlushEvery is how often a copy writes the counter deltas it has
 	// accumulated (DefaultFlushEvery, 250 ms): counters are eventually
 	// consistent within it, and a crash loses at most that much counting.
@@ -163,23 +170,6 @@ type Usage struct {
 	LastActive  string `json:"last_active"`
 }
 
-// Offering is one offering of a catalog entry.
-type Offering struct {
-	ID          string `json:"id"`
-	Name        string `json:"name"`
-	Description string `json:"description"`
-}
-
-// Entry is one entry of a mesh.catalog.list answer.
-type Entry struct {
-	AgentID    string     `json:"agent_id"`
-	Name       string     `json:"name"`
-	Offerings  []Offering `json:"offerings"`
-	Provider   string     `json:"provider,omitempty"`
-	Official   bool       `json:"official"`
-	Categories []string   `json:"categories"`
-}
-
 // Stats counts what one copy's taps did.
 type Stats struct {
 	Recorded   uint64 // new timeline items (a request and the answer it carries are two)
@@ -201,6 +191,10 @@ type Worker struct {
 	registry bus.LazyBucket
 	subs     []*nats.Subscription
 	once     sync.Once
+
+	// The catalog's follower of the registry (catalog.go).
+	catCancel context.CancelFunc
+	catDone   chan struct{}
 
 	// pending are counter deltas not yet written; a copy counts only the
 	// messages whose timeline record it wrote (not a duplicate), so deltas
@@ -245,8 +239,9 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket, Description: "per-agent message counters, keyed by agent id",
-		Replicas: bus.Replicas(cfg.Replicas)})
+	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket,
+		Description: "per-agent message counters, keyed by agent id, and the catalog, keyed catalog.<agent id>",
+		Replicas:    bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(err)
 	}
@@ -320,6 +315,8 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		{"activity", protocol.SubjActivityList, w.listActivity},
 		{"usage", protocol.SubjUsageList, w.listUsage},
 		{"catalog", protocol.SubjCatalogList, w.listCatalog},
+		{"catalog-remove", protocol.SubjCatalogRemove, w.removeOwn},
+		{"catalog-admin", protocol.SubjCatalogAdmin, w.admin},
 		{"guest-erase", protocol.SubjGuestErase, w.eraseGuests},
 	} {
 		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
@@ -346,6 +343,9 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		_ = w.Stop()
 		return nil, fmt.Errorf("%s: flush: %w", Name, err)
 	}
+	catCtx, cancel := context.WithCancel(context.Background())
+	w.catCancel, w.catDone = cancel, make(chan struct{})
+	go w.catalogLoop(catCtx)
 	return w, nil
 }
 
@@ -354,6 +354,10 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 func (w *Worker) Stop() error {
 	var err error
 	w.once.Do(func() {
+		if w.catCancel != nil {
+			w.catCancel()
+			<-w.catDone
+		}
 		w.subsMu.Lock()
 		for _, s := range w.subs {
 			if n, err := s.Dropped(); err == nil && n > 0 {
@@ -869,6 +873,23 @@ func (w *Worker) listActivity(ctx context.Context, r *bus.Request) (any, error) 
 	default:
 		return nil, errs.New(errs.InvalidQuery, "limit must be a positive integer")
 	}
+	scope, err := w.scope(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	if scope != nil {
+		// An app names one of its account's agents: every item it then
+		// reads has that agent at one end.
+		switch {
+		case from == "" && to == "":
+			return nil, errs.New(errs.InvalidQuery, "name one of this app's account's agents in from or to")
+		case !scope[from] && !scope[to]:
+			if from != "" {
+				return nil, notYours(from)
+			}
+			return nil, notYours(to)
+		}
+	}
 	items, total, err := w.read(ctx, from, to, limit)
 	if err != nil {
 		return nil, err
@@ -1040,153 +1061,63 @@ func keyFilter(q map[string]any, name string) (string, error) {
 // ---------------------------------------------------------------------------
 // mesh.usage.list
 
-// listUsage answers {agent?} with {agents:[counters]}, sorted by agent.
+// listUsage answers {agent?, agents?} with {agents:[counters]}, sorted by
+// agent: one agent's, those of a list (at most MaxUsageAgents), or every
+// agent's the caller may read (an app: its account's).
 func (w *Worker) listUsage(ctx context.Context, r *bus.Request) (any, error) {
-	agent, err := keyFilter(r.Object(), "agent")
+	q := r.Object()
+	agent, err := keyFilter(q, "agent")
 	if err != nil {
 		return nil, err
 	}
-	out := []Usage{}
+	var list []string
+	switch v := q["agents"].(type) {
+	case nil:
+	case []any:
+		if len(v) > MaxUsageAgents || agent != "" {
+			return nil, errs.Newf(errs.InvalidQuery, "agents is a list of at most %d public keys, without agent", MaxUsageAgents)
+		}
+		for _, x := range v {
+			k, ok := x.(string)
+			if !ok || !keys.IsUserPublicKey(k) {
+				return nil, errs.New(errs.InvalidQuery, "agents must be public keys")
+			}
+			list = append(list, k)
+		}
+	default:
+		return nil, errs.New(errs.InvalidQuery, "agents must be a list of public keys")
+	}
 	if agent != "" {
-		u, found, err := bus.GetJSON[Usage](ctx, w.usage, agent)
-		if err != nil {
-			return nil, err
-		}
-		if found {
-			out = append(out, u)
-		}
-		return map[string]any{"agents": out}, nil
+		list = []string{agent}
 	}
-	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
-		var u Usage
-		if json.Unmarshal(v, &u) == nil {
-			out = append(out, u)
-		}
-	})
+	scope, err := w.scope(ctx, r)
 	if err != nil {
 		return nil, err
+	}
+	for _, a := range list {
+		if scope != nil && !scope[a] {
+			return nil, notYours(a)
+		}
+	}
+	if list == nil && scope != nil {
+		list = slices.Sorted(maps.Keys(scope))
+		if len(list) == 0 {
+			return map[string]any{"agents": []Usage{}}, nil
+		}
+	}
+	var out []Usage
+	if list != nil {
+		slices.Sort(list)
+		out, err = w.usageOf(ctx, slices.Compact(list))
+	} else {
+		out, err = w.allUsage(ctx)
+	}
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the usage counters could not be read; try again")
 	}
 	slices.SortFunc(out, func(a, b Usage) int { return strings.Compare(a.Agent, b.Agent) })
 	return map[string]any{"agents": out}, nil
 }
 
-// ---------------------------------------------------------------------------
-// mesh.catalog.list
-
-// listCatalog answers {official?, categories?} with {entries, total}: every
-// public, non-sandbox registration in mesh_registry (none while the bucket
-// does not exist), sorted by name then id. official filters on the flag;
-// categories keeps entries carrying any of the given tags (case-insensitive).
-func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
-	q := r.Object()
-	var wantOfficial *bool
-	switch v := q["official"].(type) {
-	case nil:
-	case bool:
-		wantOfficial = &v
-	default:
-		return nil, errs.New(errs.InvalidQuery, "official must be a boolean")
-	}
-	var cats []string
-	switch v := q["categories"].(type) {
-	case nil:
-	case []any:
-		for _, c := range v {
-			s, ok := c.(string)
-			if !ok {
-				return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
-			}
-			cats = append(cats, strings.ToLower(s))
-		}
-	default:
-		return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
-	}
-	entries := []Entry{}
-	kv, err := w.registry.Get(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if kv != nil {
-		err = bus.EachValue(ctx, kv, func(key string, v []byte) {
-			e, ok := w.entryOf(key, v)
-			if !ok {
-				return
-			}
-			if wantOfficial != nil && e.Official != *wantOfficial {
-				return
-			}
-			if len(cats) > 0 && !slices.ContainsFunc(e.Categories, func(c string) bool { return slices.Contains(cats, strings.ToLower(c)) }) {
-				return
-			}
-			entries = append(entries, e)
-		})
-		if err != nil {
-			return nil, err
-		}
-	}
-	slices.SortFunc(entries, func(a, b Entry) int {
-		if c := strings.Compare(a.Name, b.Name); c != 0 {
-			return c
-		}
-		return strings.Compare(a.AgentID, b.AgentID)
-	})
-	return map[string]any{"entries": entries, "total": len(entries)}, nil
-}
-
-// entryOf makes a catalog entry of a registry record, or reports that the
-// record is not listed: not public, sandbox, or not an agent record.
-func (w *Worker) entryOf(key string, v []byte) (Entry, bool) {
-	var m map[string]any
-	if json.Unmarshal(v, &m) != nil {
-		return Entry{}, false
-	}
-	id := stringOf(m["id"])
-	if id != key || !keys.IsUserPublicKey(id) {
-		return Entry{}, false
-	}
-	if stringOf(m["visibility"]) != "public" || m["sandbox"] == true || stringOf(m["trust_tier"]) == "sandbox" {
-		return Entry{}, false
-	}
-	e := Entry{AgentID: id, Name: stringOf(m["name"]), Offerings: []Offering{}, Official: w.official[id], Categories: []string{}}
-	if list, ok := m["offerings"].([]any); ok {
-		for _, o := range list {
-			om, ok := o.(map[string]any)
-			if !ok {
-				continue
-			}
-			e.Offerings = append(e.Offerings, Offering{ID: stringOf(om["id"]), Name: stringOf(om["name"]), Description: stringOf(om["description"])})
-		}
-	}
-	if tags, ok := m["tags"].([]any); ok {
-		for _, t := range tags {
-			if s, ok := t.(string); ok && s != "" {
-				e.Categories = append(e.Categories, s)
-			}
-		}
-	}
-	e.Provider = providerOf(m)
-	return e, true
-}
-
-// providerOf reads the manifest's provider: a string, or an object's name,
-// at the top level or under meta.
-func providerOf(m map[string]any) string {
-	for _, v := range []any{m["provider"], mapOf(m["meta"])["provider"]} {
-		switch p := v.(type) {
-		case string:
-			if p != "" {
-				return p
-			}
-		case map[string]any:
-			if s := stringOf(p["name"]); s != "" {
-				return s
-			}
-		}
-	}
-	return ""
-}
-
-func mapOf(v any) map[string]any {
-	m, _ := v.(map[string]any)
-	return m
-}
+// MaxUsageAgents bounds the agents one mesh.usage.list names.
+const MaxUsageAgents = 1000

@@ -2,7 +2,6 @@ package activity_test
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"strings"
@@ -30,20 +29,23 @@ type harness struct {
 	js      jetstream.JetStream
 	reg     jetstream.KeyValue
 	caller  *keys.Agent
+	cfg     activity.Config
 	workers []*activity.Worker
 }
 
 func start(t *testing.T, official ...string) *harness {
 	t.Helper()
 	m := bustest.Start(t)
-	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: bustest.Agent(t)}
+	// The tests read as the account views do, signed by the services key;
+	// access.go's tests read as apps and others.
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: m.ServicesKey(), cfg: activity.Config{Official: official}}
 	h.js, _ = jetstream.New(h.nc)
 	var err error
 	if h.reg, err = bus.Bucket(t.Context(), h.js, jetstream.KeyValueConfig{Bucket: activity.RegistryBucket}); err != nil {
 		t.Fatal(err)
 	}
 	for i := range 3 {
-		w, err := activity.Start(t.Context(), bustest.Env(t, m, fmt.Sprintf("activity-%d", i), nil), activity.Config{Official: official})
+		w, err := activity.Start(t.Context(), bustest.Env(t, m, fmt.Sprintf("activity-%d", i), nil), h.cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -334,72 +336,6 @@ func TestTimelineAndUsage(t *testing.T) {
 	}
 }
 
-// The catalog lists public, non-sandbox registrations only, with the
-// official flag from the configuration and categories from the tags.
-func TestCatalog(t *testing.T) {
-	pub, off, sandbox, unlisted := bustest.Agent(t).Public(), bustest.Agent(t).Public(), bustest.Agent(t).Public(), bustest.Agent(t).Public()
-	h := start(t, off)
-	put := func(id string, rec map[string]any) {
-		rec["id"] = id
-		b, _ := json.Marshal(rec)
-		if _, err := h.reg.Put(t.Context(), id, b); err != nil {
-			t.Fatal(err)
-		}
-	}
-	offerings := []any{map[string]any{"id": "chat", "name": "Chat", "description": "talk", "tags": []any{"x"}}}
-	put(pub, map[string]any{"name": "Beta", "visibility": "public", "sandbox": false, "offerings": offerings, "tags": []any{"Finance", "search"}, "meta": map[string]any{"provider": "Acme"}})
-	put(off, map[string]any{"name": "Alpha", "visibility": "public", "offerings": offerings, "tags": []any{"search"}})
-	put(sandbox, map[string]any{"name": "Guest", "visibility": "public", "sandbox": true, "trust_tier": "sandbox", "offerings": offerings})
-	put(unlisted, map[string]any{"name": "Hidden", "visibility": "unlisted", "offerings": offerings})
-
-	type catalog struct {
-		Entries []activity.Entry `json:"entries"`
-		Total   int              `json:"total"`
-	}
-	list := func(q map[string]any) catalog {
-		t.Helper()
-		var c catalog
-		if err := h.call(protocol.SubjCatalogList, q, &c); err != nil {
-			t.Fatal(err)
-		}
-		return c
-	}
-	all := list(map[string]any{})
-	if all.Total != 2 || len(all.Entries) != 2 || all.Entries[0].AgentID != off || all.Entries[1].AgentID != pub {
-		t.Fatalf("catalog %+v", all)
-	}
-	alpha, beta := all.Entries[0], all.Entries[1]
-	if !alpha.Official || beta.Official || beta.Provider != "Acme" || alpha.Provider != "" {
-		t.Fatalf("flags: %+v %+v", alpha, beta)
-	}
-	if len(beta.Offerings) != 1 || beta.Offerings[0] != (activity.Offering{ID: "chat", Name: "Chat", Description: "talk"}) {
-		t.Fatalf("offerings %+v", beta.Offerings)
-	}
-	if len(beta.Categories) != 2 || beta.Categories[0] != "Finance" {
-		t.Fatalf("categories %+v", beta.Categories)
-	}
-	if c := list(map[string]any{"official": true}); c.Total != 1 || c.Entries[0].AgentID != off {
-		t.Fatalf("official: %+v", c)
-	}
-	if c := list(map[string]any{"official": false}); c.Total != 1 || c.Entries[0].AgentID != pub {
-		t.Fatalf("not official: %+v", c)
-	}
-	if c := list(map[string]any{"categories": []any{"finance"}}); c.Total != 1 || c.Entries[0].AgentID != pub {
-		t.Fatalf("finance: %+v", c)
-	}
-	if c := list(map[string]any{"categories": []any{"search", "nothing"}}); c.Total != 2 {
-		t.Fatalf("search: %+v", c)
-	}
-	if c := list(map[string]any{"official": true, "categories": []any{"finance"}}); c.Total != 0 || c.Entries == nil {
-		t.Fatalf("official finance: %+v", c)
-	}
-	for _, q := range []map[string]any{{"official": "yes"}, {"categories": "search"}, {"categories": []any{1}}} {
-		if err := h.call(protocol.SubjCatalogList, q, &catalog{}); errs.CodeOf(err) != errs.InvalidQuery {
-			t.Fatalf("query %v: %v", q, err)
-		}
-	}
-}
-
 // Without a registry bucket the catalog is empty, not an error.
 func TestCatalogWithoutRegistry(t *testing.T) {
 	m := bustest.Start(t)
@@ -417,7 +353,7 @@ func TestCatalogWithoutRegistry(t *testing.T) {
 	if string(rep.Payload) != `{"entries":[],"total":0}` {
 		t.Fatalf("catalog without registry: %s", rep.Payload)
 	}
-	rep, err = bus.Call(ctx, bustest.Client(t, m), bustest.Agent(t), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
+	rep, err = bus.Call(ctx, bustest.Client(t, m), m.ServicesKey(), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})
 	if err != nil || string(rep.Payload) != `{"items":[],"total":0}` {
 		t.Fatalf("empty activity: %s %v", rep.Payload, err)
 	}

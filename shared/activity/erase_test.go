@@ -45,7 +45,7 @@ func TestGuestEraseNeedsServicesKey(t *testing.T) {
 		c := &bus.Caller{NC: h.nc, Key: signer}
 		return c.Call(ctx, protocol.SubjGuestErase, protocol.TypeRequest, map[string]any{"keys": []string{guest.Public()}})
 	}
-	for _, k := range []keys.Signer{h.caller, guest} {
+	for _, k := range []keys.Signer{bustest.Agent(t), guest} {
 		if out, err := erase(k); errs.CodeOf(err) != errs.Forbidden {
 			t.Fatalf("erase signed by an agent: %v %v, want FORBIDDEN", out, err)
 		}

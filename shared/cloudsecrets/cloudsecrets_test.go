@@ -115,6 +115,13 @@ func TestInitThenLoad(t *testing.T) {
 	if k.Registrar == nil || k.Services == nil {
 		t.Fatal("registrar or services key missing")
 	}
+	// The rooms worker reads the trust chain alone.
+	if tr, err := LoadTrust(t.Context(), w.client, project); err != nil || tr.PublicKeys() != *res.Trust {
+		t.Fatalf("LoadTrust: %v, %v", tr, err)
+	}
+	if _, err := LoadTrust(t.Context(), w.client, ""); err == nil {
+		t.Fatal("LoadTrust without a project")
+	}
 	// The seeds are stored as seed files hold them.
 	if seed, _ := w.fake.Latest(project, ServicesSeed); !strings.HasPrefix(string(seed), "SU") || !strings.HasSuffix(string(seed), "\n") {
 		t.Fatal("the services seed is not stored as a seed line")

@@ -73,10 +73,10 @@ type Secret struct {
 // Secrets is the table of the mesh's secrets, in the order Init makes
 // them, without the per-worker rows (see All). The trust seeds come first.
 var Secrets = []Secret{
-	{Name: OperatorSeed, Kind: TrustSeed, Holds: "the NATS operator's nkeys seed (SO…): signs both account JWTs", ReadBy: "control plane (functions)"},
-	{Name: SystemAccountSeed, Kind: TrustSeed, Holds: "the NATS system account's seed (SA…): signs the system users that push account updates", ReadBy: "control plane (functions)"},
-	{Name: AccountSeed, Kind: TrustSeed, Holds: "the mesh account's identity seed (SA…): names the account; signs nothing day to day", ReadBy: "control plane (functions)"},
-	{Name: AccountSigningSeed, Kind: TrustSeed, Holds: "the mesh account's signing seed (SA…): signs every user JWT the control plane mints", ReadBy: "control plane (functions)"},
+	{Name: OperatorSeed, Kind: TrustSeed, Holds: "the NATS operator's nkeys seed (SO…): signs both account JWTs", ReadBy: "control plane (functions), the rooms worker"},
+	{Name: SystemAccountSeed, Kind: TrustSeed, Holds: "the NATS system account's seed (SA…): signs the system users that push account updates", ReadBy: "control plane (functions), the rooms worker"},
+	{Name: AccountSeed, Kind: TrustSeed, Holds: "the mesh account's identity seed (SA…): names the account; signs nothing day to day", ReadBy: "control plane (functions), the rooms worker"},
+	{Name: AccountSigningSeed, Kind: TrustSeed, Holds: "the mesh account's signing seed (SA…): signs every user JWT the control plane and the rooms worker mint", ReadBy: "control plane (functions), the rooms worker"},
 	{Name: RegistrarSeed, Kind: KeySeed, Holds: "the registrar's card-signing seed (SU…)", ReadBy: "control plane (functions)"},
 	{Name: ServicesSeed, Kind: KeySeed, Holds: "the services key's seed (SU…): the bus workers sign their answers with it, the account views their calls", ReadBy: "control plane (functions), every bus worker"},
 	{Name: NATSConfig, Kind: ConfigFragment, Holds: "a NATS server configuration fragment: the operator JWT inline, the system account, the directory resolver and the two account JWTs preloaded", ReadBy: "the NATS servers, at boot (include it)"},

@@ -142,6 +142,26 @@ func LoadWorker(ctx context.Context, c *secretmanager.Client, project, worker st
 	return &w, nil
 }
 
+// LoadTrust reads the four trust seeds of project alone (no registrar or
+// services seed): what the rooms worker needs to mint acl room credentials
+// and revoke them (it re-signs the mesh account JWT with the operator key).
+func LoadTrust(ctx context.Context, c *secretmanager.Client, project string) (*creds.Trust, error) {
+	if project == "" {
+		return nil, errors.New("load trust: no project")
+	}
+	return loadTrust(ctx, reader{c: c, project: project})
+}
+
+// OpenTrust reads the trust chain (LoadTrust) with a client of its own.
+func OpenTrust(ctx context.Context, project string, opts ...option.ClientOption) (*creds.Trust, error) {
+	c, err := secretmanager.NewClient(ctx, opts...)
+	if err != nil {
+		return nil, fmt.Errorf("secret manager client: %w", err)
+	}
+	defer c.Close()
+	return LoadTrust(ctx, c, project)
+}
+
 // reader reads one project's secrets.
 type reader struct {
 	c       *secretmanager.Client

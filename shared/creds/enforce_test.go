@@ -43,6 +43,10 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		{"subscribe", "mesh.peer.x"},
 		{"publish", "mesh.aclroom.r.main"},
 		{"subscribe", "mesh.aclroom.r.main"},
+		// An acl room's replies, which lie inside the shared _INBOX.>.
+		{"publish", protocol.ACLRoomInboxPrefix("r") + ".abc.1"},
+		{"subscribe", protocol.ACLRoomInboxPrefix("r") + ".>"},
+		{"subscribe", "_INBOX.aclroom.>"},
 		{"publish", "$SYS.REQ.SERVER.PING"},
 		{"subscribe", "$SYS.REQ.SERVER.PING"},
 		{"publish", protocol.FeedSubject(stranger, "status")},
@@ -270,6 +274,87 @@ func TestBrokerEnforcesCredentials(t *testing.T) {
 		}
 		nc.quiet(t)
 		nc.refuse(t, []forbidden{{"publish", "$SYS.REQ.SERVER.PING"}, {"subscribe", "$SYS.>"}})
+	})
+}
+
+// TestBrokerEnforcesRoomCredentials: two members' room credentials of one
+// acl room talk, and ask and answer, on their room's traffic and reply
+// prefix; the broker refuses each of them every other room, the rooms
+// verbs, the events, the system account and the buckets; and a node
+// holding the shared _INBOX.> grant sees none of the room's replies.
+func TestBrokerEnforcesRoomCredentials(t *testing.T) {
+	m := startMesh(t)
+	const room, other = "r1-AbC_x", "r2"
+	member := func(name string) *watched {
+		c, err := m.Trust().MintRoomUser(room, name, time.Hour)
+		must(t, err)
+		return dial(t, m, c.JWT, c.Key.SignNonce, nats.CustomInboxPrefix(protocol.ACLRoomInboxPrefix(room)))
+	}
+	alice, bob := member("alice"), member("bob")
+
+	// An upstream-style node on the shared reply space, listening to every
+	// reply there is.
+	spyKey, err := keys.Generate[keys.NodeRole]()
+	must(t, err)
+	spyAgent := agentKey(t)
+	spy := dial(t, m, mint(t, m, creds.UserSpec{PublicKey: spyKey.Public(), Kind: creds.KindNode, Hosted: []string{spyAgent},
+		Permissions: creds.NodePermissions([]string{spyAgent}, creds.Replies{Key: spyKey.Public(), Shared: true}),
+		Expires:     time.Now().Add(time.Hour)}), spyKey.SignNonce)
+	seen := spy.subscribe(t, protocol.SharedInboxSpace)
+
+	// The room's traffic, both ways.
+	heard := bob.subscribe(t, protocol.ACLRoomSubject(room, "*"))
+	must(t, alice.Publish(protocol.ACLRoomSubject(room, "main"), []byte("hello room")))
+	receive(t, heard, "hello room")
+	// A request in the room, answered by another member on the room's
+	// reply prefix.
+	_, err = bob.Subscribe(protocol.ACLRoomSubject(room, "ask"), func(msg *nats.Msg) { _ = msg.Respond([]byte("answer")) })
+	must(t, err)
+	must(t, bob.Flush())
+	if r, err := alice.Request(protocol.ACLRoomSubject(room, "ask"), []byte("question"), violationWait); err != nil || string(r.Data) != "answer" {
+		t.Fatalf("request in the room: %v %v", r, err)
+	}
+	alice.quiet(t)
+	bob.quiet(t)
+
+	// The shared grant saw none of it.
+	if msg, err := seen.NextMsg(200 * time.Millisecond); err == nil {
+		t.Fatalf("the shared _INBOX.> grant read %q on %s", msg.Data, msg.Subject)
+	}
+	spy.quiet(t)
+
+	alice.refuse(t, []forbidden{
+		// Another room, its replies, every room.
+		{"publish", protocol.ACLRoomSubject(other, "main")},
+		{"subscribe", protocol.ACLRoomSubject(other, "main")},
+		{"subscribe", protocol.ACLRoomSubject("*", "main")},
+		{"subscribe", "mesh.aclroom.>"},
+		{"publish", protocol.ACLRoomInboxPrefix(other) + ".abc.1"},
+		{"subscribe", protocol.ACLRoomInboxPrefix(other) + ".>"},
+		{"subscribe", "_INBOX.aclroom.>"},
+		{"subscribe", protocol.SharedInboxSpace},
+		// The rooms verbs (a room credential renews nothing itself) and
+		// the events, the capability grade's room traffic included.
+		{"publish", protocol.RoomVerbSubject("credential")},
+		{"publish", protocol.RoomVerbSubject("admit")},
+		{"publish", protocol.RoomVerbSubject("expel")},
+		{"subscribe", "mesh.rooms.*"},
+		{"publish", protocol.EventSubject("x.y")},
+		{"subscribe", "mesh.event.>"},
+		{"publish", protocol.RoomEventSubject(room, "main")},
+		{"subscribe", protocol.RoomEventSubject(room, "*")},
+		// Inboxes, the system account, the buckets, JetStream, the record.
+		{"publish", protocol.InboxSubject(agentKey(t))},
+		{"publish", "$SYS.REQ.SERVER.PING"},
+		{"subscribe", "$SYS.>"},
+		{"publish", "$KV.mesh_rooms.room." + room},
+		{"subscribe", "$KV.mesh_rooms.>"},
+		{"publish", "$JS.API.STREAM.INFO.MESH_ROOMS"},
+		{"subscribe", "mesh.internal.rooms.rec." + room},
+		{"subscribe", protocol.ServiceInboxSpace},
+		{"subscribe", "_MESH_INBOX.>"},
+		// No queue group, not even on its own room.
+		{"queue:mesh-rooms", protocol.ACLRoomSubject(room, "main")},
 	})
 }
 

@@ -23,9 +23,11 @@ const (
 	// inherit the account's defaults.
 	RuleAllowLists Rule = "allow-lists"
 	// RuleDenies: $KV.>, mesh.peer.>, mesh.aclroom.> and $SYS.> (spec §4.6),
-	// and $JS.>, $O.>, mesh.internal.> and the services' reply prefix
-	// _MESH_SVC.> are denied for both publish and subscribe, and the relay
-	// reply space _MESH_RELAY.> for subscribe (MeshDenies).
+	// and $JS.>, $O.>, mesh.internal.>, the services' reply prefix
+	// _MESH_SVC.> and the acl rooms' reply space _INBOX.aclroom.> are
+	// denied for both publish and subscribe, and the relay reply space
+	// _MESH_RELAY.> for subscribe (MeshDenies). A room credential denies
+	// RoomDenies: the same less the two acl namespaces.
 	RuleDenies Rule = "deny-entries"
 	// RuleInboxSubscribe: a subscription that reaches any agent inbox must be
 	// exactly a hosted agent's inbox or guarded inbox, never a wildcard.
@@ -77,6 +79,13 @@ const (
 	// RuleJobScope: a job credential names one literal task wherever it
 	// touches mesh.task.
 	RuleJobScope Rule = "job-scope"
+	// RuleRoomScope: every subject a room credential publishes or
+	// subscribes lies under one room's traffic, mesh.aclroom.<room>.>, or
+	// its reply prefix, _INBOX.aclroom.<room>.>, with the room a literal
+	// room id, the same room throughout: nothing wider, no wildcard room, no
+	// second room, and nothing outside the acl namespaces (no service verb,
+	// event, inbox, $SYS or $KV).
+	RuleRoomScope Rule = "room-scope"
 )
 
 // GuardError is a refusal by the guard.
@@ -118,6 +127,7 @@ type profile struct {
 //     mailbox;
 //   - job: the one agent performing the task: its outbox and trace only; a
 //     job subscribes no inbox, has no mailbox and publishes no feed.
+//   - room: none; a room credential reaches one acl room (guardRoom).
 func profileOf(k Kind) (profile, bool) {
 	switch k {
 	case KindNode:
@@ -196,6 +206,9 @@ var (
 // what the string-by-string guard it replaced refused, with the same
 // rule, subject and reason.
 func Guard(kind Kind, key string, hosted []string, p Permissions) error {
+	if kind == KindRoom {
+		return guardRoom(key, hosted, p)
+	}
 	prof, ok := profileOf(kind)
 	if !ok {
 		return &GuardError{Kind: kind, Rule: RuleRoster, Reason: "is not a guarded kind; only credentials that never leave the process go unguarded"}
@@ -358,6 +371,89 @@ func Guard(kind Kind, key string, hosted []string, p Permissions) error {
 		}
 	}
 	return nil
+}
+
+// The deny entries a room credential must carry (RoomDenies), split.
+var (
+	roomPubDeniesRequired  = RoomDenies()
+	roomPubDeniesRequiredT = splitAll(roomPubDeniesRequired)
+	roomSubDeniesRequired  = roomSubDenies()
+	roomSubDeniesRequiredT = splitAll(roomSubDeniesRequired)
+)
+
+// guardRoom is the guard of a room credential (KindRoom). It shares the
+// allow-list and deny rules with the agent kinds, and nothing else: a room
+// credential hosts no agent, denies RoomDenies (not the acl namespaces it
+// exists to reach), and reaches one room only (RuleRoomScope). It is kept
+// apart from Guard's agent rules, which the differential test holds to
+// the reference guard, rather than threaded through them.
+func guardRoom(key string, hosted []string, p Permissions) error {
+	refuse := func(r Rule, subject, format string, args ...any) error {
+		return &GuardError{Kind: KindRoom, Rule: r, Subject: subject, Reason: fmt.Sprintf(format, args...)}
+	}
+	if len(hosted) > 0 {
+		return refuse(RuleRoster, hosted[0], "is hosted, but a room credential hosts no agent: it reaches one room's traffic only")
+	}
+	if !keys.IsUserPublicKey(key) {
+		return refuse(RuleRoster, key, "is not a credential public key")
+	}
+	if len(p.PubAllow) == 0 {
+		return refuse(RuleAllowLists, "", "empty publish allow list (it would inherit the account's defaults)")
+	}
+	if len(p.SubAllow) == 0 {
+		return refuse(RuleAllowLists, "", "empty subscribe allow list (it would inherit the account's defaults)")
+	}
+	for i, d := range roomPubDeniesRequiredT {
+		if !anyCovers(p.PubDeny, d) {
+			return refuse(RuleDenies, roomPubDeniesRequired[i], "is missing from the publish deny list")
+		}
+	}
+	for i, d := range roomSubDeniesRequiredT {
+		if !anyCovers(p.SubDeny, d) {
+			return refuse(RuleDenies, roomSubDeniesRequired[i], "is missing from the subscribe deny list")
+		}
+	}
+	room := ""
+	var buf [16]string
+	for _, list := range []struct {
+		dir      string
+		subjects []string
+	}{{"subscribe", p.SubAllow}, {"publish", p.PubAllow}} {
+		for _, s := range list.subjects {
+			t, ok := validSplit(s, buf[:0])
+			if !ok {
+				return refuse(RuleAllowLists, s, "is not a valid %s subject", list.dir)
+			}
+			r, why := roomOf(t)
+			switch {
+			case why != "":
+				return refuse(RuleRoomScope, s, "%s", why)
+			case room == "":
+				room = r
+			case r != room:
+				return refuse(RuleRoomScope, s, "reaches room %s; the credential is for room %s only", r, room)
+			}
+		}
+	}
+	return nil
+}
+
+// roomOf returns the room whose traffic or replies t lies under, or why t
+// is not under exactly one room's.
+func roomOf(t subject) (room, why string) {
+	const outside = "is outside one room's traffic (mesh.aclroom.<room>.>) and replies (_INBOX.aclroom.<room>.>)"
+	if len(t) < 3 || t[1] != "aclroom" || (t[0] != "mesh" && t[0] != "_INBOX") {
+		return "", outside
+	}
+	switch {
+	case isWildcard(t[2]):
+		return "", "names no single room: a wildcard in the room position reaches every room"
+	case !protocol.ValidToken(t[2]):
+		return "", "names no room: a room id is one token of [A-Za-z0-9_-]"
+	case len(t) < 4:
+		return "", outside
+	}
+	return t[2], ""
 }
 
 // subject is a subject or a pattern split at its dots: "a.b" is [a b], ""

@@ -151,6 +151,16 @@ func TestGuardAgreesWithReferenceOnRandomEdits(t *testing.T) {
 	toks := guardTokens(ag, cred)
 	r := rand.New(rand.NewPCG(12, 2026))
 	sets := projectSets(ag, cred)
+	byKind := map[Kind][]guardCase{}
+	var kinds []Kind
+	for _, c := range sets {
+		if byKind[c.kind] == nil {
+			kinds = append(kinds, c.kind)
+		}
+		byKind[c.kind] = append(byKind[c.kind], c)
+	}
+	watched := slices.Concat(inboxSpaces, streamSpaces, replySpaces, sandboxSpaces, registerSpaces, []string{mailboxSpace,
+		feedSpace, outboxSpace, traceSpace, guardedInboxSpace, heartbeatSpace, subjTaskAll, denyInternal})
 	var near []string // every subject of every set
 	for _, c := range sets {
 		near = append(append(append(near, c.perms.PubAllow...), c.perms.SubAllow...), c.perms.PubDeny...)
@@ -163,10 +173,19 @@ func TestGuardAgreesWithReferenceOnRandomEdits(t *testing.T) {
 	}
 	refused := map[Rule]int{}
 	for i := range rounds {
-		c := sets[r.IntN(len(sets))]
+		// A kind first, then one of its sets: there are thirty-odd node
+		// sets and one job set, and each kind's own rules must be reached.
+		ofKind := byKind[kinds[r.IntN(len(kinds))]]
+		c := ofKind[r.IntN(len(ofKind))]
 		p := c.perms
+		// Half the edits land near the set's own subjects and the spaces
+		// the guard watches, where the rules' edges are.
+		close := near
+		if r.IntN(2) == 0 {
+			close = slices.Concat(c.perms.PubAllow, c.perms.SubAllow, watched)
+		}
 		for range 1 + r.IntN(3) {
-			p = mutate(r, p, toks, near)
+			p = mutate(r, p, toks, close)
 		}
 		kind := c.kind
 		if r.IntN(4) == 0 {
@@ -182,6 +201,7 @@ func TestGuardAgreesWithReferenceOnRandomEdits(t *testing.T) {
 			refused[ge.Rule]++
 		}
 	}
+	t.Logf("refusals by rule: %v", refused)
 	// The random edits must reach the rules, or the agreement says little.
 	for _, rule := range []Rule{RuleAllowLists, RuleDenies, RuleInboxSubscribe, RuleStreamSubjects, RuleMailbox,
 		RuleReplySubscribe, RuleReplyPublish, RuleInternal, RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish,

@@ -97,7 +97,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	wantPub := []string{
 		"mesh.registry.>", "mesh.agent.*.inbox", "mesh.task.>", "mesh.event.>", "mesh.presence.get",
 		"mesh.heartbeat.*", "mesh.feed.get", "mesh.admission.guard", "mesh.admission.unguard",
-		"mesh.mailbox.fetch", "mesh.mailbox.ack",
+		"mesh.mailbox.fetch", "mesh.mailbox.ack", "mesh.catalog.list", "mesh.catalog.remove",
 		"mesh.rooms.provision", "mesh.rooms.reclaim", "mesh.rooms.replay", "mesh.rooms.status",
 		"mesh.rooms.attach", "mesh.rooms.fetch", "mesh.rooms.mine", "mesh.rooms.cursor", "mesh.rooms.usage",
 		"mesh.rooms.admit", "mesh.rooms.credential", "mesh.rooms.expel", "mesh.rooms.leave", "mesh.rooms.note",
@@ -116,7 +116,7 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 		"mesh.agent." + b + ".inbox", "mesh.agent." + b + ".inbox.guarded", "mesh.agent." + b + ".outbox",
 		"mesh.event.>", "mesh.task.>", "mesh.feed.*.*", "mesh.heartbeat.*", "_MESH_INBOX." + nodeKey + ".>",
 	}
-	wantPubDeny := []string{"$KV.>", "mesh.peer.>", "mesh.aclroom.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>"}
+	wantPubDeny := []string{"$KV.>", "mesh.peer.>", "mesh.aclroom.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>", "_INBOX.aclroom.>"}
 	wantSubDeny := append(slices.Clone(wantPubDeny), "_MESH_RELAY.>", "> >")
 
 	for _, shared := range []bool{false, true} {
@@ -143,8 +143,12 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 	if got, want := BootstrapPermissions(a, PrivateOnly(nodeKey)), NodePermissions([]string{a}, PrivateOnly(nodeKey)); !equalPerms(got, want) {
 		t.Errorf("bootstrap set differs from the one-agent node set")
 	}
-	if got, want := AppPermissions(a, true), NodePermissions([]string{a}, Replies{Key: a, Shared: true}); !equalPerms(got, want) {
-		t.Errorf("app set differs from the one-agent node set")
+	// An app's is that set and the activity and usage listings of its
+	// account's agents.
+	app := NodePermissions([]string{a}, Replies{Key: a, Shared: true})
+	app.PubAllow = append(app.PubAllow, "mesh.activity.list", "mesh.usage.list")
+	if got := AppPermissions(a, true); !equalPerms(got, app) {
+		t.Errorf("app set differs from the one-agent node set with the activity and usage listings")
 	}
 }
 
@@ -183,6 +187,34 @@ func TestGuestAndJobPermissions(t *testing.T) {
 	}
 }
 
+// TestRoomPermissions spells the room credential's set out in full: one
+// room's traffic and replies, both ways, and the mesh's denies less the two
+// acl namespaces it exists to reach.
+func TestRoomPermissions(t *testing.T) {
+	p := RoomPermissions("r1")
+	want := []string{"mesh.aclroom.r1.>", "_INBOX.aclroom.r1.>"}
+	wantDeny := []string{"$KV.>", "mesh.peer.>", "$SYS.>", "$JS.>", "$O.>", "mesh.internal.>", "_MESH_SVC.>"}
+	wantSubDeny := append(slices.Clone(wantDeny), "_MESH_RELAY.>", "> >")
+	if !slices.Equal(p.PubAllow, want) || !slices.Equal(p.SubAllow, want) ||
+		!slices.Equal(p.PubDeny, wantDeny) || !slices.Equal(p.SubDeny, wantSubDeny) {
+		t.Errorf("room set:\n%q\n%q\n%q\n%q", p.PubAllow, p.SubAllow, p.PubDeny, p.SubDeny)
+	}
+	// The builders of protocol name the same subjects: the traffic of any
+	// channel, and the reply prefix the room connection sets.
+	for _, s := range []string{protocol.ACLRoomSubject("r1", "main"), protocol.ACLRoomInboxPrefix("r1") + ".x.1"} {
+		if !anyCovers(p.PubAllow, split(s)) || !anyCovers(p.SubAllow, split(s)) {
+			t.Errorf("%s is not granted both ways", s)
+		}
+	}
+	// Every other guarded kind denies both acl namespaces, both ways, for
+	// every room: the shared _INBOX.> grant does not reach a room's replies.
+	for _, s := range []string{protocol.ACLRoomSubject("r1", "main"), protocol.ACLRoomInboxPrefix("r1") + ".x.1", protocol.ACLRoomInboxPrefix("*") + ".>"} {
+		if !anyCovers(MeshDenies(), split(s)) || !anyCovers(subDenies(), split(s)) {
+			t.Errorf("%s is not denied to the other kinds", s)
+		}
+	}
+}
+
 func equalPerms(a, b Permissions) bool {
 	return slices.Equal(a.PubAllow, b.PubAllow) && slices.Equal(a.SubAllow, b.SubAllow) &&
 		slices.Equal(a.PubDeny, b.PubDeny) && slices.Equal(a.SubDeny, b.SubDeny)
@@ -208,6 +240,10 @@ func TestEveryBuilderPassesTheGuard(t *testing.T) {
 		{"guest", KindGuest, ag[0], ag[:1], GuestPermissions(ag[0])},
 		{"pinned guest", KindGuest, ag[0], ag[:1], PinnedGuestPermissions(ag[0])},
 		{"job", KindJob, cred, ag[:1], JobPermissions(cred, ag[0], "0190a1b2-c3d4-7e5f-8a9b-0c1d2e3f4a5b")},
+		{"room", KindRoom, cred, nil, RoomPermissions("AbC-12_xyz")},
+		{"room, one channel", KindRoom, cred, nil, with(RoomPermissions("r1"), func(p *Permissions) {
+			p.PubAllow = []string{protocol.ACLRoomSubject("r1", "main")}
+		})},
 		{"guest following one node's heartbeats", KindGuest, ag[0], ag[:1], addSub(GuestPermissions(ag[0]), protocol.HeartbeatSubject(ag[1]))},
 		{"app following one node's heartbeats", KindApp, ag[0], ag[:1], addSub(AppPermissions(ag[0], false), protocol.HeartbeatSubject(ag[1]))},
 		// A narrower set passes too: the guard bounds, it does not demand.
@@ -255,6 +291,7 @@ func TestGuardRefuses(t *testing.T) {
 	node := NodePermissions(roster, PrivateOnly(cred))
 	guest := GuestPermissions(a)
 	job := JobPermissions(cred, a, "t1")
+	room := RoomPermissions("r1")
 
 	type tcase struct {
 		name    string
@@ -385,6 +422,35 @@ func TestGuardRefuses(t *testing.T) {
 		{"job subscribing every task", KindJob, []string{a}, addSub(job, "mesh.task.>"), RuleJobScope, "mesh.task.>"},
 		{"job through a wildcard", KindJob, []string{a}, addSub(job, "mesh.*.t1.update"), RuleJobScope, "mesh.*.t1.update"},
 		{"job with a wildcard task id", KindJob, []string{a}, JobPermissions(cred, a, "*"), RuleJobScope, "mesh.task.*.>"},
+
+		// Room: no roster, allow lists, the room denies, one room only.
+		{"room hosting an agent", KindRoom, []string{a}, room, RuleRoster, a},
+		{"room with empty publish allow", KindRoom, nil, with(room, func(p *Permissions) { p.PubAllow = nil }), RuleAllowLists, ""},
+		{"room with empty subscribe allow", KindRoom, nil, with(room, func(p *Permissions) { p.SubAllow = nil }), RuleAllowLists, ""},
+		{"room with a malformed subject", KindRoom, nil, addPub(room, "mesh.aclroom.r1..main"), RuleAllowLists, "mesh.aclroom.r1..main"},
+		{"room whose id is a >", KindRoom, nil, RoomPermissions(">"), RuleAllowLists, "mesh.aclroom.>.>"},
+		{"room with the agents' denies", KindRoom, nil, with(room, func(p *Permissions) { p.PubDeny = drop(p.PubDeny, "$SYS.>") }), RuleDenies, "$SYS.>"},
+		{"room with a wildcard room id", KindRoom, nil, RoomPermissions("*"), RuleRoomScope, "mesh.aclroom.*.>"},
+		{"room reaching every room", KindRoom, nil, addSub(room, "mesh.aclroom.>"), RuleRoomScope, "mesh.aclroom.>"},
+		{"room reaching every room's channel", KindRoom, nil, addPub(room, "mesh.aclroom.*.main"), RuleRoomScope, "mesh.aclroom.*.main"},
+		{"room reading every room's replies", KindRoom, nil, addSub(room, "_INBOX.aclroom.>"), RuleRoomScope, "_INBOX.aclroom.>"},
+		{"room reaching a second room", KindRoom, nil, addPub(room, protocol.ACLRoomSubject("r2", "main")), RuleRoomScope, protocol.ACLRoomSubject("r2", "main")},
+		{"room reading a second room's replies", KindRoom, nil, addSub(room, protocol.ACLRoomInboxPrefix("r2")+".>"), RuleRoomScope, protocol.ACLRoomInboxPrefix("r2") + ".>"},
+		{"room through a wildcard namespace", KindRoom, nil, addSub(room, "mesh.*.r1.>"), RuleRoomScope, "mesh.*.r1.>"},
+		{"room with no channel", KindRoom, nil, addPub(room, "mesh.aclroom.r1"), RuleRoomScope, "mesh.aclroom.r1"},
+		{"room id that is no token", KindRoom, nil, addPub(room, "mesh.aclroom.r$1.main"), RuleRoomScope, "mesh.aclroom.r$1.main"},
+		{"room publishing everything", KindRoom, nil, addPub(room, ">"), RuleRoomScope, ">"},
+		{"room on all of mesh", KindRoom, nil, addSub(room, "mesh.>"), RuleRoomScope, "mesh.>"},
+		{"room on the shared inbox", KindRoom, nil, addSub(room, "_INBOX.>"), RuleRoomScope, "_INBOX.>"},
+		{"room on its own private prefix", KindRoom, nil, addSub(room, protocol.PrivateInboxPrefix(cred)+".>"), RuleRoomScope, protocol.PrivateInboxPrefix(cred) + ".>"},
+		{"room asking for a credential", KindRoom, nil, addPub(room, protocol.RoomVerbSubject("credential")), RuleRoomScope, protocol.RoomVerbSubject("credential")},
+		{"room on every rooms verb", KindRoom, nil, addPub(room, "mesh.rooms.*"), RuleRoomScope, "mesh.rooms.*"},
+		{"room on its capability-grade events", KindRoom, nil, addSub(room, protocol.RoomEventSubject("r1", "main")), RuleRoomScope, protocol.RoomEventSubject("r1", "main")},
+		{"room on the events", KindRoom, nil, addPub(room, "mesh.event.>"), RuleRoomScope, "mesh.event.>"},
+		{"room on an inbox", KindRoom, nil, addSub(room, protocol.InboxSubject(a)), RuleRoomScope, protocol.InboxSubject(a)},
+		{"room on the system account", KindRoom, nil, addPub(room, "$SYS.REQ.SERVER.PING"), RuleRoomScope, "$SYS.REQ.SERVER.PING"},
+		{"room on the rooms bucket", KindRoom, nil, addSub(room, "$KV.mesh_rooms.>"), RuleRoomScope, "$KV.mesh_rooms.>"},
+		{"room on the record stream", KindRoom, nil, addSub(room, "mesh.internal.rooms.rec.r1"), RuleRoomScope, "mesh.internal.rooms.rec.r1"},
 	}
 	// Each deny, missing from either side, for every kind.
 	for _, k := range []struct {
@@ -401,6 +467,17 @@ func TestGuardRefuses(t *testing.T) {
 					with(k.perms, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, d) }), RuleDenies, d},
 			)
 		}
+	}
+
+	for _, d := range RoomDenies() {
+		tests = append(tests,
+			tcase{"room without publish deny " + d, KindRoom, nil, with(room, func(p *Permissions) { p.PubDeny = drop(p.PubDeny, d) }), RuleDenies, d},
+			tcase{"room without subscribe deny " + d, KindRoom, nil, with(room, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, d) }), RuleDenies, d},
+		)
+	}
+	for _, d := range []string{"_MESH_RELAY.>", "> >"} {
+		tests = append(tests, tcase{"room without subscribe deny " + d, KindRoom, nil,
+			with(room, func(p *Permissions) { p.SubDeny = drop(p.SubDeny, d) }), RuleDenies, d})
 	}
 
 	for _, tc := range tests {
@@ -432,7 +509,8 @@ func TestGuardRefuses(t *testing.T) {
 	}
 	for _, r := range []Rule{RuleRoster, RuleAllowLists, RuleDenies, RuleInboxSubscribe, RuleStreamSubjects,
 		RuleMailbox, RuleReplySubscribe, RuleReplyPublish, RuleInternal,
-		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleHeartbeatSubscribe, RuleJobScope} {
+		RuleFeedPublish, RuleOwnerPublish, RuleGuardedPublish, RuleSandbox, RuleSandboxRegister, RuleHeartbeatSubscribe, RuleJobScope,
+		RuleRoomScope} {
 		if !seen[r] {
 			t.Errorf("no refusal case for rule %q", r)
 		}

@@ -33,6 +33,14 @@ func TestMintUserGuardsKinds(t *testing.T) {
 		{"guest", UserSpec{PublicKey: a, Kind: KindGuest, Hosted: []string{a}, Permissions: GuestPermissions(a), Expires: hour}, "", ""},
 		{"job", UserSpec{PublicKey: cred, Kind: KindJob, Hosted: []string{a}, Permissions: JobPermissions(cred, a, "t1"), Expires: time.Now().Add(10 * time.Minute)}, "", ""},
 		{"service", UserSpec{PublicKey: cred, Kind: KindService, Permissions: ServicePermissions()}, "", ""},
+		{"room", UserSpec{PublicKey: cred, Kind: KindRoom, Permissions: RoomPermissions("r1"), Expires: hour}, "", ""},
+		{"room without expiry", UserSpec{PublicKey: cred, Kind: KindRoom, Permissions: RoomPermissions("r1")}, "must expire", ""},
+		{"room for a day", UserSpec{PublicKey: cred, Kind: KindRoom, Permissions: RoomPermissions("r1"), Expires: time.Now().Add(24 * time.Hour)},
+			"lives at most", ""},
+		{"room hosting an agent", UserSpec{PublicKey: cred, Kind: KindRoom, Hosted: []string{a}, Permissions: RoomPermissions("r1"), Expires: hour},
+			"guard", RuleRoster},
+		{"room with a node's set", UserSpec{PublicKey: cred, Kind: KindRoom, Permissions: NodePermissions([]string{a}, PrivateOnly(cred)), Expires: hour},
+			"guard", RuleRoomScope},
 
 		{"node roster beyond its set", UserSpec{PublicKey: cred, Kind: KindNode, Hosted: []string{a}, Permissions: NodePermissions(ag[:2], PrivateOnly(cred))},
 			"guard", RuleInboxSubscribe},
@@ -81,6 +89,54 @@ func TestMintUserGuardsKinds(t *testing.T) {
 				t.Fatal("JWT permissions differ from the spec's")
 			}
 		})
+	}
+}
+
+// TestMintRoomUser: a fresh key per credential, the room set, an expiry
+// of ttl, and a refusal of a ttl beyond an hour, of none, and of a room id
+// that is not one token.
+func TestMintRoomUser(t *testing.T) {
+	tr := mustTrust(t)
+	before := time.Now()
+	c1, err := tr.MintRoomUser("room-1", "member U1", 30*time.Minute)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := tr.MintRoomUser("room-1", "member U1", MaxRoomLifetime)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c1.Key.Public() == c2.Key.Public() {
+		t.Fatal("two room credentials share a key: revoking one would revoke the other")
+	}
+	uc, err := jwt.DecodeUserClaims(c1.JWT)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := RoomPermissions("room-1")
+	if uc.Subject != c1.Key.Public() || uc.Name != "member U1" ||
+		!slices.Equal(uc.Pub.Allow, p.PubAllow) || !slices.Equal(uc.Sub.Allow, p.SubAllow) ||
+		!slices.Equal(uc.Pub.Deny, p.PubDeny) || !slices.Equal(uc.Sub.Deny, p.SubDeny) {
+		t.Fatalf("claims: subject %s name %q pub %q sub %q", uc.Subject, uc.Name, uc.Pub.Allow, uc.Sub.Allow)
+	}
+	if exp := time.Unix(uc.Expires, 0); exp.Before(before.Add(30*time.Minute).Truncate(time.Second)) || exp.After(time.Now().Add(30*time.Minute)) {
+		t.Fatalf("expires %s, want 30 minutes from the mint", exp)
+	}
+	for _, tc := range []struct {
+		room string
+		ttl  time.Duration
+		want string
+	}{
+		{"room-1", MaxRoomLifetime + time.Second, "longer than a room credential lives"},
+		{"room-1", 0, "must expire"},
+		{"room-1", -time.Minute, "must expire"},
+		{"*", time.Minute, "not one subject token"},
+		{"a.b", time.Minute, "not one subject token"},
+		{"", time.Minute, "not one subject token"},
+	} {
+		if _, err := tr.MintRoomUser(tc.room, "x", tc.ttl); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("MintRoomUser(%q, %s) = %v, want %q", tc.room, tc.ttl, err, tc.want)
+		}
 	}
 }
 

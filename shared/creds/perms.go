@@ -3,6 +3,7 @@ package creds
 import (
 	"fmt"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -33,6 +34,10 @@ const (
 	// KindJob is the narrow, minutes-long credential of POST
 	// /v1/job-credential for one task performed by one agent.
 	KindJob
+	// KindRoom is the acl grade's room credential (mesh.rooms.credential):
+	// a fresh key reaching one room's traffic and its reply prefix, and
+	// nothing else, for at most MaxRoomLifetime. It hosts no agent.
+	KindRoom
 )
 
 // String names the kind in errors and logs.
@@ -52,6 +57,10 @@ func (k Kind) String() string {
 		return "guest"
 	case KindJob:
 		return "job"
+	case KindRoom:
+		return "room"
+	case KindOperator:
+		return "operator"
 	}
 	return fmt.Sprintf("Kind(%d)", int(k))
 }
@@ -60,7 +69,7 @@ func (k Kind) String() string {
 // they are signed: every kind that can leave the process.
 func (k Kind) Guarded() bool {
 	switch k {
-	case KindNode, KindBootstrap, KindApp, KindGuest, KindJob:
+	case KindNode, KindBootstrap, KindApp, KindGuest, KindJob, KindRoom:
 		return true
 	}
 	return false
@@ -109,6 +118,12 @@ const (
 	denyJS       = "$JS.>"
 	denyObjects  = "$O.>"
 	denyInternal = "mesh.internal.>"
+	// denyACLRoomInbox is the acl rooms' reply space, every
+	// protocol.ACLRoomInboxPrefix: it lies under the shared _INBOX.>, so
+	// without this deny a credential holding the shared grant would read
+	// every acl room's replies, and any credential could publish forged
+	// ones into them. Only a room credential reaches it (its own room's).
+	denyACLRoomInbox = "_INBOX.aclroom.>"
 )
 
 // RequiredDenies returns the four namespaces spec §4.6 requires every
@@ -116,11 +131,25 @@ const (
 func RequiredDenies() []string { return []string{denyKV, denyPeer, denyACLRoom, denySys} }
 
 // MeshDenies returns everything a guarded credential of this mesh denies
-// both ways: RequiredDenies and the JetStream, object store, internal and
-// service reply namespaces.
+// both ways: RequiredDenies and the JetStream, object store, internal,
+// service reply and acl room reply namespaces. The room credential is the
+// one exception (RoomDenies): it reaches the acl namespaces, of one room.
 func MeshDenies() []string {
-	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace)
+	return append(RequiredDenies(), denyJS, denyObjects, denyInternal, protocol.ServiceInboxSpace, denyACLRoomInbox)
 }
+
+// RoomDenies is what a room credential denies both ways: MeshDenies less
+// the two acl namespaces (mesh.aclroom.> and _INBOX.aclroom.>), which it
+// must reach for its own room (deny wins over allow at the broker, and a
+// deny cannot except one room). Its allow lists, which the guard holds to
+// one room (RuleRoomScope), are what keep it out of every other room.
+func RoomDenies() []string {
+	return slices.DeleteFunc(MeshDenies(), func(s string) bool { return s == denyACLRoom || s == denyACLRoomInbox })
+}
+
+// roomSubDenies are RoomDenies plus what every guarded credential denies
+// for subscribe: the relay reply space and every queue subscription.
+func roomSubDenies() []string { return append(RoomDenies(), protocol.RelayReplySpace, denyQueues) }
 
 // denyQueues denies every queue subscription ("<subject> <queue>", both
 // wildcards): no client needs one, and the workers' queue groups
@@ -172,7 +201,8 @@ func replyPublish() []string {
 // mesh.task.>, mesh.event.>, mesh.presence.get, mesh.heartbeat.*,
 // mesh.feed.get, mesh.admission.guard, mesh.admission.unguard, every verb of
 // mesh.rooms, mesh.artifacts and mesh.board one by one, mesh.mailbox.fetch
-// and mesh.mailbox.ack, and the reply spaces (_INBOX.>, _MESH_INBOX.>,
+// and mesh.mailbox.ack, mesh.catalog.list and mesh.catalog.remove, and the
+// reply spaces (_INBOX.>, _MESH_INBOX.>,
 // _MESH_RELAY.>). The mailbox is reached through the mailbox worker, so no
 // JetStream subject is granted.
 //
@@ -186,7 +216,9 @@ func replyPublish() []string {
 // reply prefix _MESH_INBOX.<node key>.>, and _INBOX.> when r.Shared.
 //
 // Denied both ways: $KV.>, mesh.peer.>, mesh.aclroom.>, $SYS.> (spec), and
-// $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>; subscribe also _MESH_RELAY.>.
+// $JS.>, $O.>, mesh.internal.>, _MESH_SVC.>, _INBOX.aclroom.> (the acl
+// rooms' replies, inside the shared _INBOX.>); subscribe also
+// _MESH_RELAY.> and every queue subscription.
 //
 // The builder does not check the roster; the guard (run by MintUser) refuses
 // an empty, oversized, duplicated or malformed one.
@@ -214,8 +246,15 @@ func BootstrapPermissions(agent string, r Replies) Permissions {
 // AppPermissions is an app's durable credential: the app key is both the
 // credential key and an agent the app hosts, so it is the node set for a
 // roster of that one key.
+//
+// On top of the node set an app reads the activity timeline and the usage
+// counters of its account's agents (mesh.activity.list, mesh.usage.list:
+// the activity worker answers an app about its own account's agents only,
+// docs/bus.md "Who may call what"); no other kind may ask them.
 func AppPermissions(appKey string, shared bool) Permissions {
-	return nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, []string{subjRegistryAll}, true)
+	p := nodeLike([]string{appKey}, Replies{Key: appKey, Shared: shared}, []string{subjRegistryAll}, true)
+	p.PubAllow = append(p.PubAllow, protocol.SubjActivityList, protocol.SubjUsageList)
+	return p
 }
 
 // GuestPermissions is the sandbox fence of a leased guest credential whose
@@ -288,6 +327,35 @@ func JobPermissions(credKey, agent, taskID string) Permissions {
 	}
 }
 
+// MaxRoomLifetime bounds a room credential (upstream-notes §7: one hour):
+// expel and leave revoke it at the broker at once, and its renewal is
+// refused, so a short life bounds what a lost revocation could leave open.
+const MaxRoomLifetime = time.Hour
+
+// RoomPermissions is the room credential of acl room roomID (spec §4.3,
+// upstream-notes §7): the room's traffic and its reply prefix, both ways,
+// and nothing else.
+//
+// Publish and subscribe: mesh.aclroom.<room>.> (protocol.ACLRoomSubject)
+// and _INBOX.aclroom.<room>.> (protocol.ACLRoomInboxPrefix, the prefix the
+// room connection sets, shared by the room's members: a member's request
+// in the room is answered by another member there). Denied both ways:
+// RoomDenies; subscribe also _MESH_RELAY.> and every queue subscription.
+// No $SYS, $KV, $JS, service verb, event, inbox or other room.
+//
+// roomID must be one subject token (protocol.ValidToken); the guard
+// refuses a wildcard or a second room (RuleRoomScope).
+func RoomPermissions(roomID string) Permissions {
+	traffic := protocol.ACLRoomSubject(roomID, ">")
+	replies := protocol.ACLRoomInboxPrefix(roomID) + ".>"
+	return Permissions{
+		PubAllow: []string{traffic, replies},
+		SubAllow: []string{traffic, replies},
+		PubDeny:  RoomDenies(),
+		SubDeny:  roomSubDenies(),
+	}
+}
+
 // ServicePermissions is the set of the internal workers: everything in the
 // mesh account, which they need ($JS.API.> for streams and consumers, $KV.>
 // for the buckets, every service subject), except the broker's system
@@ -318,7 +386,11 @@ func nodeLike(agents []string, r Replies, registry []string, full bool) Permissi
 	)
 	if full {
 		pub = append(pub, protocol.SubjAdmissionGuard, protocol.SubjAdmissionUnguard,
-			protocol.SubjMailboxFetch, protocol.SubjMailboxAck)
+			protocol.SubjMailboxFetch, protocol.SubjMailboxAck,
+			// The catalog is public to every credential but a guest's (and
+			// a job's, which sees its one task); an agent removes its own
+			// entry (the worker checks the signature).
+			protocol.SubjCatalogList, protocol.SubjCatalogRemove)
 		pub = appendVerbs(pub, roomsPrefix, protocol.RoomVerbs)
 		pub = appendVerbs(pub, artifactsPrefix, protocol.ArtifactVerbs)
 		pub = appendVerbs(pub, boardPrefix, protocol.BoardVerbs)

@@ -42,14 +42,16 @@ type UserSpec struct {
 	Kind Kind
 	// Hosted are the agents the credential serves, as Guard reads them for
 	// Kind: the node's roster, the bootstrap agent, the app key, the guest
-	// key, the job's performing agent. Empty for service credentials.
+	// key, the job's performing agent. Empty for service and room
+	// credentials.
 	Hosted      []string
 	Permissions Permissions
 	// Expires is when the broker stops accepting the JWT and disconnects its
 	// connections. Zero means no expiry, which is only right for credentials
 	// that never leave the process (internal worker connections) and for
-	// node credentials on an instance minting without expiry. Guest and job
-	// credentials must expire; a job credential within MaxJobLifetime.
+	// node credentials on an instance minting without expiry. Guest, job
+	// and room credentials must expire; a job credential within
+	// MaxJobLifetime, a room credential within MaxRoomLifetime.
 	Expires time.Time
 	// Class is the broker fence's class of the credential ("" for none): the
 	// fence (package fence) limits connections per key and message and byte
@@ -153,6 +155,9 @@ func (t *Trust) MintUser(spec UserSpec) (string, error) {
 	if spec.Class != "" {
 		uc.Tags.Add(ClassTag(spec.Class))
 	}
+	if spec.Kind == KindOperator {
+		uc.Tags.Add(OperatorTag)
+	}
 	token, err := encodeUserAt(uc, t.meshSigning, issueAfter(time.Now(), spec.RevokedAt))
 	if err != nil {
 		return "", err
@@ -190,11 +195,46 @@ func (t *Trust) MintServiceUser(name string) (UserCreds, error) {
 	return UserCreds{JWT: s, Key: key}, nil
 }
 
+// MintRoomUser makes a fresh key and a room credential for acl room roomID
+// (RoomPermissions), expiring after ttl: at most MaxRoomLifetime, and a
+// longer ttl is refused rather than shortened, so a caller's mistaken
+// configuration shows. The key is new for every credential, so revoking
+// it (expel, leave) touches no other credential, and a fresh one minted
+// after a revocation is never caught by it. name is informational (the
+// member it was minted for, in server logs).
+func (t *Trust) MintRoomUser(roomID, name string, ttl time.Duration) (UserCreds, error) {
+	switch {
+	case ttl <= 0:
+		return UserCreds{}, errors.New("mint room user: the credential must expire: give a positive ttl")
+	case ttl > MaxRoomLifetime:
+		return UserCreds{}, fmt.Errorf("mint room user: ttl %s is longer than a room credential lives (%s)", ttl, MaxRoomLifetime)
+	case !protocol.ValidToken(roomID):
+		return UserCreds{}, fmt.Errorf("mint room user: room id %q is not one subject token: [A-Za-z0-9_-]{1,128}", roomID)
+	}
+	key, err := keys.Generate[keys.CredentialRole]()
+	if err != nil {
+		return UserCreds{}, fmt.Errorf("mint room user: %w", err)
+	}
+	s, err := t.MintUser(UserSpec{
+		PublicKey:   key.Public(),
+		Name:        name,
+		Kind:        KindRoom,
+		Permissions: RoomPermissions(roomID),
+		Expires:     time.Now().Add(ttl),
+	})
+	if err != nil {
+		return UserCreds{}, fmt.Errorf("mint room user: %w", err)
+	}
+	return UserCreds{JWT: s, Key: key}, nil
+}
+
 // checkKind runs the guard and the per-kind binding rules of spec.
 func checkKind(spec UserSpec) error {
 	switch {
 	case spec.Kind == KindUnset:
 		return errors.New("credential kind not set; every credential names what it is for")
+	case spec.Kind == KindOperator:
+		return checkOperator(spec)
 	case spec.Kind == KindService:
 		if len(spec.Hosted) > 0 {
 			return fmt.Errorf("%s credential names hosted agents; set the kind that serves them", spec.Kind)
@@ -220,13 +260,16 @@ func checkKind(spec UserSpec) error {
 		return err
 	}
 	switch spec.Kind {
-	case KindGuest, KindJob:
+	case KindGuest, KindJob, KindRoom:
 		if spec.Expires.IsZero() {
 			return fmt.Errorf("a %s credential must expire", spec.Kind)
 		}
 	}
 	if spec.Kind == KindJob && time.Until(spec.Expires) > MaxJobLifetime {
 		return fmt.Errorf("a job credential lives at most %s", MaxJobLifetime)
+	}
+	if spec.Kind == KindRoom && time.Until(spec.Expires) > MaxRoomLifetime {
+		return fmt.Errorf("a room credential lives at most %s", MaxRoomLifetime)
 	}
 	return nil
 }

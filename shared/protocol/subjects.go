@@ -38,6 +38,17 @@ const (
 	SubjGuestErase = "mesh.internal.guest.erase"
 )
 
+// The catalog's writes (docs/bus-admission-activity.md "Catalog"): an
+// agent removes its own entry; the operator sets official or removes any,
+// through the services key on the internal subject.
+const (
+	// SubjCatalogRemove: {agent_id}, signed by that agent → {removed}.
+	SubjCatalogRemove = "mesh.catalog.remove"
+	// SubjCatalogAdmin: {agent_id, official?: bool, remove?: true}, signed
+	// by the services key → {entry} or {removed}.
+	SubjCatalogAdmin = "mesh.internal.catalog.admin"
+)
+
 // RoomVerbs, ArtifactVerbs and BoardVerbs are the request subjects of the
 // rooms, artifacts and board services; credentials enumerate them one by
 // one rather than granting a wildcard.

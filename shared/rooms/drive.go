@@ -1,5 +1,304 @@
 package rooms
 
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/protocol"
+)
+
 // driveEndpoints are the drive's verbs: attach, fetch, note, notes.
-// (Owned by the drive work.)
-func (w *Worker) driveEndpoints() []endpoint { return nil }
+func (w *Worker) driveEndpoints() []endpoint {
+	return []endpoint{
+		{"attach", protocol.RoomVerbSubject("attach"), w.attach},
+		{"fetch", protocol.RoomVerbSubject("fetch"), w.fetch},
+		{"note", protocol.RoomVerbSubject("note"), w.note},
+		{"notes", protocol.RoomVerbSubject("notes"), w.notes},
+	}
+}
+
+// attach answers mesh.rooms.attach: puts a file on the room's drive (the
+// inline form) or records a link to one the room does not hold (the link
+// form), and answers {ref, digest, size, media_type, external?}.
+//
+// The same bytes attached twice to one room are one file: the second attach
+// answers the first's entry and counts nothing.
+//
+// The order of the writes (docs/rooms-drive.md): the room's and the
+// operator's byte counts first (the operator's is where 100 MB refuses),
+// then the bytes, then the index entry. So a file on the drive is always
+// counted, and no crash lets an operator past the limit; a crash between
+// the counts and the bytes leaves at most one file's size counted with no
+// file, in the room and the operator alike, which the room's reclaim or
+// expiry gives back with the rest of its drive. The bytes are published
+// only onto an empty subject: whoever stores them keeps the count, every
+// other attach of the same bytes gives its count back, so a crash after
+// the bytes (counted, not yet indexed) is healed by the retry.
+func (w *Worker) attach(ctx context.Context, r *bus.Request) (any, error) {
+	a, err := parseAttach(r.Env.Payload, w.limits.FileBytes)
+	if err != nil {
+		return nil, err
+	}
+	_, room, err := Access(ctx, w.kv, a.Descriptor, r.Env.From)
+	if err != nil {
+		return nil, err
+	}
+	f := driveFile{Ref: driveRef(room.ID, a.DigestHex), Name: a.Name, Version: a.Version, Digest: a.Digest,
+		MediaType: a.MediaType, Size: a.Size, AttachedBy: r.Env.From, AttachedAt: protocol.FormatTime(w.now()),
+		Origin: a.Origin, Role: a.Role}
+	if a.external() {
+		f.External = &a.Location
+		got, err := w.index(ctx, room.ID, a.DigestHex, f, false)
+		if err != nil {
+			return nil, err
+		}
+		return attachReply(got), nil
+	}
+	if cur, found, err := w.driveEntry(ctx, room.ID, a.DigestHex); err != nil {
+		return nil, err
+	} else if found && cur.External == nil {
+		return attachReply(cur), nil
+	}
+	stored, err := w.storeCounted(ctx, room, a)
+	if err != nil {
+		return nil, err
+	}
+	got, err := w.index(ctx, room.ID, a.DigestHex, f, true)
+	if err != nil {
+		if stored {
+			// Counted and stored: a retry of the same bytes indexes it
+			// without counting again.
+			w.svc.Log.Warn("drive: bytes stored but not indexed", "room", room.ID, "digest", a.Digest, "err", err)
+		}
+		return nil, err
+	}
+	return attachReply(got), nil
+}
+
+// storeCounted counts the file in the room and the operator's quota, then
+// stores its bytes. It reports whether this call stored them (and so keeps
+// the count); when the bytes were already stored by another attach, the
+// count is given back and the file is indexed all the same.
+func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest) (stored bool, err error) {
+	if room.Operator == "" {
+		return false, fmt.Errorf("rooms: room %s has no operator to count its drive against", room.ID)
+	}
+	if err := w.countRoomDrive(ctx, room.ID, a.Size); err != nil {
+		return false, err
+	}
+	if err := w.countQuota(ctx, room.Operator, a.Size); err != nil {
+		w.giveBack(room, a, true, false)
+		if errs.As(err).Code != errs.QuotaExceeded {
+			return false, err
+		}
+		// Over the limit, unless these bytes are stored already (counted
+		// by the attach that stored them, which crashed before indexing,
+		// or is indexing now).
+		if _, found, gerr := w.driveBytes(ctx, room.ID, a.DigestHex); gerr != nil || !found {
+			return false, err
+		}
+		return false, nil
+	}
+	msg := nats.NewMsg(DriveSubject(room.ID, a.DigestHex))
+	msg.Data = a.Data
+	_, err = w.js.PublishMsg(ctx, msg, jetstream.WithExpectLastSequencePerSubject(0))
+	switch {
+	case err == nil:
+		return true, nil
+	case bus.IsConflict(err):
+		// Stored already, and counted by whoever stored them.
+		w.giveBack(room, a, true, true)
+		return false, nil
+	default:
+		w.giveBack(room, a, true, true)
+		return false, fmt.Errorf("rooms: store drive file %s of room %s: %w", a.Digest, room.ID, err)
+	}
+}
+
+// countRoomDrive adds n bytes to the room's drive count.
+func (w *Worker) countRoomDrive(ctx context.Context, roomID string, n int64) error {
+	now := w.now()
+	_, _, err := bus.CAS(ctx, w.kv, RoomKey(roomID), func(cur *Room, exists bool) (*Room, error) {
+		if !exists {
+			return nil, errs.Newf(errs.NotFound, "room %s is not provisioned on this mesh (or was reclaimed or expired)", roomID)
+		}
+		cur.DriveBytes = max(cur.DriveBytes+n, 0)
+		if n > 0 {
+			cur.LastActive = now
+		}
+		return cur, nil
+	})
+	return err
+}
+
+// countQuota adds n bytes to the operator's drive count, refusing with
+// QUOTA_EXCEEDED past the limit. A negative n gives bytes back (floor 0).
+func (w *Worker) countQuota(ctx context.Context, operator string, n int64) error {
+	limit := w.limits.DriveBytesPerOperator
+	_, _, err := bus.CAS(ctx, w.kv, QuotaKey(operator), func(cur *Quota, exists bool) (*Quota, error) {
+		var q Quota
+		if exists {
+			q = *cur
+		}
+		if n > 0 && q.DriveBytes+n > limit {
+			return nil, errs.Newf(errs.QuotaExceeded,
+				"the drives of %s's rooms hold %d of %d bytes; this %d-byte file does not fit: reclaim a room the operator no longer needs, or keep the file in mesh.artifacts and attach a link",
+				operator, q.DriveBytes, limit, n)
+		}
+		q.DriveBytes = max(q.DriveBytes+n, 0)
+		return &q, nil
+	})
+	return err
+}
+
+// giveBack returns an attach's counts (the room's, and the quota's when
+// quota is set). It runs to its end whatever happened to the request's
+// context: a count left behind is a count with no file.
+func (w *Worker) giveBack(room *Room, a *attachRequest, roomCounted, quotaCounted bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if quotaCounted {
+		if err := w.countQuota(ctx, room.Operator, -a.Size); err != nil {
+			w.svc.Log.Error("drive: give back quota", "room", room.ID, "digest", a.Digest, "err", err)
+		}
+	}
+	if roomCounted {
+		if err := w.countRoomDrive(ctx, room.ID, -a.Size); err != nil && errs.As(err).Code != errs.NotFound {
+			w.svc.Log.Error("drive: give back room count", "room", room.ID, "digest", a.Digest, "err", err)
+		}
+	}
+}
+
+// index writes f as the room's entry for its digest, unless one is there:
+// a link entry is replaced by the file itself when upgrade (the bytes are
+// better than a claim about them); otherwise the entry there is kept and
+// answered. It returns the entry the drive now holds.
+func (w *Worker) index(ctx context.Context, roomID, digestHex string, f driveFile, upgrade bool) (driveFile, error) {
+	next, _, err := bus.CAS(ctx, w.kv, DriveKey(roomID, digestHex), func(cur *driveFile, exists bool) (*driveFile, error) {
+		if exists && !(upgrade && cur.External != nil) {
+			return nil, bus.ErrNoChange
+		}
+		return &f, nil
+	})
+	if err != nil {
+		return driveFile{}, fmt.Errorf("rooms: index drive file %s of room %s: %w", f.Digest, roomID, err)
+	}
+	return *next, nil
+}
+
+// attachReply is attach's answer for entry f.
+func attachReply(f driveFile) map[string]any {
+	out := map[string]any{"ref": f.Ref, "digest": f.Digest, "size": f.Size, "media_type": f.MediaType}
+	if f.External != nil {
+		out["external"] = *f.External
+	}
+	return out
+}
+
+// driveEntry reads one drive entry from the bucket's stream leader, so a
+// call just after the attach that wrote it (on another copy, through
+// another server) finds it.
+func (w *Worker) driveEntry(ctx context.Context, roomID, digestHex string) (driveFile, bool, error) {
+	raw, found, err := bus.LeaderGet(ctx, w.svc.NC, Bucket, DriveKey(roomID, digestHex))
+	if err != nil || !found {
+		return driveFile{}, false, err
+	}
+	var f driveFile
+	if err := json.Unmarshal(raw, &f); err != nil {
+		return driveFile{}, false, fmt.Errorf("rooms: decode %s: %w", DriveKey(roomID, digestHex), err)
+	}
+	return f, true, nil
+}
+
+// driveBytes reads a file's bytes from MESH_DRIVE through the stream's
+// leader (a follower may not have the newest message yet).
+func (w *Worker) driveBytes(ctx context.Context, roomID, digestHex string) ([]byte, bool, error) {
+	req, err := json.Marshal(struct {
+		LastBy string `json:"last_by_subj"`
+	}{DriveSubject(roomID, digestHex)})
+	if err != nil {
+		return nil, false, err
+	}
+	msg, err := w.svc.NC.RequestWithContext(ctx, "$JS.API.STREAM.MSG.GET."+DriveStream, req)
+	if err != nil {
+		return nil, false, fmt.Errorf("rooms: read drive file %s of room %s: %w", digestHex, roomID, err)
+	}
+	var resp struct {
+		Message *struct {
+			Data []byte `json:"data"`
+		} `json:"message"`
+		Error *jetstream.APIError `json:"error"`
+	}
+	if err := json.Unmarshal(msg.Data, &resp); err != nil {
+		return nil, false, fmt.Errorf("rooms: read drive file %s of room %s: %w", digestHex, roomID, err)
+	}
+	switch {
+	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
+		return nil, false, nil
+	case resp.Error != nil:
+		return nil, false, fmt.Errorf("rooms: read drive file %s of room %s: %w", digestHex, roomID, resp.Error)
+	case resp.Message == nil:
+		return nil, false, fmt.Errorf("rooms: read drive file %s of room %s: an answer with no message", digestHex, roomID)
+	}
+	return resp.Message.Data, true, nil
+}
+
+// fetch answers mesh.rooms.fetch {descriptor, ref} with the file and its
+// bytes: {ref, name, version, digest, media_type, size, origin?, data_b64}.
+func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
+	var p struct {
+		Descriptor json.RawMessage `json:"descriptor"`
+		Ref        string          `json:"ref"`
+	}
+	if err := r.Decode(&p); err != nil {
+		return nil, err
+	}
+	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	if err != nil {
+		return nil, err
+	}
+	refRoom, digestHex, err := parseDriveRef(p.Ref)
+	if err != nil {
+		return nil, err
+	}
+	if refRoom != room.ID {
+		return nil, errs.Newf(errs.NotFound, "%s is a file of another room, not of room %s", p.Ref, room.ID)
+	}
+	f, found, err := w.driveEntry(ctx, room.ID, digestHex)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errs.Newf(errs.NotFound, "room %s's drive has no file %s; mesh.rooms.status lists the files it holds", room.ID, p.Ref)
+	}
+	if f.External != nil {
+		return nil, errs.Newf(errs.NotFound, "room %s holds no bytes for %s: it is a link to %s; fetch it there and check it against %s",
+			room.ID, p.Ref, *f.External, f.Digest)
+	}
+	data, found, err := w.driveBytes(ctx, room.ID, digestHex)
+	if err != nil {
+		return nil, err
+	}
+	if !found {
+		return nil, errs.Newf(errs.ArtifactGone, "the bytes of %s are no longer on room %s's drive", p.Ref, room.ID)
+	}
+	if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != digestHex {
+		return nil, fmt.Errorf("rooms: drive file %s of room %s does not match its digest", digestHex, room.ID)
+	}
+	out := map[string]any{"ref": f.Ref, "name": f.Name, "version": f.Version, "digest": f.Digest,
+		"media_type": f.MediaType, "size": f.Size, "data_b64": base64.StdEncoding.EncodeToString(data)}
+	if f.Origin != nil {
+		out["origin"] = *f.Origin
+	}
+	return out, nil
+}

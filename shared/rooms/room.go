@@ -167,6 +167,12 @@ type Room struct {
 	RecordBytes int64 `json:"record_bytes"`
 	// DriveBytes counts the room's drive files.
 	DriveBytes int64 `json:"drive_bytes"`
+	// ClosedAt is set when reclaim or idle expiry starts removing the
+	// room, and Why says which ("reclaimed" or "expired"): from then on
+	// Access refuses it and the record takes nothing more, and whichever
+	// of reclaim or expiry runs next finishes the removal.
+	ClosedAt *time.Time `json:"closed_at,omitempty"`
+	Why      string     `json:"why,omitempty"`
 }
 
 // IsMember reports whether agent may act in the room as a member: the
@@ -213,6 +219,12 @@ func errNotMember(roomID string) error {
 // carries, and from is a member. It returns the descriptor and the room's
 // current record.
 func Access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMessage, from string) (*Descriptor, *Room, error) {
+	return access(ctx, kv, rawDescriptor, from, false)
+}
+
+// access is Access; closed admits a room being removed (ClosedAt set),
+// which only reclaim asks for, to finish an interrupted removal.
+func access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMessage, from string, closed bool) (*Descriptor, *Room, error) {
 	d, err := ParseDescriptor(rawDescriptor)
 	if err != nil {
 		return nil, nil, err
@@ -224,7 +236,7 @@ func Access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMe
 	if err != nil {
 		return nil, nil, fmt.Errorf("rooms: read room %s: %w", d.RoomID, err)
 	}
-	if !found {
+	if !found || (r.ClosedAt != nil && !closed) {
 		return nil, nil, errs.Newf(errs.NotFound, "room %s is not provisioned on this mesh (or was reclaimed or expired)", d.RoomID)
 	}
 	if !sameDescriptor(r.Descriptor, d.Raw) {
@@ -257,4 +269,8 @@ func sameDescriptor(stored, got json.RawMessage) bool {
 type Quota struct {
 	Rooms      int   `json:"rooms"`
 	DriveBytes int64 `json:"drive_bytes"`
+	// RoomIDs are the rooms counted (Rooms is their number): provision
+	// adds its room once and removal takes it out once, so either may be
+	// repeated after a crash without counting twice.
+	RoomIDs []string `json:"room_ids,omitempty"`
 }

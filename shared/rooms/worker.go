@@ -149,6 +149,9 @@ type Worker struct {
 	stopOnce sync.Once
 	stopErr  error
 	stops    []func() error
+
+	// core is the state of the record's ingest (core.go).
+	core coreState
 }
 
 // endpoint is one verb the worker serves.

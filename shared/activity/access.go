@@ -1,0 +1,137 @@
+package activity
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+
+	"github.com/synadia-io/orbit.go/jetstreamext"
+
+	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+)
+
+// Who reads the timeline and the counters (docs/bus.md "Who may call
+// what"). The broker lets only app credentials (and the services) publish
+// mesh.activity.list and mesh.usage.list (creds.AppPermissions); the
+// worker then answers:
+//
+//   - the services key (the account's HTTP views, which pick the account's
+//     agents themselves): about any agent;
+//   - an app's key (the app signs with it): about the agents of the account
+//     that owns the app, as Config.Accounts says, on a private reply only,
+//     since what an account's agents did is not for every credential on the
+//     shared _INBOX.;
+//   - any other signer (an operator test credential signing as some agent):
+//     FORBIDDEN.
+
+// Accounts says which agents an app may read the activity and usage of.
+type Accounts interface {
+	// AppAgents returns the agents of the account that owns the live app
+	// whose key is appKey (its apps' keys among them), or an error:
+	// errs.NotFound when appKey is no live app.
+	AppAgents(ctx context.Context, appKey string) ([]string, error)
+}
+
+// scope is who the caller of r may read about: all (nil, the services) or
+// the agents in the set.
+func (w *Worker) scope(ctx context.Context, r *bus.Request) (map[string]bool, error) {
+	if r.Env.From == w.svc.Key.Public() {
+		return nil, nil
+	}
+	if w.cfg.Accounts == nil {
+		return nil, errs.Newf(errs.Unavailable,
+			"this mesh's activity worker cannot tell which account an app belongs to; read GET /v1/accounts/{id}/activity or /usage instead")
+	}
+	agents, err := w.cfg.Accounts.AppAgents(ctx, r.Env.From)
+	if errs.CodeOf(err) == errs.NotFound {
+		return nil, errs.Newf(errs.Forbidden,
+			"%s answers an app credential about its own account's agents (sign with the app key) and the account's HTTP views; %s is no live app", r.Subject, r.Env.From)
+	}
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the app's account could not be read; try again")
+	}
+	if !r.PrivateReply() {
+		return nil, errs.New(errs.InvalidRequest,
+			"an account's activity and usage go only to a private reply: connect with the app's inbox_prefix (_MESH_INBOX.<app key>)")
+	}
+	in := make(map[string]bool, len(agents))
+	for _, a := range agents {
+		in[a] = true
+	}
+	return in, nil
+}
+
+// notYours is the refusal of a filter naming an agent outside the scope.
+func notYours(agent string) error {
+	return errs.Newf(errs.Forbidden, "agent %s is not one of this app's account's agents", agent)
+}
+
+// usageOf reads the counters of agents, at most maxUsageBatch subjects a
+// request (the broker answers at most 1,024 in one).
+func (w *Worker) usageOf(ctx context.Context, agents []string) ([]Usage, error) {
+	out := []Usage{}
+	for batch := range slices.Chunk(agents, maxUsageBatch) {
+		subjects := make([]string, len(batch))
+		for i, a := range batch {
+			subjects[i] = "$KV." + UsageBucket + "." + a
+		}
+		got, err := w.lastValues(ctx, subjects)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, got...)
+	}
+	return out, nil
+}
+
+const maxUsageBatch = 1000
+
+// allUsage reads every agent's counters: one request for the last value
+// of every single-token key (catalog keys have two), or a pass over the
+// bucket past what one request answers.
+func (w *Worker) allUsage(ctx context.Context) ([]Usage, error) {
+	out, err := w.lastValues(ctx, []string{"$KV." + UsageBucket + ".*"})
+	if err == nil {
+		return out, nil
+	}
+	out = []Usage{}
+	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
+		if strings.HasPrefix(key, CatalogPrefix) {
+			return
+		}
+		var u Usage
+		if json.Unmarshal(v, &u) == nil {
+			out = append(out, u)
+		}
+	})
+	return out, err
+}
+
+// lastValues reads the usage values on subjects in one direct get.
+func (w *Worker) lastValues(ctx context.Context, subjects []string) ([]Usage, error) {
+	out := []Usage{}
+	msgs, err := jetstreamext.GetLastMsgsFor(ctx, w.svc.JS, "KV_"+UsageBucket, subjects)
+	if err != nil {
+		return nil, err
+	}
+	for m, err := range msgs {
+		if errors.Is(err, jetstreamext.ErrNoMessages) {
+			return out, nil
+		}
+		if err != nil {
+			return nil, err
+		}
+		if m.Header.Get("KV-Operation") != "" {
+			continue
+		}
+		var u Usage
+		if json.Unmarshal(m.Data, &u) == nil && keys.IsUserPublicKey(u.Agent) {
+			out = append(out, u)
+		}
+	}
+	return out, nil
+}
