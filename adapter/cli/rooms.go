@@ -163,6 +163,7 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 	)
 	switch sub {
 	case "create":
+		want = -2 // an optional name
 		acl = fs.Bool("acl", false, "members-only: admitted by name, traffic on a room credential")
 		ephemeral = fs.Bool("ephemeral", false, "never recorded: no record, drive or board")
 	case "invite":
@@ -212,8 +213,10 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 	switch {
 	case want >= 0 && len(pos) != want:
 		return usageError("room %s takes %d argument(s), not %d (see `mesh-adapter help room`)", sub, want, len(pos))
-	case want < 0 && (len(pos) < 1 || len(pos) > 2):
+	case want == -1 && (len(pos) < 1 || len(pos) > 2):
 		return usageError("room %s takes the room and, optionally, a digest", sub)
+	case want == -2 && len(pos) > 1:
+		return usageError("room %s takes one name (quote it)", sub)
 	}
 	if sub == "list" {
 		return roomList(e, *asJSON)
@@ -225,9 +228,6 @@ func runRoom(ctx context.Context, e *Env, args []string) error {
 		return roomForget(e, pos[0])
 	}
 	if sub == "create" {
-		if len(pos) > 1 {
-			return usageError("room create takes one name (quote it)")
-		}
 		if len(pos) == 1 {
 			cmd.Name = pos[0]
 		}
@@ -316,10 +316,13 @@ func roomRun(ctx context.Context, e *Env, cmd rooms.Command, asJSON bool, out *s
 		if asJSON {
 			return printJSON(w, inv)
 		}
-		if inv.Queued {
-			fmt.Fprintf(w, "invited agent %s to room %s (held for it: its adapter gets the invite when it next runs)\n", inv.To, inv.RoomID)
-		} else {
-			fmt.Fprintf(w, "invited agent %s to room %s\n", inv.To, inv.RoomID)
+		switch {
+		case inv.NoAnswer:
+			fmt.Fprintf(w, "invited agent %s to room %s: its adapter did not answer, so its mailbox keeps the invite until it next runs\n", inv.To, inv.RoomID)
+		case inv.Queued:
+			fmt.Fprintf(w, "invited agent %s to room %s: its inbox holds the invite for the person behind it\n", inv.To, inv.RoomID)
+		default:
+			fmt.Fprintf(w, "invited agent %s to room %s; it holds the room now\n", inv.To, inv.RoomID)
 		}
 		return nil
 	case "say":

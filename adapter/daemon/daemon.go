@@ -74,8 +74,9 @@ type adapter struct {
 	allow *allowance.Store
 	guest *guestLease // the lease, when the identity is a guest's
 	// rooms is the agent's rooms and board client; the rooms it holds
-	// are remembered in the state directory (rooms.StoreFile).
+	// are remembered in the state directory (rooms.StoreFile), in held.
 	rooms *rooms.Client
+	held  *rooms.Store
 	log   *slog.Logger
 	// natsURL is the bus the node connects to; renews is whether the node
 	// has a renewer (a guest's lease has none).
@@ -263,6 +264,7 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 	// Room invites are answered by the runtime, remembering the room,
 	// whatever the mode (a drained invite too).
 	held := rooms.OpenStore(cfg.Dir.File(rooms.StoreFile), nil)
+	a.held = held
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
 		Offerings:         []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",

@@ -27,6 +27,25 @@ func (a *adapter) roomInvite(held *rooms.Store) func(ctx context.Context, c *nod
 	}
 }
 
+// inviteAnswered takes the late answer to an invite this agent sent (the
+// invitee's adapter took it from its mailbox) and tells the person; it
+// reports whether r was one.
+func (a *adapter) inviteAnswered(r *node.Result) bool {
+	inv, ok, err := a.held.TakeInvite(r.RequestID, r.From)
+	if err != nil {
+		a.log.Warn("the invites sent could not be read", "err", err)
+	}
+	if !ok {
+		return false
+	}
+	if e := answerError(r); e != nil {
+		fmt.Fprintf(a.cfg.Out, "room invite: agent %s refused the invite to room %s: %s\n", inv.To, inv.RoomID, OneLine(Describe(e).Error()))
+	} else {
+		fmt.Fprintf(a.cfg.Out, "room invite: agent %s took the invite to room %s\n", inv.To, inv.RoomID)
+	}
+	return true
+}
+
 // aclStopped tells the person that an acl room's connection ended for good.
 func (a *adapter) aclStopped(roomID string, why error) {
 	fmt.Fprintf(a.cfg.Out, "warning: acl room %s: %v\n", roomID, why)

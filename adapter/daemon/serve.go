@@ -205,6 +205,9 @@ func (b *limitedBuffer) String() string { return b.buf.String() }
 // this agent sent (the record in the queue, which survives restarts) to
 // the answer's signer; any other is kept as unsolicited, and says so.
 func (a *adapter) onReply(r *node.Result) {
+	if a.inviteAnswered(r) {
+		return
+	}
 	to, sent, err := a.queue.SentTo(r.RequestID)
 	if err != nil {
 		a.log.Warn("the record of sent requests could not be read; the answer is kept as unsolicited", "request", r.RequestID, "err", err)

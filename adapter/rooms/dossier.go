@@ -3,10 +3,10 @@ package rooms
 import (
 	"context"
 	"encoding/json"
-	"errors"
 
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
+	srooms "agentmesh.dev/mesh/shared/rooms"
 )
 
 // Dossier is a room's signed dossier (spec §4.2, upstream-notes §7), as
@@ -57,8 +57,20 @@ func (c *Client) Dossier(ctx context.Context, ref string) (Dossier, error) {
 	return Dossier{RoomID: r.RoomID, Raw: raw, Summary: sum}, nil
 }
 
-// VerifyDossier checks a dossier offline: the manifest's signature by its
-// signer_pub, and every entry and file against the manifest's digests.
+// VerifyDossier checks a dossier offline (shared/rooms.VerifyDossier: the
+// manifest's signature by its signer_pub, the counts, the SHA-256 of the
+// record and of the files, each carried file's bytes against its digest)
+// and returns what its manifest says. Whose key signer_pub is, is the
+// caller's to judge: the mesh's services key (Config.ServicesKey).
 func VerifyDossier(raw []byte) (DossierSummary, error) {
-	return DossierSummary{}, errors.New("rooms: dossier verification is not built yet")
+	if err := srooms.VerifyDossier(raw); err != nil {
+		return DossierSummary{}, errs.Wrap(errs.IdentityMismatch, err.Error(), err)
+	}
+	var d struct {
+		Manifest DossierSummary `json:"manifest"`
+	}
+	if err := json.Unmarshal(raw, &d); err != nil {
+		return DossierSummary{}, errs.Wrap(errs.InputInvalid, "the dossier is not readable", err)
+	}
+	return d.Manifest, nil
 }

@@ -57,10 +57,20 @@ type InviteInput struct {
 type Invited struct {
 	RoomID string `json:"room_id"`
 	To     string `json:"to"`
-	// Queued: the invitee's adapter is not running (or screens its
-	// messages); its mailbox holds the invite until it runs.
-	Queued bool `json:"queued"`
+	// Queued: the invitee's inbox held the invite (it screens its
+	// messages) and answered with a queued acknowledgement.
+	Queued bool `json:"queued,omitempty"`
+	// NoAnswer: nothing answered within InviteTimeout. A live runtime
+	// answers an invite at once, so the invitee's adapter is not running;
+	// its mailbox keeps the invite, and its answer, when it runs, is
+	// recognised (Store.TakeInvite).
+	NoAnswer bool `json:"no_answer,omitempty"`
 }
+
+// InviteTimeout is how long Invite waits for the invitee's answer: its
+// runtime answers an invite itself, without a person, so a running
+// invitee answers in far less.
+const InviteTimeout = 10 * time.Second
 
 // Invite sends agent the room: an acl room admits it first (creator only),
 // then a pairwise rooms.invite request carries the descriptor and its
@@ -86,11 +96,42 @@ func (c *Client) Invite(ctx context.Context, ref, agent, note string) (Invited, 
 	if note != "" {
 		in.Note = &note
 	}
-	res, err := c.cfg.Agent.Request(ctx, agent, InviteOffering, in, node.RequestOptions{ContextID: r.RoomID, Timeout: c.cfg.Timeout})
+	// Noted before it is sent: its answer may come after Request gave up,
+	// even after a restart.
+	id := protocol.NewID()
+	if err := c.cfg.Store.NoteInvite(SentInvite{ID: id, To: agent, RoomID: r.RoomID, At: protocol.FormatTime(c.cfg.Now())}); err != nil {
+		return Invited{}, fmt.Errorf("nothing was sent: %w", err)
+	}
+	out := Invited{RoomID: r.RoomID, To: agent}
+	res, err := c.cfg.Agent.Request(ctx, agent, InviteOffering, in, node.RequestOptions{ContextID: r.RoomID, Timeout: min(InviteTimeout, c.cfg.Timeout), ID: id})
+	switch {
+	case errs.CodeOf(err) == errs.TransportTimeout && res == nil:
+		out.NoAnswer = true
+		return out, nil
+	case res != nil && res.Queued:
+		// The answer, if the person behind a screened inbox lets it
+		// through, comes later.
+		out.Queued = true
+		return out, nil
+	}
+	if _, _, terr := c.cfg.Store.TakeInvite(id, agent); terr != nil {
+		c.log.Warn("an answered invite stays noted", "err", terr)
+	}
 	if err != nil {
 		return Invited{}, fmt.Errorf("invite %s: %w", agent, err)
 	}
-	return Invited{RoomID: r.RoomID, To: agent, Queued: res.Queued}, nil
+	return out, nil
+}
+
+// InviteAnswer recognises a late answer to an invite this agent sent (the
+// invitee's runtime took it from its mailbox): it returns the invite and
+// forgets it. Anything else is not an invite's answer (ok false).
+func (c *Client) InviteAnswer(r *node.Result) (inv SentInvite, ok bool) {
+	inv, ok, err := c.cfg.Store.TakeInvite(r.RequestID, r.From)
+	if err != nil {
+		c.log.Warn("the invites sent could not be read", "err", err)
+	}
+	return inv, ok
 }
 
 // AcceptInvite answers the reserved rooms.invite offering for the runtime

@@ -75,7 +75,54 @@ func OpenStore(path string, now func() time.Time) *Store {
 
 type storeFile struct {
 	Rooms []Held `json:"rooms"`
+	// Invites are the invites sent and not answered yet: an answer that
+	// comes later (the invitee's adapter took the invite from its mailbox)
+	// is recognised by them, at most MaxPendingInvites, newest kept.
+	Invites []SentInvite `json:"invites,omitempty"`
 }
+
+// SentInvite is an invite sent and not answered yet.
+type SentInvite struct {
+	ID     string `json:"id"` // the request's envelope id
+	To     string `json:"to"`
+	RoomID string `json:"room_id"`
+	At     string `json:"at"`
+}
+
+// MaxPendingInvites bounds the unanswered invites remembered.
+const MaxPendingInvites = 1000
+
+// NoteInvite remembers an invite before it is sent.
+func (s *Store) NoteInvite(inv SentInvite) error {
+	return s.update(func(f *storeFile) error {
+		f.Invites = append(f.Invites, inv)
+		if n := len(f.Invites); n > MaxPendingInvites {
+			f.Invites = f.Invites[n-MaxPendingInvites:]
+		}
+		return nil
+	})
+}
+
+// TakeInvite forgets the invite with request id, answered by from, and
+// returns it; ok is false when no such invite to from is pending.
+func (s *Store) TakeInvite(id, from string) (inv SentInvite, ok bool, err error) {
+	err = s.update(func(f *storeFile) error {
+		i := slices.IndexFunc(f.Invites, func(x SentInvite) bool { return x.ID == id && x.To == from })
+		if i < 0 {
+			return errUnchanged
+		}
+		inv, ok = f.Invites[i], true
+		f.Invites = slices.Delete(f.Invites, i, i+1)
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		err = nil
+	}
+	return inv, ok, err
+}
+
+// errUnchanged ends an update that changes nothing, without a write.
+var errUnchanged = errors.New("unchanged")
 
 // List returns the held rooms, oldest first.
 func (s *Store) List() ([]Held, error) {
