@@ -111,6 +111,7 @@ type fakeAgent struct {
 	mu     sync.Mutex
 	sent   []sentInvite
 	queued bool
+	err    error // answered with this instead
 }
 
 type sentInvite struct {
@@ -126,6 +127,9 @@ func (a *fakeAgent) Request(_ context.Context, to, offering string, input any, o
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.sent = append(a.sent, sentInvite{To: to, Offering: offering, Input: in, Opts: opts})
+	if a.err != nil {
+		return nil, a.err
+	}
 	return &node.Result{Status: "completed", Queued: a.queued}, nil
 }
 
@@ -306,6 +310,39 @@ func TestInvite(t *testing.T) {
 	}
 	if _, err := c.Invite(t.Context(), "open", "not-an-agent", ""); errs.CodeOf(err) != errs.InputInvalid {
 		t.Fatalf("invite a non-agent: %v", err)
+	}
+
+	// No answer in time: the invitee's mailbox keeps it, and its late
+	// answer is recognised once, from the invitee only.
+	ag.queued, ag.err = false, errs.New(errs.TransportTimeout, "no answer")
+	inv, err = c.Invite(t.Context(), "open", bob, "")
+	if err != nil || !inv.NoAnswer || inv.Queued {
+		t.Fatalf("unanswered invite: %+v %v", inv, err)
+	}
+	last := ag.sent[len(ag.sent)-1]
+	if last.Opts.ID == "" || last.Opts.Timeout != min(InviteTimeout, wait) {
+		t.Fatalf("invite options %+v", last.Opts)
+	}
+	if _, ok := c.InviteAnswer(&node.Result{RequestID: last.Opts.ID, From: ana.Public()}); ok {
+		t.Fatal("an answer from someone else passed for the invitee's")
+	}
+	if got, ok := c.InviteAnswer(&node.Result{RequestID: last.Opts.ID, From: bob}); !ok || got.RoomID != open.RoomID || got.To != bob {
+		t.Fatalf("the late answer: %+v %v", got, ok)
+	}
+	if _, ok := c.InviteAnswer(&node.Result{RequestID: last.Opts.ID, From: bob}); ok {
+		t.Fatal("a late answer was taken twice")
+	}
+	// An answered invite is not kept; a refusal is the invite's error.
+	ag.err = nil
+	if _, err := c.Invite(t.Context(), "open", bob, ""); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.InviteAnswer(&node.Result{RequestID: ag.sent[len(ag.sent)-1].Opts.ID, From: bob}); ok {
+		t.Fatal("an invite answered at once stayed pending")
+	}
+	ag.err = errs.New(errs.InputInvalid, "this agent cannot hold sealed rooms")
+	if _, err := c.Invite(t.Context(), "open", bob, ""); errs.CodeOf(err) != errs.InputInvalid {
+		t.Fatalf("refused invite: %v", err)
 	}
 }
 
