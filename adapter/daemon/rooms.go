@@ -31,6 +31,9 @@ func (a *adapter) roomInvite(held *rooms.Store) func(ctx context.Context, c *nod
 // invitee's adapter took it from its mailbox) and tells the person; it
 // reports whether r was one.
 func (a *adapter) inviteAnswered(r *node.Result) bool {
+	if a.held == nil {
+		return false
+	}
 	inv, ok, err := a.held.TakeInvite(r.RequestID, r.From)
 	if err != nil {
 		a.log.Warn("the invites sent could not be read", "err", err)
