@@ -84,7 +84,10 @@ type Anchor struct {
 	// ProofsRecorded says the heads' inclusion proofs are in the chains
 	// (Chains.RecordProofs), where exports find them.
 	ProofsRecorded bool `json:"proofs_recorded"`
-	// Attempts counts the stamping attempts.
+	// ProofsNote says why the proofs could not be recorded, if so.
+	ProofsNote string `json:"proofs_note,omitempty"`
+	// Attempts counts the stamping attempts; LastError says why the last
+	// one left the anchor failed.
 	Attempts  int       `json:"attempts"`
 	LastError string    `json:"last_error,omitempty"`
 	CreatedAt time.Time `json:"created_at"`
@@ -295,10 +298,7 @@ func (a *Anchorer) recordProofs(ctx context.Context, rec *Anchor, tree *Tree, en
 		if r.ProofsRecorded {
 			return ErrNoChange
 		}
-		r.ProofsRecorded = true
-		if note != "" {
-			r.LastError = note
-		}
+		r.ProofsRecorded, r.ProofsNote = true, note
 		r.UpdatedAt = a.cfg.Now().UTC()
 		return nil
 	})

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -300,4 +301,41 @@ func TestMemAnchors(t *testing.T) { testAnchorStore(t, audit.NewMemAnchors()) }
 func TestStreamAnchors(t *testing.T) {
 	b := bustest.Start(t)
 	testAnchorStore(t, openChains(t, b, "audit", nil).Anchors())
+}
+
+// A run that stopped after making the record is finished by the next; if
+// an account was closed in between, the anchor stands without proofs and
+// says why.
+func TestAnchorResumed(t *testing.T) {
+	for _, closed := range []bool{false, true} {
+		t.Run(fmt.Sprint("closed=", closed), func(t *testing.T) {
+			e := newAnchorEnv(t)
+			heads, _ := e.chains.HeadsAt(t.Context(), time.Date(2026, 3, 5, 0, 0, 0, 0, time.UTC))
+			tree, err := audit.NewTree(heads)
+			if err != nil {
+				t.Fatal(err)
+			}
+			doc := audit.Document{V: 1, Date: "2026-03-04", Root: tree.Root(), Mesh: "test-mesh", Heads: 3, Rows: 9}
+			digest, _ := doc.Digest()
+			if err := e.store.Create(t.Context(), &audit.Anchor{Date: doc.Date, Document: doc, DocumentSHA256: hex.EncodeToString(digest), Status: audit.StatusPending}); err != nil {
+				t.Fatal(err)
+			}
+			if closed {
+				if err := e.chains.Purge(t.Context(), e.agents[0]); err != nil {
+					t.Fatal(err)
+				}
+			}
+			done, err := e.anchorer(t).Run(t.Context())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(done) != 1 || done[0].Status != audit.StatusStamped || done[0].Document != doc || !done[0].ProofsRecorded {
+				t.Fatalf("%+v", done)
+			}
+			ps, _ := e.chains.Proofs(t.Context(), e.agents[1])
+			if closed != (done[0].ProofsNote != "") || closed != (len(ps) == 0) {
+				t.Fatalf("closed=%v: note %q, %d proofs", closed, done[0].ProofsNote, len(ps))
+			}
+		})
+	}
 }

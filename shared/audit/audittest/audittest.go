@@ -112,6 +112,15 @@ func (m *MemChains) Proofs(_ context.Context, agent string) ([]audit.Proof, erro
 	return slices.Clone(m.proofs[agent]), nil
 }
 
+// Purge removes an agent's chain and proofs, as audit.Chains.Purge does.
+func (m *MemChains) Purge(_ context.Context, agent string) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	delete(m.rows, agent)
+	delete(m.proofs, agent)
+	return nil
+}
+
 // Authority is a test-only timestamp authority served on a loopback
 // HTTP server, as the anchorer's configuration names it.
 type Authority struct {
