@@ -279,8 +279,9 @@ func (c *Chains) Head(ctx context.Context, agent string) (h Head, found bool, er
 	return *p, true, nil
 }
 
-// readBatch is how many messages one batch read asks for.
-const readBatch = 512
+// readBatch is how many messages one batch read asks for (a variable so
+// that a test reads in small batches).
+var readBatch = 512
 
 // each calls f with every message on subj in stream order, a batch read
 // (jetstreamext.GetBatch) at a time.
@@ -305,7 +306,9 @@ func (c *Chains) each(ctx context.Context, subj string, f func(*jetstream.RawStr
 				return err
 			}
 		}
-		if n < readBatch {
+		// A batch may stop short of readBatch (the server bounds its bytes),
+		// so only an empty one ends the read.
+		if n == 0 {
 			return nil
 		}
 	}
