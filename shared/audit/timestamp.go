@@ -17,6 +17,7 @@ import (
 	"math/big"
 	"net/http"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/digitorus/pkcs7"
@@ -138,7 +139,7 @@ func VerifyToken(token []byte, want TokenCheck) (info *TokenInfo, err error) {
 	if want.Root == nil || want.Nonce == nil || len(want.Digest) != sha256.Size {
 		return nil, errors.New("audit: VerifyToken needs a root, a nonce and a SHA-256 digest")
 	}
-	p7, err := pkcs7.Parse(token)
+	p7, err := parsePKCS7(token)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTokenMalformed, err)
 	}
@@ -167,7 +168,7 @@ func VerifyToken(token []byte, want TokenCheck) (info *TokenInfo, err error) {
 	if err := checkSigningCertificate(p7, signer); err != nil {
 		return nil, err
 	}
-	ts, err := timestamp.Parse(token)
+	ts, err := parseTSTInfo(token)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %v", ErrTokenMalformed, err)
 	}
@@ -194,6 +195,30 @@ func VerifyToken(token []byte, want TokenCheck) (info *TokenInfo, err error) {
 		return nil, ErrTokenNonce
 	}
 	return &TokenInfo{Time: ts.Time, Serial: ts.SerialNumber, Policy: ts.Policy, Signer: signer}, nil
+}
+
+// berMu serialises the parsers of github.com/digitorus/pkcs7, whose BER
+// transcoder writes a package-level variable (a debug indent counter) on
+// every parse: two parses at once are a data race. Tokens are parsed a few
+// times a day, so one at a time costs nothing.
+var berMu sync.Mutex
+
+func parsePKCS7(der []byte) (*pkcs7.PKCS7, error) {
+	berMu.Lock()
+	defer berMu.Unlock()
+	return pkcs7.Parse(der)
+}
+
+func parseResponse(raw []byte) (*timestamp.Timestamp, error) {
+	berMu.Lock()
+	defer berMu.Unlock()
+	return timestamp.ParseResponse(raw)
+}
+
+func parseTSTInfo(token []byte) (*timestamp.Timestamp, error) {
+	berMu.Lock()
+	defer berMu.Unlock()
+	return timestamp.Parse(token)
 }
 
 // checkSigningCertificate checks that the signed signing-certificate
@@ -360,7 +385,7 @@ func responseToken(raw []byte) (token []byte, err error) {
 			token, err = nil, fmt.Errorf("%w: %v", ErrTokenMalformed, r)
 		}
 	}()
-	ts, err := timestamp.ParseResponse(raw)
+	ts, err := parseResponse(raw)
 	if err != nil {
 		return nil, fmt.Errorf("refused or malformed answer: %w", err)
 	}
