@@ -10,6 +10,8 @@ require (
 	github.com/GoogleCloudPlatform/functions-framework-go v1.9.2
 	github.com/chromedp/cdproto v0.159.0
 	github.com/chromedp/chromedp v0.22.1
+	github.com/digitorus/pkcs7 v0.0.0-20230713084857-e76b763bdc49
+	github.com/digitorus/timestamp v0.0.0-20250524132541-c45532741eea
 	github.com/hashicorp/hcl/v2 v2.25.0
 	github.com/nats-io/jwt/v2 v2.8.2
 	github.com/nats-io/nats-server/v2 v2.15.2
@@ -17,6 +19,7 @@ require (
 	github.com/nats-io/nkeys v0.4.16
 	github.com/oasisprotocol/curve25519-voi v0.0.0-20230904125328-1f23a7beb09a
 	github.com/synadia-io/orbit.go/jetstreamext v0.3.2
+	github.com/transparency-dev/merkle v0.0.2
 	github.com/zclconf/go-cty v1.19.0
 )
 

@@ -4,14 +4,16 @@ import (
 	"context"
 	"sync/atomic"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/registrar"
 	"agentmesh.dev/mesh/shared/rooms"
 )
 
 // registrarOwners resolves room creators with the mesh's own registrar, in
-// process (rooms.Owners): the handle bound to the agent, and its address as
-// the operator whose quota the room counts against. The registrar is built
+// process (rooms.Owners): the handle bound to the agent, and its operator
+// (account.OperatorID of the handle's address, as the card's operator.id)
+// whose quota the room counts against. The registrar is built
 // with the control plane, after the workers start, so until then it
 // answers UNAVAILABLE.
 type registrarOwners struct {
@@ -33,5 +35,5 @@ func (o *registrarOwners) Owner(ctx context.Context, agentID string) (rooms.Owne
 		// A handle reserved with no agent bound does not name one.
 		return rooms.Owner{}, errs.Newf(errs.NotNamed, "agent %s is bound to no handle: pair it with your handle, then try again", agentID)
 	}
-	return rooms.Owner{Handle: h.Handle, Operator: h.Email}, nil
+	return rooms.Owner{Handle: h.Handle, Operator: account.OperatorID(h.Email)}, nil
 }

@@ -8,6 +8,8 @@
 package account
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	netmail "net/mail"
 	"strings"
 	"time"
@@ -252,3 +254,13 @@ func CheckOperatorName(n string) (string, error) {
 func ms(t time.Time) int64 { return t.UnixMilli() }
 
 func publicID(hash string) string { return hash[:12] }
+
+// OperatorID is the stable, opaque id of the operator anchored to a verified
+// address: "op_" and 32 hex digits of SHA-256("mesh-operator-v1\n" + the
+// address, lower-cased). The registrar's card carries it (operator.id), so
+// a service counting per operator never parses a handle, whose name part
+// may hold dots.
+func OperatorID(email string) string {
+	sum := sha256.Sum256([]byte("mesh-operator-v1\n" + strings.ToLower(strings.TrimSpace(email))))
+	return "op_" + hex.EncodeToString(sum[:16])
+}

@@ -27,6 +27,8 @@ type Card struct {
 	Reserved bool   `json:"reserved"`
 	Operator struct {
 		Name string `json:"name"`
+		// ID is the operator's opaque id (this mesh's registrar only).
+		ID string `json:"id,omitempty"`
 	} `json:"operator"`
 	Endpoints []struct {
 		Protocol string `json:"protocol"`

@@ -43,6 +43,11 @@ type Card struct {
 // CardOperator is the card's operator.
 type CardOperator struct {
 	Name string `json:"name"`
+	// ID is the operator's stable, opaque id (account.OperatorID of the
+	// verified address; beyond upstream's card, which has the name only).
+	// Services that count per operator (the rooms' quota) read it: the
+	// handle itself is never parsed, since a name may hold dots.
+	ID string `json:"id,omitempty"`
 }
 
 // Endpoint is one way to reach the handle's agent.
@@ -121,7 +126,7 @@ func (s *Service) Lookup(ctx context.Context, handle, agentID string) (account.H
 // CardOf is the card of a stored handle, issued now.
 func (s *Service) CardOf(h account.Handle) Card {
 	now := s.now()
-	c := Card{Handle: h.Handle, Operator: CardOperator{Name: h.OperatorName}, Reserved: h.AgentID == "",
+	c := Card{Handle: h.Handle, Operator: CardOperator{Name: h.OperatorName, ID: operatorID(h.Email)}, Reserved: h.AgentID == "",
 		Endpoints: []Endpoint{}, ClaimedVia: h.ClaimedVia, ClaimedAt: protocol.FormatTime(time.UnixMilli(h.ClaimedAt)),
 		Registrar: s.url, IssuedAt: protocol.FormatTime(now), ExpiresAt: protocol.FormatTime(now.Add(s.cardTTL))}
 	if c.ClaimedVia == "" {
@@ -235,4 +240,13 @@ func (s *Service) WebFinger(ctx context.Context, resource string) (JRD, error) {
 	}
 	return JRD{Subject: "acct:" + h.Handle, Properties: map[string]any{"urn:pan:binding": binding},
 		Links: []JRDLink{{Rel: "urn:pan:card", Type: "application/json", Href: s.url + "/api/resolve?handle=" + url.QueryEscape(h.Handle)}}}, nil
+}
+
+// operatorID is the card's operator id of a handle's address ("" for a
+// handle stored without one).
+func operatorID(email string) string {
+	if email == "" {
+		return ""
+	}
+	return account.OperatorID(email)
 }

@@ -21,11 +21,10 @@ import (
 // its signature verifies with a current key of the registrar's key set
 // (GET /api/registrar-key), as any resolver does.
 //
-// The card carries the handle, not the operator's address, and a handle
-// is <name>.<email> where a name may hold dots: the operator is read as
-// everything after the handle's first dot, which is the address exactly
-// for every name without a dot (upstream's standard handles have none).
-// meshd asks its registrar in process instead and gets the address itself.
+// The operator is the card's operator.id (account.OperatorID of the
+// verified address), never parsed out of the handle: a handle is
+// <name>.<email> and a name may hold dots. meshd asks its registrar in
+// process instead and computes the same id from the address.
 type RegistrarOwners struct {
 	base string
 	http *http.Client
@@ -99,9 +98,9 @@ func (o *RegistrarOwners) Owner(ctx context.Context, agentID string) (Owner, err
 	if err != nil || agent != agentID {
 		return Owner{}, notNamed(agentID)
 	}
-	owner := Owner{Handle: card.Handle, Operator: operatorOfHandle(card.Handle)}
+	owner := Owner{Handle: card.Handle, Operator: card.Operator.ID}
 	if owner.Operator == "" {
-		return Owner{}, notNamed(agentID)
+		return Owner{}, errs.New(errs.Unavailable, "the registrar's card names no operator id (operator.id), so the room cannot be counted against its operator's quota; the registrar must be this mesh's")
 	}
 	o.mu.Lock()
 	if len(o.cache) >= ownerCacheSize {
@@ -114,16 +113,6 @@ func (o *RegistrarOwners) Owner(ctx context.Context, agentID string) (Owner, err
 
 func notNamed(agentID string) error {
 	return errs.Newf(errs.NotNamed, "agent %s is bound to no handle: claim one and pair this agent (mesh-adapter join), then try again", agentID)
-}
-
-// operatorOfHandle is the address of a handle <name>.<email>: what follows
-// its first dot, lower-cased ("" when that is no address).
-func operatorOfHandle(handle string) string {
-	_, email, ok := strings.Cut(strings.TrimSpace(handle), ".")
-	if !ok || strings.Count(email, "@") != 1 || strings.HasPrefix(email, "@") {
-		return ""
-	}
-	return strings.ToLower(email)
 }
 
 // trusted returns key when it is a current key of the registrar's key set,

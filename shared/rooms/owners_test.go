@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/bus/bustest"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -75,7 +76,7 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // card is a bound card of handle for agent; edit changes it.
 func (r *registrarDouble) card(agent, handle string, edit func(map[string]any)) {
 	now := time.Now()
-	c := map[string]any{"handle": handle, "operator": map[string]any{"name": "Ana"}, "reserved": false,
+	c := map[string]any{"handle": handle, "operator": map[string]any{"name": "Ana", "id": account.OperatorID("ana@example.org")}, "reserved": false,
 		"endpoints": []any{map[string]any{"protocol": "mesh", "agent_id": agent}}, "binding": "agent-key",
 		"claimed_via": "email", "claimed_at": protocol.FormatTime(now.Add(-time.Hour)), "registrar": r.srv.URL,
 		"issued_at": protocol.FormatTime(now), "expires_at": protocol.FormatTime(now.Add(time.Hour))}
@@ -90,7 +91,7 @@ func (r *registrarDouble) card(agent, handle string, edit func(map[string]any)) 
 func TestRegistrarOwners(t *testing.T) {
 	reg := newRegistrarDouble(t)
 	agent := func() string { return bustest.Agent(t).Public() }
-	bound, dotted, reserved, other, forged, expired, elsewhere := agent(), agent(), agent(), agent(), agent(), agent(), agent()
+	bound, dotted, reserved, other, forged, expired, elsewhere, noID := agent(), agent(), agent(), agent(), agent(), agent(), agent(), agent()
 	reg.card(bound, "Helper.ana@example.org", nil)
 	reg.card(dotted, "my.bot.ana@example.org", nil)
 	reg.card(reserved, "idle.ana@example.org", func(c map[string]any) { c["reserved"], c["endpoints"], c["binding"] = true, []any{}, nil })
@@ -101,17 +102,20 @@ func TestRegistrarOwners(t *testing.T) {
 	reg.signWith[forged] = bustest.Agent(t)
 	reg.card(expired, "old.ana@example.org", func(c map[string]any) { c["expires_at"] = protocol.FormatTime(time.Now().Add(-time.Hour)) })
 	reg.card(elsewhere, "far.ana@example.org", func(c map[string]any) { c["registrar"] = "https://registrar.example.org" })
+	reg.card(noID, "plain.ana@example.org", func(c map[string]any) { c["operator"] = map[string]any{"name": "Ana"} })
 
 	o, err := rooms.NewRegistrarOwners(reg.srv.URL + "/")
 	if err != nil {
 		t.Fatal(err)
 	}
 	got, err := o.Owner(t.Context(), bound)
-	if err != nil || got.Handle != "Helper.ana@example.org" || got.Operator != "ana@example.org" {
+	ana := account.OperatorID("ana@example.org")
+	if err != nil || got.Handle != "Helper.ana@example.org" || got.Operator != ana {
 		t.Fatalf("bound: %+v %v", got, err)
 	}
-	// A dotted name: the operator is read after the first dot.
-	if got, err := o.Owner(t.Context(), dotted); err != nil || got.Operator != "bot.ana@example.org" {
+	// A dotted name: the operator is the card's operator.id; the handle is
+	// never parsed (my.bot.ana@example.org is not bot.ana@example.org's).
+	if got, err := o.Owner(t.Context(), dotted); err != nil || got.Operator != ana {
 		t.Fatalf("dotted: %+v %v", got, err)
 	}
 	before := reg.resolves.Load()
@@ -128,6 +132,7 @@ func TestRegistrarOwners(t *testing.T) {
 		"forged":            {forged, errs.Unavailable},
 		"expired":           {expired, errs.Unavailable},
 		"another registrar": {elsewhere, errs.Unavailable},
+		"no operator id":    {noID, errs.Unavailable},
 	} {
 		if _, err := o.Owner(t.Context(), tc.agent); errs.CodeOf(err) != tc.code {
 			t.Errorf("%s: %v, want %s", name, err, tc.code)

@@ -151,7 +151,7 @@ type Room struct {
 	Channels   []string        `json:"channels"`
 	Creator    string          `json:"creator"`
 	Handle     string          `json:"handle"`   // the creator's handle when provisioned
-	Operator   string          `json:"operator"` // the quota's owner: the handle's email
+	Operator   string          `json:"operator"` // the quota's owner: the operator id (account.OperatorID)
 	Descriptor json.RawMessage `json:"descriptor"`
 	CreatedAt  time.Time       `json:"created_at"`
 	// LastActive is the last recorded message or call (idle expiry).

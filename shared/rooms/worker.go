@@ -92,7 +92,8 @@ func (l Limits) withDefaults() Limits {
 }
 
 // Owner is what the registrar says about a room's creator: the handle its
-// key is bound to and the operator (the handle's email address), whose
+// key is bound to and the operator (account.OperatorID of the handle's
+// address, the card's operator.id), whose
 // quota the room counts against.
 type Owner struct {
 	Handle   string
