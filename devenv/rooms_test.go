@@ -8,6 +8,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -83,7 +84,7 @@ func TestRoomProvisionSayReplay(t *testing.T) {
 		t.Fatalf("provision: %v %v", out, err)
 	}
 	u, err := roomCall(t, nc, agent, "usage", map[string]any{})
-	if err != nil || u["operator"] != "ana@example.org" || u["rooms"] != float64(1) {
+	if err != nil || u["operator"] != account.OperatorID("ana@example.org") || u["rooms"] != float64(1) {
 		t.Fatalf("usage: %v %v", u, err)
 	}
 
