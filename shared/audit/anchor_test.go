@@ -8,6 +8,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
+	"reflect"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -18,6 +20,7 @@ import (
 	"agentmesh.dev/mesh/shared/audit/audittest"
 	"agentmesh.dev/mesh/shared/audit/tsa"
 	"agentmesh.dev/mesh/shared/bus/bustest"
+	"agentmesh.dev/mesh/shared/store/boltstore"
 )
 
 // switchTSA is a test-only authority behind a switch: while down it
@@ -297,6 +300,30 @@ func testAnchorStore(t *testing.T, s audit.AnchorStore) {
 }
 
 func TestMemAnchors(t *testing.T) { testAnchorStore(t, audit.NewMemAnchors()) }
+
+func TestStoreAnchors(t *testing.T) {
+	st, err := boltstore.Open(filepath.Join(t.TempDir(), "control.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	s := audit.StoreAnchors{Store: st}
+	testAnchorStore(t, s)
+	// A stamped record comes back as it was written, tokens and
+	// certificates included.
+	at := time.Date(2026, 1, 5, 0, 1, 2, 3_000_000, time.UTC)
+	want := &audit.Anchor{Date: "2026-01-04", Document: audit.Document{V: 1, Date: "2026-01-04", Root: strings.Repeat("ab", 32), Mesh: "m", Heads: 2, Rows: 7},
+		DocumentSHA256: strings.Repeat("cd", 32), Status: audit.StatusStamped, ProofsRecorded: true, Attempts: 1,
+		Stamps: []audit.Stamp{{Authority: "tsa-one", Nonce: "1234", Token: []byte{0x30, 0x82, 0, 1}, Time: at, Root: []byte{1, 2, 3},
+			Intermediates: [][]byte{{4, 5}, {6}}}}, CreatedAt: at, UpdatedAt: at}
+	if err := s.Create(t.Context(), want); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Get(t.Context(), want.Date)
+	if err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("read back %+v, %v\nwant %+v", got, err, want)
+	}
+}
 
 func TestStreamAnchors(t *testing.T) {
 	b := bustest.Start(t)

@@ -184,7 +184,7 @@ func (s *StreamAnchors) put(ctx context.Context, a *Anchor, last uint64) error {
 	// of the anchorer tolerates.)
 	sum := sha256.Sum256(b)
 	id := fmt.Sprintf("anchor:%s:%d:%s", a.Date, last, hex.EncodeToString(sum[:16]))
-	_, err = s.c.publishOnce(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
+	_, _, err = s.c.publishOnce(ctx, msg, jetstream.WithExpectLastSequencePerSubject(last), jetstream.WithMsgID(id))
 	return err
 }
 

@@ -2,6 +2,8 @@ package audit
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -49,10 +51,13 @@ type Limits struct {
 // DefaultLimits: 8 GiB in all (about 16 million rows), 256 KiB per message.
 var DefaultLimits = Limits{MaxBytes: 8 << 30, MaxMsgSize: 256 << 10}
 
-// dedupWindow is how long a publish's Nats-Msg-Id is remembered: an append
+// DedupWindow is how long a publish's Nats-Msg-Id is remembered: an append
 // whose acknowledgement was lost is sent again, identically, within it, and
-// the stream then answers with the first one's acknowledgement.
-const dedupWindow = 10 * time.Minute
+// the stream then answers with the first one's acknowledgement; and an
+// entry's Key is recognised within it. 15 minutes covers what a writer
+// that checks the protocol's freshness window (10 minutes old, 5 ahead)
+// can see twice.
+const DedupWindow = 15 * time.Minute
 
 // StreamConfig is the one definition of the audit stream every creator uses.
 func StreamConfig(l Limits, replicas int) jetstream.StreamConfig {
@@ -70,7 +75,7 @@ func StreamConfig(l Limits, replicas int) jetstream.StreamConfig {
 		Discard:     jetstream.DiscardNew,
 		MaxBytes:    l.MaxBytes,
 		MaxMsgSize:  l.MaxMsgSize,
-		Duplicates:  dedupWindow,
+		Duplicates:  DedupWindow,
 		Storage:     jetstream.FileStorage,
 		Replicas:    bus.Replicas(replicas),
 		// Direct gets serve the batch reads (jetstreamext) of heads and
@@ -99,16 +104,41 @@ type ChainsConfig struct {
 	Now func() time.Time
 }
 
-// OpenChains creates or updates the audit stream and binds it.
+// OpenChains creates or updates the audit stream and binds it: what the
+// stream's owner (the activity worker, which writes the request rows)
+// does at start.
 func OpenChains(ctx context.Context, cfg ChainsConfig) (*Chains, error) {
 	st, err := cfg.JS.CreateOrUpdateStream(ctx, StreamConfig(cfg.Limits, cfg.Replicas))
 	if err != nil {
 		return nil, fmt.Errorf("audit: stream %s: %w", Stream, err)
 	}
+	return newChains(cfg, st), nil
+}
+
+// ErrNoStream is returned by BindChains when the audit stream has not been
+// created yet.
+var ErrNoStream = errors.New("audit: the audit stream does not exist yet (the activity worker creates it)")
+
+// BindChains binds the audit stream as it is, without creating or
+// changing it: what the control plane does, which does not know the
+// stream's replicas and must not change them. cfg.Limits and
+// cfg.Replicas are not used.
+func BindChains(ctx context.Context, cfg ChainsConfig) (*Chains, error) {
+	st, err := cfg.JS.Stream(ctx, Stream)
+	if errors.Is(err, jetstream.ErrStreamNotFound) {
+		return nil, ErrNoStream
+	}
+	if err != nil {
+		return nil, fmt.Errorf("audit: stream %s: %w", Stream, err)
+	}
+	return newChains(cfg, st), nil
+}
+
+func newChains(cfg ChainsConfig, st jetstream.Stream) *Chains {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Chains{js: cfg.JS, stream: st, now: cfg.Now}, nil
+	return &Chains{js: cfg.JS, stream: st, now: cfg.Now}
 }
 
 // Attempt bounds of an append.
@@ -127,10 +157,15 @@ var ErrContention = errors.New("audit: the chain stayed contended")
 // whose Nats-Msg-Id is being stored right now (a resend racing the first).
 const errCodeDuplicateInProcess = 10158
 
+// ErrDuplicate is returned by Append, with the row already stored, for an
+// entry whose Key was appended to the same chain within DedupWindow.
+var ErrDuplicate = errors.New("audit: that event is already recorded")
+
 // Append adds the entry to its agent's chain and returns the row and its
 // hash. A lost compare-and-set (another writer appended first) reads the
 // new head and tries again; a publish nobody acknowledged is sent again
-// unchanged, under the same Nats-Msg-Id, so it is stored at most once.
+// unchanged, under the same Nats-Msg-Id, so it is stored at most once. An
+// entry with a Key already recorded returns that row and ErrDuplicate.
 func (c *Chains) Append(ctx context.Context, e Entry) (Row, string, error) {
 	if err := e.Check(); err != nil {
 		return Row{}, "", err
@@ -152,9 +187,25 @@ func (c *Chains) Append(ctx context.Context, e Entry) (Row, string, error) {
 		}
 		hash := hashCanonicalRow(data)
 		// The id names the row itself: a resend of this exact row within
-		// the stream's duplicate window is acknowledged as the first.
+		// the stream's duplicate window is acknowledged as the first. With
+		// a key it names the event instead, whatever row it became.
 		id := fmt.Sprintf("%s:%d:%s", e.Agent, row.Seq, hash[:32])
-		resent, err := c.publishOnce(ctx, &nats.Msg{Subject: subj, Data: data}, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
+		if e.Key != "" {
+			id = keyID(e.Agent, e.Key)
+		}
+		ack, resent, err := c.publishOnce(ctx, &nats.Msg{Subject: subj, Data: data}, jetstream.WithExpectLastSequencePerSubject(lastSeq), jetstream.WithMsgID(id))
+		if err == nil && ack != nil && ack.Duplicate && e.Key != "" {
+			// The key was recorded, by this call's lost first send (the
+			// same row) or by another: the row the stream holds says.
+			stored, shash, err := c.rowAt(ctx, ack.Sequence)
+			if err != nil {
+				return Row{}, "", fmt.Errorf("audit: append to %s: %w", e.Agent, err)
+			}
+			if shash == hash {
+				return row, hash, nil
+			}
+			return stored, shash, ErrDuplicate
+		}
 		if err != nil && resent && bus.IsConflict(err) {
 			// The stream checks the expected sequence before the
 			// duplicate id (on one server), so a resend of a row that was
@@ -189,18 +240,38 @@ func (c *Chains) Append(ctx context.Context, e Entry) (Row, string, error) {
 // it was stored comes back as a duplicate of it (its Nats-Msg-Id) or, when
 // it also expects a last sequence, as a conflict the caller must look into
 // (Append's slotIs): either way it is stored once.
-func (c *Chains) publishOnce(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (resent bool, err error) {
+func (c *Chains) publishOnce(ctx context.Context, msg *nats.Msg, opts ...jetstream.PublishOpt) (ack *jetstream.PubAck, resent bool, err error) {
 	for resends := 0; ; resends++ {
-		_, err := c.js.PublishMsg(ctx, msg, opts...)
+		ack, err := c.js.PublishMsg(ctx, msg, opts...)
 		var apiErr *jetstream.APIError
 		inProcess := errors.As(err, &apiErr) && apiErr.ErrorCode == errCodeDuplicateInProcess
 		if err == nil || (!inProcess && !bus.Transient(err)) || ctx.Err() != nil || resends == maxResends {
-			return resends > 0, err
+			return ack, resends > 0, err
 		}
 		if err := sleep(ctx, min(50*time.Millisecond<<min(resends, 4), 500*time.Millisecond)); err != nil {
-			return true, err
+			return nil, true, err
 		}
 	}
+}
+
+// keyID is the Nats-Msg-Id of an entry with a key: the agent and a digest
+// of the key, so that any key makes a short id.
+func keyID(agent, key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "k:" + agent + ":" + hex.EncodeToString(sum[:16])
+}
+
+// rowAt reads the row stored at stream sequence seq and its hash.
+func (c *Chains) rowAt(ctx context.Context, seq uint64) (Row, string, error) {
+	m, err := c.stream.GetMsg(ctx, seq)
+	if err != nil {
+		return Row{}, "", fmt.Errorf("read the row at %d: %w", seq, err)
+	}
+	r, err := DecodeRow(m.Data)
+	if err != nil {
+		return Row{}, "", err
+	}
+	return r, hashCanonicalRow(m.Data), nil
 }
 
 // slotIs reports whether the first message on subj after stream sequence
@@ -465,7 +536,7 @@ func (c *Chains) recordProof(ctx context.Context, p Proof, m *jetstream.RawStrea
 		}
 		// A resend of a proof that was stored is refused as a conflict;
 		// the proof read again then shows it.
-		_, err := c.publishOnce(ctx, &nats.Msg{Subject: subj, Data: data}, jetstream.WithExpectLastSequencePerSubject(lastSeq),
+		_, _, err := c.publishOnce(ctx, &nats.Msg{Subject: subj, Data: data}, jetstream.WithExpectLastSequencePerSubject(lastSeq),
 			jetstream.WithMsgID("proof:"+p.Agent+":"+p.Date))
 		switch {
 		case err == nil:

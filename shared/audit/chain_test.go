@@ -103,6 +103,65 @@ func TestAppendThreeConcurrentWriters(t *testing.T) {
 	}
 }
 
+// An entry with a key is recorded once per chain, whoever appends it and
+// however often: three writers appending the same keyed entries at once
+// (as copies of a writer that each saw one event) leave one row per key,
+// and every other append of it is told ErrDuplicate with the row stored.
+func TestAppendKeyedEntriesOnce(t *testing.T) {
+	b := bustest.Start(t)
+	const writers, events = 3, 30
+	agent := bustest.Agent(t).Public()
+	copies := make([]*audit.Chains, writers)
+	for w := range copies {
+		copies[w] = openChains(t, b, fmt.Sprintf("audit-keyed-%d", w), nil)
+	}
+	var wg sync.WaitGroup
+	var stored, dups atomic.Int32
+	errs := make(chan error, writers)
+	for _, c := range copies {
+		wg.Go(func() {
+			for i := range events {
+				e := entry(agent, fmt.Sprintf("req-%d", i))
+				e.Key = "responder:UPEER:" + e.RequestID
+				e.At = time.UnixMilli(1_700_000_000_000 + int64(i))
+				row, _, err := c.Append(t.Context(), e)
+				switch {
+				case errors.Is(err, audit.ErrDuplicate):
+					dups.Add(1)
+				case err != nil:
+					errs <- err
+					return
+				default:
+					stored.Add(1)
+				}
+				if row.RequestID != e.RequestID {
+					errs <- fmt.Errorf("append of %s answered row %+v", e.RequestID, row)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	rows, err := copies[0].Rows(t.Context(), agent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != events || stored.Load() != events || dups.Load() != (writers-1)*events {
+		t.Fatalf("%d rows, %d stored, %d duplicates; want %d rows", len(rows), stored.Load(), dups.Load(), events)
+	}
+	// A different key (the other party's row of the same request) is a
+	// different event.
+	e := entry(agent, "req-0")
+	e.Key = "requester:UPEER:req-0"
+	if _, _, err := copies[0].Append(t.Context(), e); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // lossyJS stores a publish but reports it lost (as when the acknowledgement
 // is lost on the way back), the first n times, after calling between.
 type lossyJS struct {
@@ -164,6 +223,7 @@ func TestAppendRefusesInvalidEntries(t *testing.T) {
 		"request":  func(e *audit.Entry) { e.RequestID = "" },
 		"outcome":  func(e *audit.Entry) { e.Outcome = "line\nbreak" },
 		"input":    func(e *audit.Entry) { e.InputSHA256 = "ABC" },
+		"key":      func(e *audit.Entry) { e.Key = "a\x00b" },
 		"duration": func(e *audit.Entry) { e.Duration = -1 },
 	} {
 		e := entry(agent, "x")

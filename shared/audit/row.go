@@ -73,17 +73,27 @@ type Row struct {
 // Entry is what a caller records: one answered request (or account
 // action) of one agent. Append fills in the chain members.
 type Entry struct {
-	Agent       string
-	Role        string
-	Peer        string
-	Offering    string
-	TaskID      string
-	RequestID   string
-	Outcome     string
-	Duration    time.Duration
+	Agent     string
+	Role      string
+	Peer      string
+	Offering  string
+	TaskID    string
+	RequestID string
+	Outcome   string
+	Duration  time.Duration
+	// InputSHA256 is the SHA-256 of the request's input (InputDigest),
+	// or "" when whoever reported the request did not say (a runtime that
+	// does not state it: docs/audit.md "Where rows come from").
 	InputSHA256 string
 	// At is when it happened; the appender's clock when zero.
 	At time.Time
+	// Key, when set, names the event the entry records, so that it is
+	// recorded once: within the stream's duplicate window (DedupWindow) a
+	// second Append of an entry with the same agent and key stores
+	// nothing and returns the row the first stored, with ErrDuplicate.
+	// Writers that may see one event twice (a republished answer, two
+	// copies racing) set it; it is not part of the row.
+	Key string
 }
 
 // InputDigest is the input_sha256 of an input: lowercase hex SHA-256.
@@ -124,8 +134,10 @@ func (e *Entry) Check() error {
 		return bad("outcome must be 1 to %d printable characters", maxOutcomeLen)
 	case e.Duration < 0:
 		return bad("duration must not be negative")
-	case !IsHash(e.InputSHA256):
-		return bad("input_sha256 must be 64 lowercase hex characters")
+	case e.InputSHA256 != "" && !IsHash(e.InputSHA256):
+		return bad("input_sha256 must be 64 lowercase hex characters, or empty when unknown")
+	case !printable(e.Key, maxIDLen*3):
+		return bad("key must be at most %d printable characters", maxIDLen*3)
 	}
 	return nil
 }
