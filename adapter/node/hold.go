@@ -51,7 +51,7 @@ func (a *Agent) hold(c *Call, inboxID string) error {
 	if err != nil {
 		return err
 	}
-	return a.sendRespond(c.o.reply, env)
+	return a.sendRespond(c.o.reply, env, nil)
 }
 
 // AnswerHeld answers a held request, given the request envelope as it was
@@ -88,7 +88,13 @@ func (a *Agent) answerHeld(raw []byte, payload map[string]any) error {
 	if err != nil {
 		return err
 	}
-	if err := a.sendRespond(protocol.InboxSubject(req.From), env); err != nil {
+	// The late answer ends the request: its duration counts from the
+	// request's own time, the runtime having kept nothing of it.
+	started := a.n.now()
+	if ts, err := protocol.ParseTime(req.TS); err == nil {
+		started = ts
+	}
+	if err := a.sendRespond(protocol.InboxSubject(req.From), env, a.auditHeader(req, offeringOf(req), started)); err != nil {
 		return fmt.Errorf("node: answer %s: %w", req.ID, err)
 	}
 	if err := a.n.journal.Record(req.From, req.ID); err != nil {

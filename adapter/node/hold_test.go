@@ -66,8 +66,22 @@ func TestHeldRequestsAreAnsweredLater(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the later refusal never reached the sender's inbox")
 	}
-	// Every answer, the acknowledgements too, has its outbox copy.
+	// Every answer, the acknowledgements too, has its outbox copy; the
+	// later answers, which end their requests, state it in their audit
+	// headers, and the acknowledgements do not.
 	eventually(t, "outbox copies", func() bool { return outbox.len() == 4 })
+	outbox.mu.Lock()
+	for _, m := range outbox.msgs {
+		e, err := protocol.Decode(m.Data)
+		if err != nil {
+			t.Fatal(err)
+		}
+		queued := protocol.ResponseStatus(e) == "" && e.Type == protocol.TypeRespond
+		if stated := m.Header.Get(protocol.HdrAuditInput) != ""; stated == queued || (stated && m.Header.Get(protocol.HdrAuditOffering) != "chat") {
+			t.Errorf("outbox copy of %s (%s): headers %v", e.InReplyTo, protocol.ResponseStatus(e), m.Header)
+		}
+	}
+	outbox.mu.Unlock()
 
 	// Only a request to this agent, as received, can be answered.
 	other := requestEnv(t, agentKey(t), p.kA.Public(), "chat", nil)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -95,7 +96,7 @@ func (a *Agent) receive(data []byte, o origin) error {
 			// Never to the unverified from: only on the reply subject, with
 			// no addressing taken from the envelope.
 			if env, err := protocol.New(protocol.TypeRespond, a.id, e.BusPayload()); err == nil {
-				_ = a.sendRespond(o.reply, env)
+				_ = a.sendRespond(o.reply, env, nil)
 			}
 		}
 		return nil
@@ -217,6 +218,9 @@ type Call struct {
 	o      origin
 	ctx    context.Context
 	cancel context.CancelFunc
+	// started is when the runtime took the request: the audit duration
+	// of its answer counts from it.
+	started time.Time
 
 	mu       sync.Mutex
 	answered bool  // a substantive answer was sent (or a task started)
@@ -226,7 +230,8 @@ type Call struct {
 }
 
 func (a *Agent) newCall(dl *protocol.Delivery, o origin) *Call {
-	c := &Call{Env: dl.Env, Delivery: dl, Input: dl.Input, SenderText: dl.SenderText, Source: o.src, Budget: dl.Env.Budget, a: a, o: o}
+	c := &Call{Env: dl.Env, Delivery: dl, Input: dl.Input, SenderText: dl.SenderText, Source: o.src, Budget: dl.Env.Budget, a: a, o: o,
+		started: a.n.now()}
 	// Read through the kept parse; only the config, the handler's to keep
 	// and change, is copied.
 	if v, err := dl.Env.PayloadView(); err == nil {
@@ -305,13 +310,19 @@ func (c *Call) publishAnswer(env *protocol.Envelope) ([]byte, error) {
 	return c.a.publishRespond(to, env, also...)
 }
 
-// answer publishes one respond (publishAnswer) and its outbox copy.
-func (c *Call) answer(env *protocol.Envelope) error {
+// answer publishes one respond (publishAnswer) and its outbox copy; the
+// copy of the answer that ends the request (final) carries the audit
+// headers.
+func (c *Call) answer(env *protocol.Envelope, final bool) error {
 	b, err := c.publishAnswer(env)
 	if err != nil {
 		return err
 	}
-	if c.a.outboxCopy(b) {
+	var hdr nats.Header
+	if final {
+		hdr = c.a.auditHeader(c.Env, c.Offering, c.started)
+	}
+	if c.a.outboxCopy(b, hdr) {
 		c.copied()
 	}
 	return nil
@@ -328,7 +339,9 @@ func (c *Call) send(payload any, taskID string) error {
 	env, err := protocol.NewReply(c.Env, c.a.id, payload)
 	if err == nil {
 		env.TaskID = taskID
-		err = c.answer(env)
+		// An answer with a task id starts the task: the task's terminal
+		// update ends the request (Task.publishLocked).
+		err = c.answer(env, taskID == "")
 	}
 	if errs.CodeOf(err) == errs.ContextTooLarge {
 		if ferr := c.sendError(errs.As(err)); ferr != nil {
@@ -354,7 +367,7 @@ func (c *Call) sendError(e *errs.Error) error {
 	if err != nil {
 		return err
 	}
-	return c.answer(env)
+	return c.answer(env, true)
 }
 
 func (c *Call) record() {
@@ -461,13 +474,14 @@ func (c *Call) abandon(t *Task, why error) {
 }
 
 // sendRespond signs env, publishes it on subject (and on each of also,
-// whose failures are only logged) and a copy on the agent's outbox.
-func (a *Agent) sendRespond(subject string, env *protocol.Envelope, also ...string) error {
+// whose failures are only logged) and a copy on the agent's outbox, with
+// hdr (the audit headers of an answer that ends a request, else nil).
+func (a *Agent) sendRespond(subject string, env *protocol.Envelope, hdr nats.Header, also ...string) error {
 	b, err := a.publishRespond(subject, env, also...)
 	if err != nil {
 		return err
 	}
-	a.outboxCopy(b)
+	a.outboxCopy(b, hdr)
 	return nil
 }
 
@@ -510,11 +524,40 @@ func (a *Agent) publishRespond(subject string, env *protocol.Envelope, also ...s
 
 // outboxCopy publishes a sent respond on the agent's outbox, where the
 // activity worker attributes it (a failure is only logged: the answer
-// itself is out). It reports whether the copy went out.
-func (a *Agent) outboxCopy(b []byte) bool {
-	if err := a.n.publish(protocol.OutboxSubject(a.id), b); err != nil {
+// itself is out), with hdr when not nil. It reports whether the copy went
+// out.
+func (a *Agent) outboxCopy(b []byte, hdr nats.Header) bool {
+	if err := a.n.publishMsg(&nats.Msg{Subject: protocol.OutboxSubject(a.id), Data: b, Header: hdr}); err != nil {
 		a.n.log.Warn("outbox copy", "agent", a.id, "err", err)
 		return false
+	}
+	return true
+}
+
+// auditHeader is the outbox copy's statement that it carries the answer
+// ending the request req (protocol.HdrAudit*): the offering asked for, the
+// input's digest and how long the answer took since started. The activity
+// worker records them in the audit rows of both parties (docs/audit.md).
+func (a *Agent) auditHeader(req *protocol.Envelope, offering string, started time.Time) nats.Header {
+	h := nats.Header{}
+	h.Set(protocol.HdrAuditInput, protocol.InputSHA256(req))
+	if headerSafe(offering) {
+		h.Set(protocol.HdrAuditOffering, offering)
+	}
+	h.Set(protocol.HdrAuditDuration, strconv.FormatInt(max(a.n.now().Sub(started).Milliseconds(), 0), 10))
+	return h
+}
+
+// headerSafe reports whether s can be a header value as it is: 1 to 256
+// bytes without control characters (a header line ends at a line break).
+func headerSafe(s string) bool {
+	if s == "" || len(s) > 256 {
+		return false
+	}
+	for _, r := range s {
+		if r < 0x20 || r == 0x7f {
+			return false
+		}
 	}
 	return true
 }
@@ -542,12 +585,12 @@ func (c *Call) answerAccept(env *protocol.Envelope) error {
 	a.copyMu.Lock()
 	defer a.copyMu.Unlock()
 	if a.copies == nil {
-		a.outboxCopy(b) // the agent is stopping: no later
+		a.outboxCopy(b, nil) // the agent is stopping: no later
 		return nil
 	}
 	a.copies[c] = acceptCopy{b: b, t: time.AfterFunc(AcceptCopyDelay, func() {
 		if c.takeCopy() {
-			a.outboxCopy(b)
+			a.outboxCopy(b, nil)
 		}
 	})}
 	return nil
@@ -588,7 +631,7 @@ func (a *Agent) flushCopies() {
 	// map empty from now on), so each goes out once.
 	for _, ac := range waiting {
 		ac.t.Stop()
-		a.outboxCopy(ac.b)
+		a.outboxCopy(ac.b, nil)
 	}
 }
 
@@ -818,7 +861,12 @@ func (t *Task) publishLocked(payload map[string]any, state string) error {
 		return err
 	}
 	env.TaskID = t.ID
-	if err := t.a.sendRespond(protocol.TaskUpdateSubject(t.ID), env); err != nil {
+	var hdr nats.Header
+	if protocol.Terminal(state) {
+		// The task's terminal update is the answer that ends its request.
+		hdr = t.a.auditHeader(t.call.Env, t.call.Offering, t.call.started)
+	}
+	if err := t.a.sendRespond(protocol.TaskUpdateSubject(t.ID), env, hdr); err != nil {
 		return err
 	}
 	t.state = state
@@ -891,7 +939,7 @@ func (t *Task) sendChunkLocked(p map[string]any) error {
 		return err
 	}
 	env.TaskID = t.ID
-	return t.a.sendRespond(protocol.TaskStreamSubject(t.ID), env)
+	return t.a.sendRespond(protocol.TaskStreamSubject(t.ID), env, nil)
 }
 
 // Complete ends the task: the final chunk if a stream is open, then the

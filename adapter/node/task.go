@@ -385,7 +385,7 @@ func (h *TaskHandle) publishCanceled(reason, note string) error {
 		return err
 	}
 	env.To, env.TaskID, env.InReplyTo = h.Performer, h.ID, h.RequestID
-	return h.a.sendRespond(protocol.TaskUpdateSubject(h.ID), env)
+	return h.a.sendRespond(protocol.TaskUpdateSubject(h.ID), env, nil)
 }
 
 // Close unsubscribes. NextUpdate and Wait then return what had arrived,
