@@ -36,6 +36,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
@@ -116,6 +117,9 @@ type Config struct {
 	// 0 is 1, one server; the cloud's cluster runs 3, set by the workers
 	// table).
 	Replicas int
+	// Audit configures the audit rows of answered requests (audit.go): on
+	// unless Audit.Off.
+	Audit AuditConfig
 	// TapPendingMsgs and TapPendingBytes bound the messages each tap
 	// holds while the copy is behind (DefaultTapPendingMsgs and
 	// DefaultTapPendingBytes when 0). Past either, the connection drops
@@ -179,6 +183,10 @@ type Stats struct {
 	// Overflow counts tapped messages dropped unread because a tap held
 	// its Config.TapPending* already (the copy was behind).
 	Overflow uint64
+	// AuditRows are the audit rows this copy appended; AuditDuplicates
+	// the rows it found recorded already (an answer seen twice), and
+	// AuditFailed those it could not append.
+	AuditRows, AuditDuplicates, AuditFailed uint64
 }
 
 // Worker is one running copy of the activity worker.
@@ -218,6 +226,12 @@ type Worker struct {
 	closed      bool
 
 	recorded, duplicates, dropped, accepts atomic.Uint64
+
+	// The audit rows (audit.go): nil chains when Config.Audit.Off.
+	chains                                  *audit.Chains
+	auditQ                                  chan audit.Entry
+	auditDone                               chan struct{}
+	auditRows, auditDuplicates, auditFailed atomic.Uint64
 	// subsMu guards subs against Stats while Stop closes them; overflow
 	// keeps the taps' Stats.Overflow once they are closed.
 	subsMu   sync.Mutex
@@ -245,7 +259,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
-	return start(svc, cfg, st, usage, env)
+	return start(ctx, svc, cfg, st, usage, env)
 }
 
 // streamConfig is the timeline's configuration. Records are flushed to the
@@ -283,7 +297,7 @@ func streamConfig(ctx context.Context, js jetstream.JetStream, replicas int) jet
 }
 
 // start runs the copy once its stream and bucket are bound.
-func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.KeyValue, env bus.Env) (*Worker, error) {
+func start(ctx context.Context, svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.KeyValue, env bus.Env) (*Worker, error) {
 	fail := func(err error) (*Worker, error) {
 		_ = svc.Stop()
 		return nil, err
@@ -302,6 +316,9 @@ func start(svc *bus.Service, cfg Config, st jetstream.Stream, usage jetstream.Ke
 		pending:  map[string]*delta{}, stop: make(chan struct{}), flushed: make(chan struct{}),
 		acks: make(chan pendingRecord, ackQueue), acked: make(chan struct{}),
 		answerAcks: make(chan pendingRecord, ackQueue), answerAcked: make(chan struct{})}
+	if err := w.startAudit(ctx); err != nil {
+		return fail(fmt.Errorf("%s: %w", Name, err))
+	}
 	go w.flushLoop()
 	go w.ackLoop(w.acks, w.acked)
 	go w.ackLoop(w.answerAcks, w.answerAcked)
@@ -370,7 +387,11 @@ func (w *Worker) Stop() error {
 		w.closing.Lock()
 		w.closed = true
 		close(w.acks)
+		if w.auditQ != nil {
+			close(w.auditQ)
+		}
 		w.closing.Unlock()
+		w.auditStopped()
 		<-w.acked
 		close(w.answerAcks) // only the first loop sends on it
 		<-w.answerAcked
@@ -449,7 +470,8 @@ func (w *Worker) add(agent string, d delta) {
 
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
-	s := Stats{Recorded: w.recorded.Load(), Duplicates: w.duplicates.Load(), Dropped: w.dropped.Load(), Accepts: w.accepts.Load()}
+	s := Stats{Recorded: w.recorded.Load(), Duplicates: w.duplicates.Load(), Dropped: w.dropped.Load(), Accepts: w.accepts.Load(),
+		AuditRows: w.auditRows.Load(), AuditDuplicates: w.auditDuplicates.Load(), AuditFailed: w.auditFailed.Load()}
 	w.subsMu.Lock()
 	defer w.subsMu.Unlock()
 	s.Overflow = w.overflow
@@ -468,7 +490,7 @@ var errDrop = errors.New("dropped")
 
 func (w *Worker) tap(kind string) nats.MsgHandler {
 	return func(msg *nats.Msg) {
-		err := w.observe(kind, msg.Subject, msg.Data)
+		err := w.observe(kind, msg.Subject, msg.Data, msg.Header)
 		switch {
 		case err == nil:
 		case errors.Is(err, errDrop):
@@ -498,7 +520,7 @@ func (w *Worker) tap(kind string) nats.MsgHandler {
 // activity.md). The recipient's respond, attributed by the broker, says it
 // verified a request with that id from that sender. What a request record
 // cannot say is the offering, which only the unverifiable request carries.
-func (w *Worker) observe(kind, subject string, data []byte) error {
+func (w *Worker) observe(kind, subject string, data []byte, hdr nats.Header) error {
 	agent, ok := subjectAgent(kind, subject)
 	if !ok {
 		return errDrop
@@ -510,6 +532,11 @@ func (w *Worker) observe(kind, subject string, data []byte) error {
 	now := w.svc.Now()
 	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
 		return errDrop
+	}
+	if kind == KindResponse {
+		// Before the timeline's own checks: a protocol 0.3 late answer,
+		// which ends its request, is a request, not a respond.
+		w.auditAnswer(env, hdr)
 	}
 	observed := protocol.FormatTime(now)
 	it := Item{TS: env.TS, ObservedAt: observed, Kind: kind, Type: string(env.Type), From: env.From,
