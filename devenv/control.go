@@ -84,6 +84,10 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	m.closers = append(m.closers, func() error { cpNC.Close(); return nil })
 	tcpURLs, wsURLs := m.meshURLs()
 	caller := &bus.Caller{NC: cpNC, Key: m.servicesKey}
+	auditCfg, err := m.auditBackends(dataDir, cfg)
+	if err != nil {
+		return err
+	}
 	d, err := api.NewDeps(api.Backends{Log: m.log, Store: st, Mail: mailer, Trust: m.trust, Revoker: m,
 		Bus: caller, RegistrarKey: regKey, Now: cfg.Now,
 		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: tcpURLs, WS: wsURLs},
@@ -91,7 +95,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
 			BodyTimeout: cfg.BodyTimeout, GuestIdleTTL: cfg.GuestIdleTTL, GuestLimits: cfg.GuestLimits, AccountLimits: cfg.AccountLimits,
 			Unowned: cfg.Unowned, Classes: cfg.Classes},
-		Grants: cfg.Grants})
+		Grants: cfg.Grants, Audit: auditCfg})
 	if err != nil {
 		return fmt.Errorf("devenv: %w", err)
 	}

@@ -123,6 +123,10 @@ type Config struct {
 	// ClusterResolverSync is how often cluster members compare their
 	// account JWTs (broker.DefaultResolverSync when 0).
 	ClusterResolverSync time.Duration
+	// Audit configures the audit records: the anchors' timestamp
+	// authorities (two local test-only ones when none) and, for tests,
+	// the anchor job's clock.
+	Audit AuditConfig
 }
 
 // busServer is what the mesh needs of its bus: one broker

@@ -32,6 +32,13 @@ locals {
     SMTP_FROM               = var.smtp_from
     SMTP_USERNAME           = var.smtp_username
     SMTP_TLS                = var.smtp_tls
+    # The audit anchors' authorities with their roots (functions/cloud
+    # reads the JSON: audit.ParseAuthorities).
+    MESH_TIMESTAMP_AUTHORITIES = jsonencode([for a in var.timestamp_authorities : {
+      name     = a.name
+      url      = a.url
+      root_pem = file(startswith(a.root_pem_file, "/") ? a.root_pem_file : "${path.module}/${a.root_pem_file}")
+    }])
   })
 
   # Environment variables of every function whose value comes from a

@@ -5,8 +5,9 @@
 # written to its state.
 
 locals {
-  # The seeds of the trust chain, the registrar's card key and the
-  # services key: what every route's function reads at cold start.
+  # The seeds of the trust chain, the registrar's card key, the services
+  # key and the audit export key: what every route's function reads at
+  # cold start.
   seed_secrets = [
     "mesh-operator-seed",
     "mesh-system-account-seed",
@@ -14,6 +15,7 @@ locals {
     "mesh-account-signing-seed",
     "mesh-registrar-seed",
     "mesh-services-seed",
+    "mesh-export-seed",
   ]
 
   # mesh-nats-config is the NATS servers' configuration fragment (operator
@@ -40,7 +42,7 @@ resource "google_secret_manager_secret" "mesh" {
   depends_on = [google_project_service.enabled]
 }
 
-# The runtime reads the six seeds, and the SMTP password when there is one.
+# The runtime reads the seven seeds, and the SMTP password when there is one.
 resource "google_secret_manager_secret_iam_member" "runtime" {
   for_each  = toset(concat(local.seed_secrets, var.smtp_password_secret ? ["mesh-smtp-password"] : []))
   secret_id = google_secret_manager_secret.mesh[each.value].id

@@ -1,6 +1,7 @@
 package terraform
 
 import (
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,6 +13,7 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/routes"
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/cloudsecrets"
 	"agentmesh.dev/mesh/workers"
 )
@@ -452,5 +454,41 @@ func TestTerraformLoadsModule(t *testing.T) {
 	out, err := cmd.CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "hashicorp/google") {
 		t.Fatalf("terraform providers: %v\n%s", err, out)
+	}
+}
+
+// The default timestamp authorities, made into MESH_TIMESTAMP_AUTHORITIES as
+// main.tf does, are what functions/cloud reads: two or more, each with a
+// root certificate.
+func TestTimestampAuthorities(t *testing.T) {
+	src, err := os.ReadFile("variables.tf")
+	if err != nil {
+		t.Fatal(err)
+	}
+	block := regexp.MustCompile(`(?s)variable "timestamp_authorities" \{.*?\n\}`).Find(src)
+	entries := regexp.MustCompile(`\{ name = "([^"]+)", url = "([^"]+)", root_pem_file = "([^"]+)" \}`).FindAllSubmatch(block, -1)
+	var cfgs []audit.AuthorityConfig
+	for _, e := range entries {
+		pem, err := os.ReadFile(string(e[3]))
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, audit.AuthorityConfig{Name: string(e[1]), URL: string(e[2]), RootPEM: string(pem)})
+	}
+	data, err := json.Marshal(cfgs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	as, err := audit.ParseAuthorities(data)
+	if err != nil || len(as) < audit.MinAuthorities {
+		t.Fatalf("%d authorities: %v", len(as), err)
+	}
+	for _, a := range as {
+		if !a.Root.IsCA || a.Root.CheckSignatureFrom(a.Root) != nil {
+			t.Errorf("%s: %s is not a self-signed root", a.Name, a.Root.Subject)
+		}
+	}
+	if main, _ := os.ReadFile("main.tf"); !regexp.MustCompile(`(?m)^\s+MESH_TIMESTAMP_AUTHORITIES\s+=`).Match(main) {
+		t.Error("local.function_env does not set MESH_TIMESTAMP_AUTHORITIES")
 	}
 }

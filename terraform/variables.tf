@@ -96,6 +96,24 @@ variable "function_extra_env" {
   default     = {}
 }
 
+variable "timestamp_authorities" {
+  description = "The public RFC 3161 timestamp authorities that stamp the daily audit anchors (docs/audit.md), two or more: each a name, its URL and the PEM file of the root its tokens must chain to (a path relative to this module, or absolute). The defaults are DigiCert's and GlobalSign's public services, with their roots as the Mozilla CA bundle ships them; check them against the authorities' own publications before relying on them."
+  type = list(object({
+    name          = string
+    url           = string
+    root_pem_file = string
+  }))
+  default = [
+    { name = "digicert", url = "http://timestamp.digicert.com", root_pem_file = "timestamp-authorities/digicert-trusted-root-g4.pem" },
+    { name = "globalsign", url = "http://timestamp.globalsign.com/tsa/r6advanced1", root_pem_file = "timestamp-authorities/globalsign-root-r6.pem" },
+  ]
+
+  validation {
+    condition     = length(var.timestamp_authorities) >= 2
+    error_message = "The anchors need at least two timestamp authorities: one that lies or disappears must not be the whole proof."
+  }
+}
+
 variable "trusted_proxy_hops" {
   description = "How many X-Forwarded-For entries, counted from the right, were added by Google's front ends (MESH_TRUSTED_PROXY_HOPS). The global external Application Load Balancer appends the client address and its own, so the client is the second from the right."
   type        = number

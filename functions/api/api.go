@@ -15,6 +15,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/errs"
@@ -52,6 +53,10 @@ type Deps struct {
 	BodyTimeout time.Duration
 	// Capabilities is what GET /v1/capabilities reports.
 	Capabilities map[string]any
+	// Audit is the audit records' control-plane side: the anchor job and
+	// listing, the export, the account rows (never nil; what it lacks
+	// answers 501 or 503).
+	Audit *audit.Service
 }
 
 // Mount registers every row of table on mux behind the per-IP limit and

@@ -1,9 +1,11 @@
 package api
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"net/url"
 	"time"
 
@@ -11,6 +13,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
@@ -60,6 +63,30 @@ type Backends struct {
 	// Grants is what the cloud grants need; without a deployer the grant
 	// routes answer 501.
 	Grants Grants
+	// Audit configures the audit records' routes (anchors, export).
+	Audit Audit
+}
+
+// Audit configures the audit records (docs/audit.md "The control plane").
+// The rows live on the bus (Backends.Bus), the anchor records in the
+// store.
+type Audit struct {
+	// Authorities stamp the daily anchors: audit.MinAuthorities or more
+	// (MESH_TIMESTAMP_AUTHORITIES in the cloud; meshd's two local
+	// test-only ones), or none, and the anchor job answers 501.
+	Authorities []audit.Authority
+	// TestOnly says the authorities are local test-only ones: every
+	// anchor answer says so.
+	TestOnly bool
+	// Client asks the authorities; nil is http.DefaultClient.
+	Client *http.Client
+	// ExportKey signs audit exports (the mesh-export-seed secret in the
+	// cloud, keys/export.nk in meshd); nil: the export answers 501.
+	ExportKey keys.Signer
+	// Now is the anchor job's clock when it must differ from the control
+	// plane's (tests anchor a date that has not ended); nil is
+	// Backends.Now.
+	Now func() time.Time
 }
 
 // Grants configures the cloud grants (spec §4.7, DESIGN §11).
@@ -125,22 +152,36 @@ func NewDeps(b Backends) (*Deps, error) {
 		}
 	}
 	var history credential.History
+	var js jetstream.JetStream
 	if b.Bus != nil {
 		history = mailbox.History{Bus: b.Bus}
+		if js, err = jetstream.New(b.Bus.NC); err != nil {
+			return nil, fmt.Errorf("control plane: jetstream: %w", err)
+		}
+	}
+	auditNow := b.Audit.Now
+	if auditNow == nil {
+		auditNow = b.Now
+	}
+	d.Audit, err = audit.NewService(audit.ServiceConfig{Mesh: b.Mesh.Name, JS: js, Anchors: audit.StoreAnchors{Store: b.Store},
+		Authorities: b.Audit.Authorities, TestOnly: b.Audit.TestOnly, Client: b.Audit.Client, ExportKey: b.Audit.ExportKey,
+		Now: auditNow, Log: b.Log.With("service", "audit")})
+	if err != nil {
+		return nil, fmt.Errorf("control plane: %w", err)
+	}
+	var actions credential.ActionLog
+	if js != nil {
+		actions = accountActions{d.Audit}
 	}
 	d.Credentials = credential.New(credential.Config{Store: b.Store, Trust: b.Trust, Revoker: b.Revoker, Mesh: b.Mesh,
 		ControlURL: b.ControlURL, NoExpiry: s.NoExpiry, Now: b.Now, Log: b.Log.With("service", "credential"),
-		History: history, Unowned: s.Unowned, Classes: s.Classes})
+		History: history, Unowned: s.Unowned, Classes: s.Classes, Actions: actions})
 	// With a bus connection, guests are recorded on the registry's guest
 	// roster (so they may register on the plain subject) and cleared when
 	// their leases end; without one they get the pinned set.
 	var evictor guest.Evictor
 	var roster guest.Roster
 	if b.Bus != nil {
-		js, err := jetstream.New(b.Bus.NC)
-		if err != nil {
-			return nil, fmt.Errorf("control plane: jetstream: %w", err)
-		}
 		evictor, roster = &guest.BusEvictor{Bus: b.Bus}, &registry.GuestRoster{JS: js}
 		d.Views = &accountview.Service{Store: b.Store, Credentials: d.Credentials, Bus: b.Bus, Now: b.Now}
 	}
@@ -169,8 +210,42 @@ func NewDeps(b Backends) (*Deps, error) {
 		"passkeys":        true,
 		"cloud_grants":    map[string]any{"providers": []string{grant.ProviderGCP}, "configured": d.Grants != nil},
 		"nats_endpoints":  append(append([]string{}, b.Mesh.TCP...), b.Mesh.WS...),
+		"audit":           auditCapabilities(d.Audit),
+	}
+	if b.Bus != nil {
+		// The key every bus worker signs with: their answers and events,
+		// and the rooms' dossiers (shared/rooms.VerifyDossier).
+		d.Capabilities["services_key"] = b.Bus.Key.Public()
 	}
 	return d, nil
+}
+
+// auditCapabilities is what /v1/capabilities says of the audit records:
+// the key that signs exports (which a verifier pins: audit-verify -key),
+// and whether anchors are made and by what kind of authorities.
+func auditCapabilities(s *audit.Service) map[string]any {
+	out := map[string]any{"anchors": s.Anchoring(), "timestamp_authorities": len(s.Authorities()),
+		"test_only_authorities": s.TestOnly(), "anchors_url": "/v1/anchors", "authorities_url": "/v1/anchors/authorities"}
+	if key, ok := s.Exporting(); ok {
+		out["export_key"] = key
+	}
+	return out
+}
+
+// accountActions keeps the credential service's actions on an account's
+// agents as rows of their audit chains (role account).
+type accountActions struct{ s *audit.Service }
+
+func (l accountActions) AgentAction(ctx context.Context, a credential.AgentAction) error {
+	at, err := protocol.ParseTime(a.At)
+	if err != nil {
+		return err
+	}
+	entries, err := audit.AccountEntries(a.Account, a.Action, a.ID, a.Agents, a, at)
+	if err != nil {
+		return err
+	}
+	return l.s.Record(ctx, entries...)
 }
 
 // DefaultRateLimit is the per-address limit per minute of every route when

@@ -19,6 +19,7 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/cloudlog"
 	"agentmesh.dev/mesh/shared/cloudsecrets"
@@ -84,6 +85,12 @@ type Config struct {
 	// functions reach Google as their runtime account (application default
 	// credentials).
 	Deployer string
+	// TimestampAuthorities stamp the daily audit anchors
+	// (MESH_TIMESTAMP_AUTHORITIES: a JSON list of {name, url, root_pem,
+	// intermediates_pem?}, two or more; Terraform's
+	// var.timestamp_authorities names public ones). Unset, the anchor
+	// job answers 501.
+	TimestampAuthorities []audit.Authority
 }
 
 // FromEnv reads the configuration through getenv and checks it.
@@ -144,6 +151,14 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	if err := c.GuestLimits.Check(); err != nil {
 		return c, err
 	}
+	if v := strings.TrimSpace(getenv("MESH_TIMESTAMP_AUTHORITIES")); v != "" {
+		if c.TimestampAuthorities, err = audit.ParseAuthorities([]byte(v)); err != nil {
+			return c, fmt.Errorf("MESH_TIMESTAMP_AUTHORITIES: %w", err)
+		}
+		if len(c.TimestampAuthorities) < audit.MinAuthorities {
+			return c, fmt.Errorf("MESH_TIMESTAMP_AUTHORITIES names %d timestamp authorities; the anchors need at least %d", len(c.TimestampAuthorities), audit.MinAuthorities)
+		}
+	}
 	var missing []string
 	for k, v := range map[string]string{"GOOGLE_CLOUD_PROJECT": c.ProjectID, "MESH_CONTROL_URL": c.ControlURL,
 		"MESH_CONSOLE_URL": c.ConsoleURL, "SMTP_ADDR": c.SMTP.Addr, "SMTP_FROM": c.SMTP.From,
@@ -202,7 +217,7 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (d *api.Deps, err er
 		ControlURL: c.ControlURL, ConsoleURL: c.ConsoleURL, RegistrarURL: c.RegistrarURL,
 		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
 			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()},
-		Grants: api.Grants{Deployer: c.Deployer}}
+		Grants: api.Grants{Deployer: c.Deployer}, Audit: api.Audit{Authorities: c.TimestampAuthorities}}
 	if c.NoKeys {
 		log.Warn("running without keys (MESH_KEYS=none): nothing is minted, resolve answers 503, and the account views have no bus")
 		return api.NewDeps(b)
@@ -216,6 +231,11 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (d *api.Deps, err er
 		return nil, fmt.Errorf("keys: %w", err)
 	}
 	b.Trust, b.RegistrarKey = ks.Trust, ks.Registrar
+	if ks.Export != nil {
+		b.Audit.ExportKey = ks.Export
+	} else {
+		log.Warn("the audit export key (secret mesh-export-seed) has no version yet: exports answer 501 until `meshd cloud init` adds it")
+	}
 	url := strings.Join(c.InternalNATSURLs, ",")
 	sysCreds, err := b.Trust.MintSystemUser("control-plane")
 	if err != nil {

@@ -1,11 +1,14 @@
 package cloud
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/audit"
+	"agentmesh.dev/mesh/shared/audit/tsa"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/ratelimit"
 )
@@ -104,6 +107,48 @@ func TestFromEnvLimits(t *testing.T) {
 	} {
 		if _, err := FromEnv(env(over)); err == nil || !strings.Contains(err.Error(), strings.TrimPrefix(name, "reserve")) {
 			t.Errorf("%s: %v", name, err)
+		}
+	}
+}
+
+// MESH_TIMESTAMP_AUTHORITIES names the anchors' authorities: two or more,
+// each with its root; unset, the anchors are not configured.
+func TestFromEnvTimestampAuthorities(t *testing.T) {
+	base := map[string]string{
+		"GOOGLE_CLOUD_PROJECT": "p1", "MESH_CONTROL_URL": "https://api.example.org", "MESH_CONSOLE_URL": "https://console.example.org/",
+		"SMTP_ADDR": "smtp.example.org:587", "SMTP_FROM": "mesh@example.org", "MESH_NATS_URLS": "tls://a:4222",
+		"MESH_DEPLOYER_SA": "mesh-deployer@p1-proj.iam.gserviceaccount.com",
+	}
+	var cfgs []audit.AuthorityConfig
+	for _, name := range []string{"one", "two"} {
+		a, err := tsa.New(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, audit.AuthorityConfig{Name: name, URL: "https://" + name + ".example.org/tsr", RootPEM: string(a.RootPEM())})
+	}
+	two, _ := json.Marshal(cfgs)
+	one, _ := json.Marshal(cfgs[:1])
+	for _, c := range []struct {
+		value string
+		n     int
+		ok    bool
+	}{
+		{"", 0, true},
+		{string(two), 2, true},
+		{string(one), 0, false},
+		{`[{"name":"x","url":"ftp://x","root_pem":""}]`, 0, false},
+		{"not json", 0, false},
+	} {
+		env := func(k string) string {
+			if k == "MESH_TIMESTAMP_AUTHORITIES" {
+				return c.value
+			}
+			return base[k]
+		}
+		got, err := FromEnv(env)
+		if (err == nil) != c.ok || (c.ok && len(got.TimestampAuthorities) != c.n) {
+			t.Errorf("%.40q: %d authorities, %v", c.value, len(got.TimestampAuthorities), err)
 		}
 	}
 }

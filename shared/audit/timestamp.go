@@ -39,8 +39,11 @@ type Authority struct {
 
 // ID names the authority by its root: the lowercase hex SHA-256 of the
 // root certificate's DER. Two authorities under one root are one trust.
-func (a *Authority) ID() string {
-	sum := sha256.Sum256(a.Root.Raw)
+func (a *Authority) ID() string { return RootID(a.Root.Raw) }
+
+// RootID is the ID of an authority whose root certificate's DER is root.
+func RootID(root []byte) string {
+	sum := sha256.Sum256(root)
 	return hex.EncodeToString(sum[:])
 }
 

@@ -112,8 +112,8 @@ func TestInitThenLoad(t *testing.T) {
 	if k.Trust.PublicKeys() != *res.Trust {
 		t.Fatalf("loaded %v, init made %v", k.Trust.PublicKeys(), *res.Trust)
 	}
-	if k.Registrar == nil || k.Services == nil {
-		t.Fatal("registrar or services key missing")
+	if k.Registrar == nil || k.Services == nil || k.Export == nil {
+		t.Fatal("registrar, services or export key missing")
 	}
 	// The rooms worker reads the trust chain alone.
 	if tr, err := LoadTrust(t.Context(), w.client, project); err != nil || tr.PublicKeys() != *res.Trust {
@@ -419,6 +419,35 @@ func TestLoadErrors(t *testing.T) {
 				t.Fatalf("err = %v\nwant %v saying %q", err, c.kind, c.says)
 			}
 		})
+	}
+}
+
+// A mesh made before the export seed existed loads without it: only the
+// audit export goes without a key until init adds one.
+func TestLoadWithoutExportSeed(t *testing.T) {
+	made := newWorld(t)
+	initialized(t, made)
+	for _, withContainer := range []bool{false, true} {
+		w := newWorld(t)
+		table, err := All(workers)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, sec := range table {
+			if sec.Name == ExportSeed {
+				if withContainer {
+					w.fake.Create(project, sec.Name)
+				}
+				continue
+			}
+			data, _ := made.fake.Latest(project, sec.Name)
+			w.fake.Create(project, sec.Name)
+			w.fake.Put(project, sec.Name, data)
+		}
+		k, err := Load(t.Context(), w.client, project)
+		if err != nil || k.Export != nil || k.Services == nil {
+			t.Fatalf("container %v: %+v, %v", withContainer, k, err)
+		}
 	}
 }
 

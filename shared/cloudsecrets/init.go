@@ -302,7 +302,7 @@ func payload(s Secret, fresh *freshTrust, t *creds.Trust, o InitOptions) ([]byte
 			}
 			return k.Seed(), nil
 		})
-	case ServicesSeed:
+	case ServicesSeed, ExportSeed:
 		return generate(func() ([]byte, error) {
 			k, err := keys.Generate[keys.AgentRole]()
 			if err != nil {

@@ -51,6 +51,7 @@ const (
 	AccountSigningSeed = "mesh-account-signing-seed"
 	RegistrarSeed      = "mesh-registrar-seed"
 	ServicesSeed       = "mesh-services-seed"
+	ExportSeed         = "mesh-export-seed"
 	NATSConfig         = "mesh-nats-config"
 )
 
@@ -79,6 +80,7 @@ var Secrets = []Secret{
 	{Name: AccountSigningSeed, Kind: TrustSeed, Holds: "the mesh account's signing seed (SA…): signs every user JWT the control plane and the rooms worker mint", ReadBy: "control plane (functions), the rooms worker"},
 	{Name: RegistrarSeed, Kind: KeySeed, Holds: "the registrar's card-signing seed (SU…)", ReadBy: "control plane (functions)"},
 	{Name: ServicesSeed, Kind: KeySeed, Holds: "the services key's seed (SU…): the bus workers sign their answers with it, the account views their calls", ReadBy: "control plane (functions), every bus worker"},
+	{Name: ExportSeed, Kind: KeySeed, Holds: "the export key's seed (SU…): signs the manifests of audit exports (docs/audit.md); its public half is in /v1/capabilities", ReadBy: "control plane (functions)"},
 	{Name: NATSConfig, Kind: ConfigFragment, Holds: "a NATS server configuration fragment: the operator JWT inline, the system account, the directory resolver and the two account JWTs preloaded", ReadBy: "the NATS servers, at boot (include it)"},
 }
 

@@ -65,6 +65,10 @@ type Keys struct {
 	Trust     *creds.Trust    // the operator, both accounts and the signing key
 	Registrar *keys.Registrar // signs the registrar's cards
 	Services  *keys.Agent     // signs the account views' bus calls
+	// Export signs audit exports; nil when its secret has no version yet
+	// (a mesh made before it: `meshd cloud init` adds it), and the export
+	// answers 501 until then.
+	Export *keys.Agent
 }
 
 // Open reads Keys from project's Secret Manager with a client of its own,
@@ -94,17 +98,24 @@ func Load(ctx context.Context, c *secretmanager.Client, project string) (*Keys, 
 		sys, mesh, signing         *keys.Account
 		errOp, errSys, errMesh     error
 		errSigning, errReg, errSvc error
+		errExport                  error
 		wg                         sync.WaitGroup
 	)
-	// Six reads in parallel: a cold start waits for the slowest, not the sum.
+	// Seven reads in parallel: a cold start waits for the slowest, not the sum.
 	wg.Go(func() { op, errOp = readSeed[keys.OperatorRole](ctx, r, OperatorSeed) })
 	wg.Go(func() { sys, errSys = readSeed[keys.AccountRole](ctx, r, SystemAccountSeed) })
 	wg.Go(func() { mesh, errMesh = readSeed[keys.AccountRole](ctx, r, AccountSeed) })
 	wg.Go(func() { signing, errSigning = readSeed[keys.AccountRole](ctx, r, AccountSigningSeed) })
 	wg.Go(func() { k.Registrar, errReg = readSeed[keys.RegistrarRole](ctx, r, RegistrarSeed) })
 	wg.Go(func() { k.Services, errSvc = readSeed[keys.AgentRole](ctx, r, ServicesSeed) })
+	wg.Go(func() { k.Export, errExport = readSeed[keys.AgentRole](ctx, r, ExportSeed) })
 	wg.Wait()
-	if err := errors.Join(errOp, errSys, errMesh, errSigning, errReg, errSvc); err != nil {
+	if errors.Is(errExport, ErrNoSecret) || errors.Is(errExport, ErrNoVersion) {
+		// Added after the first meshes were made: its absence costs the
+		// export alone, not every route.
+		errExport = nil
+	}
+	if err := errors.Join(errOp, errSys, errMesh, errSigning, errReg, errSvc, errExport); err != nil {
 		return nil, err
 	}
 	t, err := creds.FromKeys(op, sys, mesh, signing)

@@ -95,6 +95,7 @@ func (s *Service) JobCredential(ctx context.Context, r JobRequest) (JobResult, e
 	}
 	expires := now.Add(ttl)
 	var res JobResult
+	var minted Mint
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		accountID, hs, err := standing(tx, []string{r.AgentID})
 		if err != nil {
@@ -112,6 +113,7 @@ func (s *Service) JobCredential(ctx context.Context, r JobRequest) (JobResult, e
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
+		minted = m
 		seed := cred.Seed()
 		cf, err := jwt.FormatUserConfig(tok, seed)
 		if err != nil {
@@ -127,5 +129,6 @@ func (s *Service) JobCredential(ctx context.Context, r JobRequest) (JobResult, e
 		}
 		return JobResult{}, errs.Wrap(errs.Unavailable, "cannot check the agent's standing now; retry", err)
 	}
+	s.keepMint(ctx, minted)
 	return res, nil
 }

@@ -115,6 +115,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		expires = s.expiry(now)
 	}
 	var res NodeResult
+	var minted Mint
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		accountID, hs, err := standing(tx, ids)
 		if err != nil {
@@ -155,6 +156,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
+		minted = m
 		res = NodeResult{OK: true, JWT: tok, NodeID: r.NodeID, Agents: ids, ExpiresAt: isoOrNil(m.ExpiresAt), Mesh: s.meshBlock(),
 			InboxPrefix: protocol.PrivateInboxPrefix(r.NodeID)}
 		return nil
@@ -166,6 +168,7 @@ func (s *Service) NodeCredential(ctx context.Context, r NodeRequest) (NodeResult
 		}
 		return NodeResult{}, errs.Wrap(errs.Unavailable, "cannot check the node's standing now; retry; the current credential is unaffected", err)
 	}
+	s.keepMint(ctx, minted)
 	return res, nil
 }
 

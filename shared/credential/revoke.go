@@ -23,6 +23,7 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 	}
 	var now time.Time
 	var revoke []string
+	var owner string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
 		now = s.now() // inside the transaction: see recordRevocations
 		var a Agent
@@ -38,6 +39,7 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 		if err := recordRevocations(tx, revoke, now); err != nil {
 			return err
 		}
+		owner = a.AccountID
 		if known {
 			a.Enabled = false
 			if err := tx.Set(CollAgents, agentID, a); err != nil {
@@ -50,7 +52,9 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 		return txErr(err)
 	}
 	s.log.Info("agent retired", "agent", agentID, "reason", reason, "credentials_revoked", len(revoke))
-	return s.revoke(ctx, revoke, now)
+	err = s.revoke(ctx, revoke, now)
+	s.keepRevocation(ctx, owner, []string{agentID}, revoke, reason, now)
+	return err
 }
 
 // DisableAccount disables an account: its sessions stop working, no
@@ -58,10 +62,10 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 // and apps is revoked at the broker.
 func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) error {
 	var now time.Time
-	var revoke []string
+	var revoke, agentIDs []string
 	err := s.st.RunTx(ctx, func(tx store.Tx) error {
 		now = s.now() // inside the transaction: see recordRevocations
-		revoke = nil
+		revoke, agentIDs = nil, nil
 		var acct account.Account
 		if err := tx.Get(account.CollAccounts, accountID, &acct); err != nil {
 			if errors.Is(err, store.ErrNotFound) {
@@ -74,6 +78,7 @@ func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) 
 			return err
 		}
 		for _, a := range agents {
+			agentIDs = append(agentIDs, a.ID)
 			var hs hosts
 			if _, err := getOptional(tx, CollHosts, a.ID, &hs); err != nil {
 				return err
@@ -98,7 +103,9 @@ func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) 
 		return txErr(err)
 	}
 	s.log.Info("account disabled", "account", accountID, "credentials_revoked", len(revoke))
-	return s.revoke(ctx, revoke, now)
+	err = s.revoke(ctx, revoke, now)
+	s.keepRevocation(ctx, accountID, agentIDs, revoke, reason, now)
+	return err
 }
 
 // recordRevocations writes each key's revocation instant, truncated to the

@@ -42,6 +42,9 @@ type Config struct {
 	// Classes are the limits of the fence classes (creds.ClassUnowned for
 	// node credentials no account owns); nil means the defaults.
 	Classes map[string]creds.ClassLimits
+	// Actions keeps the mints and revocations of an account's agents'
+	// credentials in their audit chains (actions.go); nil keeps none.
+	Actions ActionLog
 	Now     func() time.Time
 	Log     *slog.Logger
 }
@@ -315,6 +318,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 	expires := s.expiry(now)
 	sharedInbox := !r.PrivateInbox
 	var res BootstrapResult
+	var minted Mint
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		res = BootstrapResult{}
 		// Reads.
@@ -418,6 +422,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 		if err := tx.Create(CollMints, m.ID, m); err != nil {
 			return err
 		}
+		minted = m
 		seed := string(cred.Seed())
 		credsFile, err := jwt.FormatUserConfig(tok, []byte(seed))
 		if err != nil {
@@ -436,6 +441,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 		return BootstrapResult{}, txErr(err)
 	}
 	s.log.Info("agent key exchanged", "agent", agentID, "credential", cred.Public(), "handle", res.Handle != nil, "proof", proven)
+	s.keepMint(ctx, minted)
 	return res, nil
 }
 
