@@ -6,13 +6,17 @@ package audittest
 
 import (
 	"context"
+	"crypto"
 	"fmt"
+	"math/big"
 	"net/http/httptest"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/digitorus/timestamp"
 
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/audit/tsa"
@@ -161,4 +165,24 @@ func Entry(agent string, n int) audit.Entry {
 	return audit.Entry{Agent: agent, Role: audit.RoleResponder, Peer: "UPEERAGENT", Offering: "summarize",
 		RequestID: id, TaskID: fmt.Sprintf("task-%d", n), Outcome: "completed", Duration: time.Duration(n) * time.Millisecond,
 		InputSHA256: audit.InputDigest([]byte(id))}
+}
+
+// Token is a TimeStampToken of authority a over digest with nonce,
+// carrying its certificates: what a tampering test puts in place of a
+// stamp's (another authority's token over the same document and nonce).
+func Token(t testing.TB, a *tsa.Authority, digest []byte, nonce *big.Int) []byte {
+	t.Helper()
+	q, err := (&timestamp.Request{HashAlgorithm: crypto.SHA256, HashedMessage: digest, Nonce: nonce, Certificates: true}).Marshal()
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := a.Respond(q)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ts, err := timestamp.ParseResponse(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return ts.RawToken
 }
