@@ -48,6 +48,11 @@ type serveConfig struct {
 	// Cluster is --cluster: 0 runs one broker, 3 (or 5, 7) a JetStream
 	// cluster of that many in the process (devenv.Config.Cluster).
 	Cluster int
+	// TimestampAuthorities is --timestamp-authorities: the path of a JSON
+	// file naming the audit anchors' authorities, as the cloud's
+	// MESH_TIMESTAMP_AUTHORITIES does (docs/audit.md); empty runs two
+	// local test-only ones.
+	TimestampAuthorities string
 }
 
 // setting is one flag with its environment variable and default.
@@ -76,6 +81,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 			"reverse proxies in front of meshd that append to X-Forwarded-For; 0 uses the socket address and ignores the header", &hops},
 		{"grant-deployer", "MESH_DEPLOYER_SA", "",
 			"the deployer service account customers let impersonate theirs (cloud grants, docs/grants.md); Google is reached with this machine's application default credentials; empty turns the grant routes off", &cfg.GrantDeployer},
+		{"timestamp-authorities", "MESHD_TIMESTAMP_AUTHORITIES", "",
+			"a JSON file naming the RFC 3161 authorities that stamp the daily audit anchors, two or more: [{\"name\", \"url\", \"root_pem\"}] (docs/audit.md); empty runs two local TEST-ONLY authorities, whose stamps prove nothing to anyone else", &cfg.TimestampAuthorities},
 		{"cluster", "MESHD_CLUSTER", "0",
 			"run the bus on this many nats-servers (3, 5 or 7) forming one JetStream cluster with R3 streams, to try a cluster on one box; member i listens on the NATS and WebSocket ports plus i; 0 runs one server", &cluster},
 	}

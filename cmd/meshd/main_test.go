@@ -19,6 +19,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/audit"
+	"agentmesh.dev/mesh/shared/audit/tsa"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
@@ -293,6 +295,16 @@ func TestParseServeConfig(t *testing.T) {
 				return c
 			}(),
 		},
+		{
+			name: "the timestamp authorities' file from the environment, a flag winning",
+			args: []string{"--timestamp-authorities", "/etc/mesh/tsa.json"},
+			env:  map[string]string{"MESHD_TIMESTAMP_AUTHORITIES": "/elsewhere.json"},
+			want: func() serveConfig {
+				c := limited(defaults, nil)
+				c.TimestampAuthorities = "/etc/mesh/tsa.json"
+				return c
+			}(),
+		},
 		{name: "size without a number", args: []string{"--limit-mailbox-bytes", "lots"}, wantErr: errUsage},
 		{name: "payload too small", env: map[string]string{"MESH_LIMIT_GUEST_PAYLOAD": "10"}, wantErr: errUsage},
 		{name: "rate without a window", args: []string{"--limit-guest-per-address", "20"}, wantErr: errUsage},
@@ -344,7 +356,7 @@ func TestHelpExplainsEveryFlag(t *testing.T) {
 		"--data-dir", "MESHD_DATA_DIR", "--http-addr", "MESHD_HTTP_ADDR", "--nats-addr", "MESHD_NATS_ADDR",
 		"--ws-addr", "MESHD_WS_ADDR", "--log-level", "MESHD_LOG_LEVEL", "--trusted-proxy-hops", "MESHD_TRUSTED_PROXY_HOPS",
 		"--grant-deployer", "MESH_DEPLOYER_SA",
-		"--cluster", "MESHD_CLUSTER",
+		"--cluster", "MESHD_CLUSTER", "--timestamp-authorities", "MESHD_TIMESTAMP_AUTHORITIES",
 		"--limit-guest-pool", "MESH_LIMIT_GUEST_POOL", "--limit-guest-per-network", "MESH_LIMIT_GUEST_PER_NETWORK", `default "60/1h"`,
 		"--limit-signup-per-address", "MESH_LIMIT_SIGNUP_PER_ADDRESS", `default "10/1h"`, "--limit-mail-per-recipient", "MESH_LIMIT_MAIL_PER_RECIPIENT",
 	} {
@@ -481,5 +493,38 @@ func TestSecondMeshdOnADataDirInUse(t *testing.T) {
 	}
 	if stdout.Len() > 0 {
 		t.Errorf("the refused meshd printed: %s", &stdout)
+	}
+}
+
+// --timestamp-authorities names two or more authorities with their roots;
+// empty leaves devenv its local test-only ones.
+func TestLoadAuthorities(t *testing.T) {
+	dir := t.TempDir()
+	var cfgs []audit.AuthorityConfig
+	for _, name := range []string{"one", "two"} {
+		a, err := tsa.New(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfgs = append(cfgs, audit.AuthorityConfig{Name: name, URL: "https://" + name + ".example.org", RootPEM: string(a.RootPEM())})
+	}
+	write := func(name string, v any) string {
+		b, _ := json.Marshal(v)
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	if as, err := loadAuthorities(""); as != nil || err != nil {
+		t.Fatalf("none: %v %v", as, err)
+	}
+	if as, err := loadAuthorities(write("two.json", cfgs)); len(as) != 2 || err != nil {
+		t.Fatalf("two: %v %v", as, err)
+	}
+	for _, path := range []string{write("one.json", cfgs[:1]), write("bad.json", "nope"), filepath.Join(dir, "none.json")} {
+		if _, err := loadAuthorities(path); err == nil || !strings.Contains(err.Error(), "--timestamp-authorities") {
+			t.Errorf("%s: %v", path, err)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 
 	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/mailbox"
 )
 
@@ -34,6 +35,10 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 	if err != nil {
 		return fmt.Errorf("data dir: %w", err)
 	}
+	authorities, err := loadAuthorities(cfg.TimestampAuthorities)
+	if err != nil {
+		return err
+	}
 	mesh, err := devenv.Start(ctx, devenv.Config{
 		DataDir:          dataDir,
 		HTTPAddr:         cfg.HTTPAddr,
@@ -49,6 +54,7 @@ func serve(ctx context.Context, cfg serveConfig, stdout, stderr io.Writer) error
 		Workers:          devenv.WorkerConfig{Mailbox: mailbox.Config{Limits: cfg.Mailbox}},
 		Grants:           api.Grants{Deployer: cfg.GrantDeployer},
 		Cluster:          cfg.Cluster,
+		Audit:            devenv.AuditConfig{Authorities: authorities},
 	})
 	if err != nil {
 		return err
@@ -112,4 +118,24 @@ func writeJSONAtomic(path string, v any) error {
 		return err
 	}
 	return os.Rename(tmp.Name(), path)
+}
+
+// loadAuthorities reads the --timestamp-authorities file: none when path
+// is empty (devenv then runs its local test-only ones), else two or more.
+func loadAuthorities(path string) ([]audit.Authority, error) {
+	if path == "" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("--timestamp-authorities: %w", err)
+	}
+	as, err := audit.ParseAuthorities(data)
+	if err != nil {
+		return nil, fmt.Errorf("--timestamp-authorities %s: %w", path, err)
+	}
+	if len(as) < audit.MinAuthorities {
+		return nil, fmt.Errorf("--timestamp-authorities %s names %d authorities; the anchors need at least %d", path, len(as), audit.MinAuthorities)
+	}
+	return as, nil
 }
