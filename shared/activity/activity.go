@@ -229,7 +229,7 @@ type Worker struct {
 
 	// The audit rows (audit.go): nil chains when Config.Audit.Off.
 	chains                                  *audit.Chains
-	auditQ                                  chan audit.Entry
+	auditQs                                 []chan audit.Entry
 	auditDone                               chan struct{}
 	auditRows, auditDuplicates, auditFailed atomic.Uint64
 	// subsMu guards subs against Stats while Stop closes them; overflow
@@ -387,8 +387,8 @@ func (w *Worker) Stop() error {
 		w.closing.Lock()
 		w.closed = true
 		close(w.acks)
-		if w.auditQ != nil {
-			close(w.auditQ)
+		for _, q := range w.auditQs {
+			close(q)
 		}
 		w.closing.Unlock()
 		w.auditStopped()

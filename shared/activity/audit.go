@@ -3,6 +3,7 @@ package activity
 import (
 	"context"
 	"errors"
+	"hash/fnv"
 	"strconv"
 	"time"
 	"unicode/utf8"
@@ -39,8 +40,8 @@ type AuditConfig struct {
 	// Writers is how many appends a copy makes at once
 	// (DefaultAuditWriters when 0).
 	Writers int
-	// Queue bounds the rows waiting for a writer (DefaultAuditQueue when
-	// 0).
+	// Queue bounds the rows waiting for the writers, shared among them
+	// (DefaultAuditQueue when 0).
 	Queue int
 }
 
@@ -77,13 +78,20 @@ func (w *Worker) startAudit(ctx context.Context) error {
 		a.Queue = DefaultAuditQueue
 	}
 	w.chains = chains
-	w.auditQ = make(chan audit.Entry, a.Queue)
+	// One queue per writer, an agent's entries always to the same one: a
+	// copy appends to a chain one row at a time, in the order it saw the
+	// answers, and its writer's remembered head of the chain stays good
+	// (audit.Chains), so an append is one round trip unless another copy
+	// appended to the chain in between.
+	w.auditQs = make([]chan audit.Entry, a.Writers)
 	w.auditDone = make(chan struct{})
 	done := make(chan struct{}, a.Writers)
-	for range a.Writers {
+	for i := range w.auditQs {
+		q := make(chan audit.Entry, max(a.Queue/a.Writers, 1))
+		w.auditQs[i] = q
 		go func() {
 			defer func() { done <- struct{}{} }()
-			for e := range w.auditQ {
+			for e := range q {
 				w.appendRow(e)
 			}
 		}()
@@ -117,16 +125,39 @@ func (w *Worker) appendRow(e audit.Entry) {
 // its request (the runtime's audit headers). env is from the agent of the
 // outbox it was tapped on, and fresh.
 func (w *Worker) auditAnswer(env *protocol.Envelope, hdr nats.Header) {
-	if w.chains == nil || hdr == nil || hdr.Get(protocol.HdrAuditInput) == "" {
+	if w.chains == nil {
 		return
+	}
+	entries := auditEntries(env, hdr)
+	if len(entries) == 0 {
+		return
+	}
+	w.closing.RLock()
+	defer w.closing.RUnlock()
+	if w.closed {
+		return
+	}
+	for _, e := range entries {
+		w.auditQs[writerOf(e.Agent, len(w.auditQs))] <- e
+	}
+}
+
+// auditEntries are the rows of an answer from env.From whose copy states
+// that it ends its request (hdr): the responder's, and the requester's
+// when it is an agent. Whatever the statement and the answer say, every
+// entry is one audit.Entry.Check accepts (FuzzAuditEntries), or there is
+// none.
+func auditEntries(env *protocol.Envelope, hdr nats.Header) []audit.Entry {
+	if hdr == nil || hdr.Get(protocol.HdrAuditInput) == "" || !keys.IsUserPublicKey(env.From) {
+		return nil
 	}
 	requestID, peer := env.InReplyTo, env.To
 	if requestID == "" || peer == "" || !auditText(requestID, 128) || !auditText(peer, 128) {
-		return // nothing a row could name
+		return nil // nothing a row could name
 	}
 	at, err := protocol.ParseTime(env.TS)
 	if err != nil {
-		return
+		return nil
 	}
 	outcome := errorCode(protocol.ErrorObject(env), env.Extra["error"])
 	if outcome == "" {
@@ -157,14 +188,14 @@ func (w *Worker) auditAnswer(env *protocol.Envelope, hdr nats.Header) {
 		r.Key = audit.RoleRequester + ":" + env.From + ":" + requestID
 		entries = append(entries, r)
 	}
-	w.closing.RLock()
-	defer w.closing.RUnlock()
-	if w.closed {
-		return
-	}
-	for _, e := range entries {
-		w.auditQ <- e
-	}
+	return entries
+}
+
+// writerOf is the writer an agent's entries go to.
+func writerOf(agent string, n int) int {
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(agent))
+	return int(h.Sum32() % uint32(n))
 }
 
 // auditText reports whether s can stand in a row as it is: valid UTF-8 of
@@ -190,6 +221,10 @@ func (w *Worker) auditStopped() {
 	select {
 	case <-w.auditDone:
 	case <-time.After(auditAppendTimeout):
-		w.svc.Log.Warn("audit rows still queued at stop", "queued", len(w.auditQ))
+		queued := 0
+		for _, q := range w.auditQs {
+			queued += len(q)
+		}
+		w.svc.Log.Warn("audit rows still queued at stop", "queued", queued)
 	}
 }

@@ -226,14 +226,27 @@ func (s *Service) Record(ctx context.Context, entries ...Entry) error {
 	if err != nil {
 		return err
 	}
-	var errs []error
-	for _, e := range entries {
-		if _, _, err := c.Append(ctx, e); err != nil && !errors.Is(err, ErrDuplicate) {
-			errs = append(errs, err)
-		}
+	// The entries are of different agents (one action, one row each), so
+	// their appends go at once: a roster's mint waits for one round of
+	// compare-and-sets, not sixteen in a row.
+	errs := make([]error, len(entries))
+	var wg sync.WaitGroup
+	sem := make(chan struct{}, recordParallel)
+	for i, e := range entries {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			if _, _, err := c.Append(ctx, e); err != nil && !errors.Is(err, ErrDuplicate) {
+				errs[i] = err
+			}
+		})
 	}
+	wg.Wait()
 	return errors.Join(errs...)
 }
+
+// recordParallel bounds the appends Record makes at once.
+const recordParallel = 16
 
 // pemCert is a DER certificate in PEM.
 func pemCert(der []byte) []byte {
