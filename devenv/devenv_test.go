@@ -449,10 +449,10 @@ func TestDataDirLayoutAndModes(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The four trust-chain seeds, the bus workers' services key and the
-	// registrar's card-signing key.
-	if len(entries) != 6 {
-		t.Errorf("keys dir has %d entries, want 6", len(entries))
+	// The four trust-chain seeds, the bus workers' services key, the
+	// registrar's card-signing key and the audit export key.
+	if len(entries) != 7 {
+		t.Errorf("keys dir has %d entries, want 7", len(entries))
 	}
 	for _, e := range entries {
 		info, err := e.Info()
@@ -466,6 +466,17 @@ func TestDataDirLayoutAndModes(t *testing.T) {
 	for _, sub := range []string{"jetstream", "nats/accounts"} {
 		if fi, err := os.Stat(filepath.Join(dir, sub)); err != nil || !fi.IsDir() {
 			t.Errorf("%s: want a directory, got %v", sub, err)
+		}
+	}
+	// The local test-only timestamp authorities keep their signing keys
+	// as the keys are kept.
+	for _, name := range LocalAuthorities {
+		sub := filepath.Join(dir, TSADir, name)
+		if fi, err := os.Stat(sub); err != nil || fi.Mode().Perm() != 0o700 {
+			t.Errorf("%s: %v, %v", sub, fi, err)
+		}
+		if fi, err := os.Stat(filepath.Join(sub, "tsa-signer.key")); err != nil || fi.Mode().Perm() != 0o600 {
+			t.Errorf("%s's key: %v, %v", name, fi, err)
 		}
 	}
 }
