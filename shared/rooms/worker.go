@@ -136,6 +136,10 @@ type Config struct {
 	// Credentials mints and revokes acl room credentials; nil refuses
 	// mesh.rooms.credential with UNAVAILABLE.
 	Credentials Credentials
+	// RevocationSync is how often each copy brings the broker's
+	// revocations of room credentials in line with the cred records
+	// (syncRevocations): 0 is DefaultRevocationSync, negative never.
+	RevocationSync time.Duration
 }
 
 // Worker is one running copy of the rooms worker.
@@ -193,6 +197,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err := w.startIngest(ctx); err != nil {
 		return fail(err)
 	}
+	w.startRevocationSync()
 	if err := env.NC.Flush(); err != nil {
 		return fail(fmt.Errorf("%s: flush: %w", Name, err))
 	}
