@@ -256,9 +256,17 @@ type object struct {
 	Size      int64  `json:"size"`
 	// DigestHex is the sha256 of the whole file: computed by put, declared
 	// by put.begin and checked by put.commit.
-	DigestHex  string `json:"digest"`
-	ChunkBytes int64  `json:"chunk_bytes"`
-	State      string `json:"state"`
+	DigestHex string `json:"digest"`
+	// PartDigests are the sha256 of each part as the commit read and
+	// hashed it, recorded by the same compare-and-set that seals the
+	// artifact. A part put that was checked while the upload was pending
+	// may still land after the commit hashed it; fetch serves a part only
+	// if its bytes hash to what is recorded here, so the bytes served
+	// always are the bytes the digest was computed over. (Empty on an
+	// artifact sealed before they were recorded.)
+	PartDigests []string `json:"part_digests,omitempty"`
+	ChunkBytes  int64    `json:"chunk_bytes"`
+	State       string   `json:"state"`
 	// Retain is the life the owner asked for, counted from the commit.
 	Retain    time.Duration `json:"retain"`
 	CreatedAt time.Time     `json:"created_at"`
