@@ -31,17 +31,42 @@ func (w *Worker) put(ctx context.Context, r *bus.Request) (any, error) {
 	if p.part() {
 		return w.putPart(ctx, r.Env.From, p)
 	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
+		return nil, err
+	}
 	sum := sha256.Sum256(p.Data)
 	o, err := w.open(ctx, r.Env.From, int64(len(p.Data)), hex.EncodeToString(sum[:]), p.MediaType, p.Name, p.RetainDays)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := w.obj.PutBytes(ctx, partName(o.ID, 0), p.Data); err != nil {
-		// Pending and reserved: the sweep gives the quota back at the
-		// upload's deadline.
-		return nil, fmt.Errorf("artifacts: store %s: %w", o.ID, err)
+		err = w.storeFailed(o.ID, err)
+		if errs.CodeOf(err) == errs.QuotaExceeded {
+			// Refused whole: nothing to wait for, the quota goes back now.
+			if _, _, derr := w.drop(context.WithoutCancel(ctx), o.ID, "the store was full", statePending); derr != nil {
+				w.svc.Log.Warn("artifacts: drop refused put", "id", o.ID, "err", derr)
+			}
+		}
+		// Otherwise pending and reserved: the sweep gives the quota back
+		// at the upload's deadline.
+		return nil, err
 	}
 	return w.seal(ctx, o.ID, []string{o.DigestHex})
+}
+
+// jsStoreFailed is the JetStream error of a message a stream refused to
+// store because one of its limits is reached: for the object store, its
+// MaxBytes (Limits.StoreBytes).
+const jsStoreFailed jetstream.ErrorCode = 10077
+
+// storeFailed is the answer to a put the object store did not keep: a
+// full store is QUOTA_EXCEEDED; anything else is the store's error.
+func (w *Worker) storeFailed(name string, err error) error {
+	if api := (*jetstream.APIError)(nil); errors.As(err, &api) && api.ErrorCode == jsStoreFailed {
+		return errs.Newf(errs.QuotaExceeded, "the mesh's artifact store is full (%d bytes in all): try again once artifacts expire, or ask the mesh's operator to raise it",
+			w.limits.StoreBytes)
+	}
+	return fmt.Errorf("artifacts: store %s: %w", name, err)
 }
 
 // begin answers mesh.artifacts.put.begin {size, digest, media_type?, name?,
@@ -52,6 +77,9 @@ func (w *Worker) put(ctx context.Context, r *bus.Request) (any, error) {
 func (w *Worker) begin(ctx context.Context, r *bus.Request) (any, error) {
 	b, err := parseBegin(r.Env.Payload, w.limits.ObjectBytes)
 	if err != nil {
+		return nil, err
+	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
 		return nil, err
 	}
 	o, err := w.open(ctx, r.Env.From, b.Size, b.DigestHex, b.MediaType, b.Name, b.RetainDays)
@@ -125,7 +153,7 @@ func (w *Worker) putPart(ctx context.Context, from string, p *putRequest) (any, 
 		return nil, fmt.Errorf("artifacts: %s: %w", partName(o.ID, p.Index), err)
 	}
 	if _, err := w.obj.PutBytes(ctx, partName(o.ID, p.Index), p.Data); err != nil {
-		return nil, fmt.Errorf("artifacts: store %s: %w", partName(o.ID, p.Index), err)
+		return nil, w.storeFailed(partName(o.ID, p.Index), err)
 	}
 	return answer, nil
 }
@@ -552,6 +580,9 @@ func (w *Worker) link(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	if p.TTLSeconds < 0 {
 		return nil, errs.New(errs.InputInvalid, "ttl_s must not be negative (omit it for the default)")
+	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
+		return nil, err
 	}
 	o, _, err := w.resolve(ctx, p.Ref)
 	if err != nil {

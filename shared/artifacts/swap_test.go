@@ -39,7 +39,7 @@ func (h *harness) served(reader keys.Signer, ref string) (data []byte, digest st
 // committed digest: the fetch of that part is refused.
 func TestArtifactsPartSwappedAfterCommit(t *testing.T) {
 	h := start(t, 1, Limits{ChunkBytes: 1000})
-	owner, reader := bustest.Agent(t), bustest.Agent(t)
+	owner, reader := h.agent(), bustest.Agent(t)
 	data := randomBytes(t, 2000)
 	stored := h.upload(owner, data, nil)
 	ref := stored["ref"].(string)
@@ -66,7 +66,7 @@ func TestArtifactsPartSwappedAfterCommit(t *testing.T) {
 // under.
 func TestArtifactsPartRacesCommit(t *testing.T) {
 	h := start(t, 3, Limits{ChunkBytes: 1000})
-	owner, reader := bustest.Agent(t), bustest.Agent(t)
+	owner, reader := h.agent(), bustest.Agent(t)
 	for round := range 20 {
 		data := randomBytes(t, 2000)
 		b := h.must(owner, "put.begin", map[string]any{"size": len(data), "digest": digestOf(data)})
