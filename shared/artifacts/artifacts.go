@@ -88,8 +88,12 @@ type Limits struct {
 	// ARTIFACT_GONE rather than NOT_FOUND: 30 days.
 	Tombstone time.Duration
 	// StoreBytes bounds the object store as a whole (its MaxBytes), a
-	// backstop behind the owners' quotas: 20 GiB. A put past it is
-	// QUOTA_EXCEEDED.
+	// backstop behind the owners' quotas: 4 GiB. A put past it is
+	// QUOTA_EXCEEDED. Every server reserves a stream's MaxBytes of its
+	// JetStream storage and refuses a stream that does not fit beside the
+	// others' (the audit chain's 8 GiB, the mailbox's 1 GiB, the feeds'
+	// 256 MiB; the cloud's servers have 15G, about 14 GiB), so the worker
+	// would not start with more than they have left.
 	StoreBytes int64
 }
 
@@ -105,7 +109,7 @@ const (
 	DefaultLinkTTL      = time.Hour
 	DefaultMaxLinkTTL   = 7 * 24 * time.Hour
 	DefaultTombstone    = 30 * 24 * time.Hour
-	DefaultStoreBytes   = 20 << 30
+	DefaultStoreBytes   = 4 << 30
 	DefaultSweepEvery   = 10 * time.Minute
 )
 
