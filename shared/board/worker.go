@@ -69,11 +69,12 @@ func (w *Worker) Stop() error {
 func (w *Worker) now() time.Time { return w.svc.Now().UTC().Truncate(time.Millisecond) }
 
 // call is one verified, admitted call: the caller, its payload and the room
-// it names.
+// it names, as stored (its grade and channels are the stored room's, never
+// those of the call's copy of the descriptor).
 type call struct {
 	from string
 	req  *request
-	d    *rooms.Descriptor
+	room *rooms.Room
 }
 
 // handler decodes and checks a call to verb, then admits it to the room
@@ -88,11 +89,11 @@ func (w *Worker) handler(verb string, h func(context.Context, *call) (any, error
 		if err != nil {
 			return nil, err
 		}
-		d, _, err := rooms.Access(ctx, w.kv, req.Descriptor, r.Env.From)
+		_, room, err := rooms.Access(ctx, w.kv, req.Descriptor, r.Env.From)
 		if err != nil {
 			return nil, err
 		}
-		return h(ctx, &call{from: r.Env.From, req: req, d: d})
+		return h(ctx, &call{from: r.Env.From, req: req, room: room})
 	}
 }
 
@@ -110,7 +111,7 @@ func (w *Worker) lease(ms int64, def time.Duration) time.Duration {
 
 // post puts a new open item on the room's board.
 func (w *Worker) post(ctx context.Context, c *call) (any, error) {
-	room := c.d.RoomID
+	room := c.room.ID
 	now := w.now()
 	stored, err := w.scan(ctx, room)
 	if err != nil {
@@ -149,7 +150,7 @@ func (w *Worker) post(ctx context.Context, c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.emit(c.d, EventPosted, item)
+	w.emit(c.room, EventPosted, item)
 	return map[string]any{"item": item}, nil
 }
 
@@ -191,7 +192,7 @@ func (w *Worker) withdraw(ctx context.Context, c *call) (any, error) {
 // when this copy's write made it, announces it as event. An item in state
 // withdrawn is removed rather than stored.
 func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *Item, now time.Time) (*Item, error)) (any, error) {
-	room, id := c.d.RoomID, c.req.ItemID
+	room, id := c.room.ID, c.req.ItemID
 	var shown *Item
 	var now time.Time
 	_, changed, err := bus.CAS(ctx, w.kv, key(room, id), func(cur *Item, exists bool) (*Item, error) {
@@ -218,7 +219,7 @@ func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *It
 	}
 	shown = view(shown, now)
 	if changed {
-		w.emit(c.d, event, shown)
+		w.emit(c.room, event, shown)
 	}
 	return map[string]any{"item": shown}, nil
 }
@@ -228,7 +229,7 @@ func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *It
 // last item it carries in next_after; listing again with after set to it
 // continues. The counts are always the whole board's.
 func (w *Worker) list(ctx context.Context, c *call) (any, error) {
-	stored, err := w.scan(ctx, c.d.RoomID)
+	stored, err := w.scan(ctx, c.room.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -310,20 +311,24 @@ func (w *Worker) scan(ctx context.Context, room string) ([]entry, error) {
 }
 
 // emit announces a board event on the room's own traffic: a signed emit by
-// the services key, context_id the room, on the descriptor's first channel
+// the services key, context_id the room, on the stored room's first channel
 // (the acl namespace for an acl room). A failure is logged: the board is
 // the source of truth, the event a notice.
-func (w *Worker) emit(d *rooms.Descriptor, typ string, item *Item) {
-	subject := protocol.RoomEventSubject(d.RoomID, d.Channels[0])
-	if d.Privacy == rooms.GradeACL {
-		subject = protocol.ACLRoomSubject(d.RoomID, d.Channels[0])
+func (w *Worker) emit(room *rooms.Room, typ string, item *Item) {
+	if len(room.Channels) == 0 {
+		w.svc.Log.Warn("board event not published: the room has no channel", "room", room.ID, "event", typ)
+		return
+	}
+	subject := protocol.RoomEventSubject(room.ID, room.Channels[0])
+	if room.Privacy == rooms.GradeACL {
+		subject = protocol.ACLRoomSubject(room.ID, room.Channels[0])
 	}
 	err := func() error {
 		e, err := protocol.New(protocol.TypeEmit, w.svc.Key.Public(), Event{Type: typ, Item: item})
 		if err != nil {
 			return err
 		}
-		e.ContextID = d.RoomID
+		e.ContextID = room.ID
 		if err := e.Sign(w.svc.Key); err != nil {
 			return err
 		}
@@ -334,6 +339,6 @@ func (w *Worker) emit(d *rooms.Descriptor, typ string, item *Item) {
 		return w.svc.NC.Publish(subject, b)
 	}()
 	if err != nil {
-		w.svc.Log.Warn("board event not published", "room", d.RoomID, "event", typ, "item", item.ItemID, "err", err)
+		w.svc.Log.Warn("board event not published", "room", room.ID, "event", typ, "item", item.ItemID, "err", err)
 	}
 }

@@ -267,17 +267,13 @@ func mayHoldCredential(room *Room, agent string) error {
 }
 
 // aclRoom reads the acl room a verb names, for verb: the descriptor
-// verifies, names an acl room, and is the one the room was provisioned
-// with; the room is read through its stream's leader. Membership is each
+// verifies and is the one the room was provisioned with, and the stored
+// room is of the acl grade; the room is read through its stream's leader. Membership is each
 // verb's own check (leave answers a non-member; Access would refuse it).
 func (w *Worker) aclRoom(ctx context.Context, raw json.RawMessage, verb string) (*Descriptor, *Room, error) {
 	d, err := ParseDescriptor(raw)
 	if err != nil {
 		return nil, nil, err
-	}
-	if d.Privacy != GradeACL {
-		return nil, nil, errs.Newf(errs.InputInvalid, "room %s is a %s room: %s is for acl rooms (a %s room's members are whoever holds its descriptor)",
-			d.RoomID, d.Privacy, verb, d.Privacy)
 	}
 	room, err := w.aclLeaderRoom(ctx, d.RoomID)
 	if err != nil {
@@ -285,6 +281,11 @@ func (w *Worker) aclRoom(ctx context.Context, raw json.RawMessage, verb string) 
 	}
 	if !sameDescriptor(room.Descriptor, d.Raw) {
 		return nil, nil, errs.Newf(errs.IdentityMismatch, "the descriptor is not the one room %s was provisioned with", d.RoomID)
+	}
+	// The grade is the stored room's, never the call's copy.
+	if room.Privacy != GradeACL {
+		return nil, nil, errs.Newf(errs.InputInvalid, "room %s is a %s room: %s is for acl rooms (a %s room's members are whoever holds its descriptor)",
+			room.ID, room.Privacy, verb, room.Privacy)
 	}
 	return d, room, nil
 }

@@ -9,13 +9,16 @@
 package rooms
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -94,6 +97,11 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errs.New(errs.InputInvalid, "descriptor is required: the room's signed descriptor, as an object or its token")
 	}
+	// The token form is base64 of the object: 4/3 of its length, and its
+	// quotes.
+	if len(raw) > MaxDescriptorBytes/3*4+8 {
+		return nil, errDescriptorTooLong(len(raw))
+	}
 	var token string
 	if json.Unmarshal(raw, &token) == nil {
 		b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(token, "="))
@@ -102,9 +110,24 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 		}
 		raw = b
 	}
+	if len(raw) > MaxDescriptorBytes {
+		return nil, errDescriptorTooLong(len(raw))
+	}
 	var obj map[string]any
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, errs.Wrap(errs.InputInvalid, "descriptor is not a JSON object", err)
+	}
+	// The signature is checked on obj, whose keys are exact; the typed
+	// members below are decoded with encoding/json, whose names match
+	// case-insensitively. A key that folds onto a member without being it
+	// would make the two read different descriptors (a signed "creator",
+	// an unsigned "CREATOR" read as the creator), so it is refused.
+	for k := range obj {
+		for _, m := range descriptorMembers {
+			if k != m && strings.EqualFold(k, m) {
+				return nil, errs.Newf(errs.InputInvalid, "descriptor member %q is not spelled %q: member names are exact and lower case", truncate(k, 64), m)
+			}
+		}
 	}
 	var d Descriptor
 	if err := json.Unmarshal(raw, &d); err != nil {
@@ -141,6 +164,33 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 	}
 	d.Raw = append(json.RawMessage(nil), raw...)
 	return &d, nil
+}
+
+// MaxDescriptorBytes bounds a descriptor's JSON (its token form is
+// 4/3 of it): every call carries it, and mesh.rooms.mine answers the
+// descriptors of many rooms at once. Upstream's descriptors (channels,
+// name, a playbook of a dozen entries) take a few hundred bytes.
+const MaxDescriptorBytes = 16 << 10
+
+// descriptorMembers are the descriptor's members (upstream-notes §7):
+// ParseDescriptor refuses any other spelling of them.
+var descriptorMembers = []string{"rooms", "room_id", "name", "channels", "playbook", "record", "drive", "policy",
+	"privacy", "key_fingerprint", "creator", "created_at", "sig"}
+
+func errDescriptorTooLong(n int) error {
+	return errs.Newf(errs.InputInvalid, "the descriptor is %d bytes; a room descriptor is at most %d (%d KiB) as JSON: sign a shorter one",
+		n, MaxDescriptorBytes, MaxDescriptorBytes>>10)
+}
+
+// truncate shortens what is quoted back in a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
 }
 
 // Room is the record of one durable room, key room.<room_id>.
@@ -248,18 +298,29 @@ func access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMe
 	return d, &r, nil
 }
 
-// sameDescriptor compares two descriptors by their signature: each is a
-// verified object signed by the creator, so equal signatures over the same
-// creator's key mean the same signed content (Ed25519 is deterministic).
+// sameDescriptor reports whether two descriptors are the same object: their
+// canonical JSON (protocol.Canonical) is equal, whatever the order of their
+// members or their spacing. Comparing anything less (the signature and the
+// creator) would let a descriptor carrying those of another pass as it.
 func sameDescriptor(stored, got json.RawMessage) bool {
-	var a, b struct {
-		Creator string `json:"creator"`
-		Sig     string `json:"sig"`
-	}
-	if json.Unmarshal(stored, &a) != nil || json.Unmarshal(got, &b) != nil {
+	a, err := canonicalObject(stored)
+	if err != nil {
 		return false
 	}
-	return a.Sig != "" && a.Sig == b.Sig && a.Creator == b.Creator
+	b, err := canonicalObject(got)
+	return err == nil && bytes.Equal(a, b)
+}
+
+// canonicalObject is the canonical JSON of a JSON object.
+func canonicalObject(raw json.RawMessage) ([]byte, error) {
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return nil, errors.New("not an object")
+	}
+	return protocol.Canonical(obj)
 }
 
 // Quota is an operator's use of the durable rooms, key quota.<operator>:
