@@ -125,11 +125,14 @@ func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest)
 	}
 }
 
-// countRoomDrive adds n bytes to the room's drive count.
+// countRoomDrive adds n bytes to the room's drive count. A room being
+// removed takes no more (NOT_FOUND: its drive is purged, or about to be);
+// a count given back (n < 0) is taken off all the same, since the removal
+// gives back to the quota what the room counts when it ends.
 func (w *Worker) countRoomDrive(ctx context.Context, roomID string, n int64) error {
 	now := w.now()
 	_, _, err := bus.CAS(ctx, w.kv, RoomKey(roomID), func(cur *Room, exists bool) (*Room, error) {
-		if !exists {
+		if !exists || (n > 0 && cur.ClosedAt != nil) {
 			return nil, errs.Newf(errs.NotFound, "room %s is not provisioned on this mesh (or was reclaimed or expired)", roomID)
 		}
 		cur.DriveBytes = max(cur.DriveBytes+n, 0)

@@ -247,3 +247,30 @@ func TestRecordByteCap(t *testing.T) {
 		t.Fatalf("%d replayed", len(got))
 	}
 }
+
+// A member's own leave message takes it out of an acl room even when the
+// record refuses the message (full): leaving never depends on there being
+// room to say so (review finding 7).
+func TestLeaveAppliedWhenRecordFull(t *testing.T) {
+	h := start(t, rooms.Config{Limits: rooms.Limits{RecordMsgs: 1}}, 2)
+	ana := h.agent("ana@example.org")
+	member := bustest.Agent(t)
+	id, _ := h.provision(ana, rooms.GradeACL)
+	if _, _, err := bus.CAS(t.Context(), h.kv, rooms.RoomKey(id), func(r *rooms.Room, _ bool) (*rooms.Room, error) {
+		r.Members = append(r.Members, member.Public())
+		return r, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	subject := protocol.ACLRoomSubject(id, "main")
+	if got := h.publish(subject, emit(t, ana, id, say("the only message"), nil)); got != "recorded" {
+		t.Fatalf("first message: %s", got)
+	}
+	leave := map[string]any{"type": "leave", "member": member.Public()}
+	if got := h.publish(subject, emit(t, member, id, leave, nil)); got != "dropped" {
+		t.Fatalf("the leave in a full record: %s", got)
+	}
+	if room, _ := h.room(id); len(room.Members) != 1 || room.Members[0] != ana.Public() {
+		t.Fatalf("members %v after a leave the record could not take", room.Members)
+	}
+}
