@@ -334,4 +334,8 @@ type Quota struct {
 	// adds its room once and removal takes it out once, so either may be
 	// repeated after a crash without counting twice.
 	RoomIDs []string `json:"room_ids,omitempty"`
+	// CountedAt is when each of RoomIDs was counted: the sweep gives back
+	// a count whose room was never created once it is this old, however
+	// recently the quota was written for other rooms.
+	CountedAt map[string]time.Time `json:"counted_at,omitempty"`
 }
