@@ -360,6 +360,13 @@ func TestSayJoinsFirst(t *testing.T) {
 		t.Fatalf("say: %+v %v", s, err)
 	}
 	envs := tr.await(t, 2)
+	// The join presented the descriptor first, so the record takes bob's
+	// messages.
+	if calls := f.called("cursor"); len(calls) != 1 || calls[0].From != bob.Public() || calls[0].Payload["seq"] != nil {
+		t.Fatalf("the join presented the descriptor by %+v", calls)
+	} else {
+		descriptorOf(t, calls[0], r)
+	}
 	join, say := payloadOf(t, envs[0]), payloadOf(t, envs[1])
 	if join["type"] != "join" || join["member"] != bob.Public() || join["handle"] != "helper.ana@example.org" {
 		t.Fatalf("join %v", join)

@@ -58,3 +58,30 @@ func TestForgedDescriptorRefused(t *testing.T) {
 		t.Fatalf("events %+v", evs)
 	}
 }
+
+// A board call presents the room's descriptor: an agent that lists a
+// capability room's board is recorded as a holder (holder.<room>.<agent>),
+// whose messages the room's record then takes (review finding 3); the
+// creator and acl members need no key.
+func TestBoardCallRecordsHolder(t *testing.T) {
+	f := setup(t, board.Config{})
+	creator, holder, member := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	open := f.room(creator, rooms.GradeCapability, true)
+	acl := f.room(creator, rooms.GradeACL, true, member)
+	f.list(open, holder, nil)
+	f.list(open, creator, nil)
+	f.list(acl, member, nil)
+	e, err := f.kv.Get(t.Context(), rooms.HolderKey(open.id, holder.Public()))
+	if err != nil {
+		t.Fatalf("holder key: %v", err)
+	}
+	var h rooms.Holder
+	if err := json.Unmarshal(e.Value(), &h); err != nil || h.RoomCreatedAt.IsZero() {
+		t.Fatalf("holder %s: %v", e.Value(), err)
+	}
+	for _, k := range []string{rooms.HolderKey(open.id, creator.Public()), rooms.HolderKey(acl.id, member.Public())} {
+		if _, err := f.kv.Get(t.Context(), k); err == nil {
+			t.Fatalf("%s written", k)
+		}
+	}
+}

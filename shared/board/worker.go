@@ -24,6 +24,9 @@ type Worker struct {
 	svc    *bus.Service
 	kv     jetstream.KeyValue
 	limits Limits
+	// gate admits calls (rooms.Access) and records the holders of
+	// capability and sealed rooms, whose messages the record then takes.
+	gate *rooms.Gate
 
 	stopOnce sync.Once
 	stopErr  error
@@ -45,6 +48,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if w.kv, err = bus.Bucket(ctx, svc.JS, rooms.BucketConfig(cfg.Replicas)); err != nil {
 		return fail(err)
 	}
+	w.gate = rooms.NewGate(w.kv, svc.NC, svc.Now)
 	for verb, h := range map[string]func(context.Context, *call) (any, error){
 		VerbPost: w.post, VerbList: w.list, VerbClaim: w.claim,
 		VerbComplete: w.complete, VerbAbandon: w.abandon, VerbWithdraw: w.withdraw,
@@ -79,7 +83,8 @@ type call struct {
 
 // handler decodes and checks a call to verb, then admits it to the room
 // (rooms.Access: the descriptor verifies, the room is durable and
-// provisioned, the caller is a member) before h runs.
+// provisioned, the caller is a member; a holder of a capability or sealed
+// room's descriptor is recorded as one) before h runs.
 func (w *Worker) handler(verb string, h func(context.Context, *call) (any, error)) bus.Handler {
 	return func(ctx context.Context, r *bus.Request) (any, error) {
 		if r.Env.Type != protocol.TypeRequest && (verb != VerbList || r.Env.Type != protocol.TypeDiscover) {
@@ -89,7 +94,7 @@ func (w *Worker) handler(verb string, h func(context.Context, *call) (any, error
 		if err != nil {
 			return nil, err
 		}
-		_, room, err := rooms.Access(ctx, w.kv, req.Descriptor, r.Env.From)
+		_, room, err := w.gate.Access(ctx, req.Descriptor, r.Env.From)
 		if err != nil {
 			return nil, err
 		}

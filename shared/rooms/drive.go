@@ -49,7 +49,7 @@ func (w *Worker) attach(ctx context.Context, r *bus.Request) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, a.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, a.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +266,7 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}

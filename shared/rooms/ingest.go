@@ -116,6 +116,14 @@ func (w *Worker) record(ctx context.Context, subject string, data []byte) (outco
 	if !services && !room.IsMember(env.From) {
 		return 0, "sender is not a member", nil
 	}
+	if !services {
+		switch holds, err := w.gate.Holds(ctx, &room, env.From); {
+		case err != nil:
+			return 0, "", err
+		case !holds:
+			return 0, "sender has not presented the room's descriptor to a rooms or board verb", nil
+		}
+	}
 	if reason := senderRule(&room, facilitatorOf(room.Descriptor), env.From, services, payload); reason != "" {
 		return 0, reason, nil
 	}

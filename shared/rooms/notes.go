@@ -65,7 +65,7 @@ func (w *Worker) note(ctx context.Context, r *bus.Request) (any, error) {
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}
@@ -134,7 +134,7 @@ func (w *Worker) notes(ctx context.Context, r *bus.Request) (any, error) {
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}

@@ -95,6 +95,7 @@ func TestReclaim(t *testing.T) {
 	id, d := h.provision(ana, rooms.GradeCapability)
 	keepID, keepD := h.provision(ana, rooms.GradeCapability)
 	h.say(ana, id, "first")
+	h.must(holder, "cursor", map[string]any{"descriptor": d}) // presents the descriptor: holder.<id>.<holder>
 	h.say(holder, id, "second")
 	h.publish(protocol.RoomEventSubject(id, "main"), emit(t, ana, id, map[string]any{"type": "phase", "pattern": "review"}, nil))
 	h.say(ana, keepID, "kept")

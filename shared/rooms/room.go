@@ -37,6 +37,7 @@ import (
 //	note.<room_id>.<digest>.<agent>  one member's note on one drive file
 //	drive.<room_id>.<digest>         one drive file's metadata (the bytes are in MESH_DRIVE)
 //	cred.<room_id>.<agent>           the user keys of an acl member's live room credentials
+//	holder.<room_id>.<agent>         an agent that presented a capability or sealed room's descriptor (Gate)
 //	quota.<operator>                 an operator's durable rooms and drive bytes
 //	board.<room_id>.<item_id>        one work-board item (package board)
 const Bucket = "mesh_rooms"
@@ -267,9 +268,10 @@ func errNotMember(roomID string) error {
 // verifies, the room is durable and provisioned here (NOT_FOUND otherwise,
 // or once reclaimed or expired), the stored descriptor is the one the call
 // carries, and from is a member. It returns the descriptor and the room's
-// current record.
+// current record. It records from as a holder of a capability or sealed
+// room (holders.go) every time: a worker uses a Gate, which does so once.
 func Access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMessage, from string) (*Descriptor, *Room, error) {
-	return access(ctx, kv, rawDescriptor, from, false)
+	return NewGate(kv, nil, nil).Access(ctx, rawDescriptor, from)
 }
 
 // access is Access; closed admits a room being removed (ClosedAt set),

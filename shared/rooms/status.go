@@ -183,7 +183,7 @@ func (w *Worker) optionalAccess(ctx context.Context, r *bus.Request) error {
 	if len(p.Descriptor) == 0 || string(p.Descriptor) == "null" {
 		return nil
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return err
 	}

@@ -153,6 +153,9 @@ type Worker struct {
 
 	// core is the state of the record's ingest (core.go).
 	core coreState
+	// gate is Access, recording the holders of capability and sealed
+	// rooms, which the ingest asks about (holders.go).
+	gate *Gate
 }
 
 // endpoint is one verb the worker serves.
@@ -178,6 +181,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
+	w.gate = NewGate(w.kv, svc.NC, w.now)
 	if err := w.bindStreams(ctx); err != nil {
 		return fail(err)
 	}
