@@ -553,6 +553,20 @@ func TestDriveAttachFetchNotes(t *testing.T) {
 	if p := f.called("notes")[0].Payload; p["digest"] != nil {
 		t.Fatalf("notes of every file asked %v", p)
 	}
+	// Every page is read: next names where the next one starts.
+	f.answer("notes", func(r *bus.Request) (any, error) {
+		if r.Object()["after"] == "p1" {
+			return map[string]any{"notes": []any{map[string]any{"digest": digest, "verdict": "hold", "by": "b"}}}, nil
+		}
+		return map[string]any{"notes": []any{map[string]any{"digest": digest, "verdict": "pass", "by": "a"}}, "next": "p1"}, nil
+	})
+	if notes, err := c.Notes(t.Context(), "r", digest); err != nil || len(notes) != 2 || notes[0].By != "a" || notes[1].By != "b" {
+		t.Fatalf("paged notes: %+v %v", notes, err)
+	}
+	if calls := f.called("notes"); len(calls) != 3 || calls[1].Payload["after"] != nil || calls[2].Payload["after"] != "p1" ||
+		calls[2].Payload["digest"] != digest {
+		t.Fatalf("pages asked %+v", calls)
+	}
 }
 
 func TestBoardVerbs(t *testing.T) {

@@ -216,8 +216,11 @@ type Room struct {
 	// RecordMsgs and RecordBytes count the record (10,000 / 8 MB).
 	RecordMsgs  int64 `json:"record_msgs"`
 	RecordBytes int64 `json:"record_bytes"`
-	// DriveBytes counts the room's drive files.
+	// DriveBytes counts the room's drive: the bytes of its files and
+	// DriveEntryOverhead for each entry (file or link); DriveFiles counts
+	// its entries (at most Limits.DriveFiles).
 	DriveBytes int64 `json:"drive_bytes"`
+	DriveFiles int   `json:"drive_files"`
 	// ClosedAt is set when reclaim or idle expiry starts removing the
 	// room, and Why says which ("reclaimed" or "expired"): from then on
 	// Access refuses it and the record takes nothing more, and whichever

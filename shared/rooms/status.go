@@ -21,12 +21,22 @@ type Cursor struct {
 	At  time.Time `json:"at"`
 }
 
-// status answers mesh.rooms.status {descriptor}: the room's grade, its acl
-// members, the record's use against its limits, the cursors' high-water
-// mark and the caller's own cursor, and the drive.
+// status answers mesh.rooms.status {descriptor, drive_after?,
+// drive_limit?}: the room's grade, its acl members, the record's use
+// against its limits, the cursors' high-water mark and the caller's own
+// cursor, and the drive with one page of its entries (drive.next names
+// where the next page starts).
 func (w *Worker) status(ctx context.Context, r *bus.Request) (any, error) {
-	var p roomCall
+	var p struct {
+		roomCall
+		DriveAfter *string `json:"drive_after"`
+		DriveLimit *int    `json:"drive_limit"`
+	}
 	_, room, err := w.access(ctx, r, &p)
+	if err != nil {
+		return nil, err
+	}
+	after, limit, err := pageRequest(p.DriveAfter, p.DriveLimit, "drive_limit", MaxDrivePage, MaxDrivePage)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +60,7 @@ func (w *Worker) status(ctx context.Context, r *bus.Request) (any, error) {
 			mine = c
 		}
 	}
-	drive, err := w.driveStatus(ctx, room)
+	drive, err := w.driveStatus(ctx, room, after, limit)
 	if err != nil {
 		return nil, err
 	}
