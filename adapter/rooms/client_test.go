@@ -674,3 +674,31 @@ func TestNoServiceAndThePin(t *testing.T) {
 		t.Fatalf("an answer from the services key: %v", err)
 	}
 }
+
+// Mine reads every page of mesh.rooms.mine (next names where the next
+// starts).
+func TestMineReadsEveryPage(t *testing.T) {
+	f := newFakeMesh(t)
+	c := f.client(t, bustest.Agent(t), nil)
+	f.answer("mine", func(r *bus.Request) (any, error) {
+		if r.Object()["after"] == "k1" {
+			return map[string]any{"rooms": []any{map[string]any{"room_id": "b"}}}, nil
+		}
+		return map[string]any{"rooms": []any{map[string]any{"room_id": "a"}}, "next": "k1"}, nil
+	})
+	raw, err := c.Mine(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Rooms []struct {
+			RoomID string `json:"room_id"`
+		} `json:"rooms"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Rooms) != 2 || out.Rooms[0].RoomID != "a" || out.Rooms[1].RoomID != "b" {
+		t.Fatalf("mine: %s %v", raw, err)
+	}
+	if calls := f.called("mine"); len(calls) != 2 || calls[1].Payload["after"] != "k1" {
+		t.Fatalf("pages asked %+v", calls)
+	}
+}

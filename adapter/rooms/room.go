@@ -512,9 +512,28 @@ func (c *Client) Status(ctx context.Context, ref string) (map[string]any, error)
 }
 
 // Mine asks the rooms service for the rooms this agent created or was
-// admitted to (capability rooms merely held are not among them).
+// admitted to (capability rooms merely held are not among them): every
+// page, as one {rooms}.
 func (c *Client) Mine(ctx context.Context) (json.RawMessage, error) {
-	var out json.RawMessage
-	err := c.call(ctx, protocol.RoomVerbSubject("mine"), map[string]any{}, &out)
-	return out, err
+	all := []json.RawMessage{}
+	after := ""
+	for range maxReplayPages {
+		p := map[string]any{}
+		if after != "" {
+			p["after"] = after
+		}
+		var out struct {
+			Rooms []json.RawMessage `json:"rooms"`
+			Next  string            `json:"next"`
+		}
+		if err := c.call(ctx, protocol.RoomVerbSubject("mine"), p, &out); err != nil {
+			return nil, err
+		}
+		all = append(all, out.Rooms...)
+		if out.Next == "" || out.Next == after {
+			break
+		}
+		after = out.Next
+	}
+	return json.Marshal(map[string]any{"rooms": all})
 }

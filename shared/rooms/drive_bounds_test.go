@@ -92,7 +92,7 @@ func TestDriveLinkFlood(t *testing.T) {
 		t.Fatalf("pages of 60: %d pages", len(got))
 	}
 	for _, budget := range []int{pageBytes, 100_000} {
-		restore := setPageBytes(budget)
+		restore := SetPageBytes(budget)
 		byBytes := pages(map[string]any{"drive_limit": 5000}) // clamped to MaxDrivePage
 		restore()
 		for _, p := range byBytes {

@@ -1,6 +1,8 @@
 package rooms
 
-func setPageBytes(n int) (restore func()) {
+// SetPageBytes lowers the page budget for a test and returns what puts it
+// back.
+func SetPageBytes(n int) (restore func()) {
 	old := pageBytes
 	pageBytes = n
 	return func() { pageBytes = old }
