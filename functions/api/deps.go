@@ -12,6 +12,7 @@ import (
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/grant"
@@ -152,6 +153,10 @@ func NewDeps(b Backends) (*Deps, error) {
 		Mesh: b.Mesh, IdleTTL: s.GuestIdleTTL, Limits: s.GuestLimits, Class: guestClass, Now: b.Now, Log: b.Log.With("service", "guest")})
 	d.Registrar = registrar.New(registrar.Config{Store: b.Store, Mail: b.Mail, Signer: b.RegistrarKey, URL: b.RegistrarURL,
 		Now: b.Now, Log: b.Log.With("service", "registrar")})
+	d.Closure, err = newClosure(b, d)
+	if err != nil {
+		return nil, err
+	}
 	limit := s.RateLimit
 	if limit <= 0 {
 		limit = DefaultRateLimit
@@ -169,6 +174,7 @@ func NewDeps(b Backends) (*Deps, error) {
 		"passkeys":        true,
 		"cloud_grants":    map[string]any{"providers": []string{grant.ProviderGCP}, "configured": d.Grants != nil},
 		"nats_endpoints":  append(append([]string{}, b.Mesh.TCP...), b.Mesh.WS...),
+		"account_closure": d.Closure.Capabilities(),
 	}
 	return d, nil
 }
@@ -177,3 +183,22 @@ func NewDeps(b Backends) (*Deps, error) {
 // none is configured: one person clicking through the console never meets
 // it, a script hammering one route does.
 const DefaultRateLimit = 600
+
+// newClosure builds account closure from the services d already holds.
+// Without a bus connection the steps that need the bus (registry, catalog,
+// activity) and the audit purge are skipped, and closure says so.
+func newClosure(b Backends, d *Deps) (*closure.Service, error) {
+	cfg := closure.Config{Store: b.Store, Accounts: d.Accounts, Credentials: d.Credentials, Registrar: d.Registrar, Mail: b.Mail,
+		BrokerRevokes: b.Revoker != nil, ConsoleURL: b.ConsoleURL, Now: b.Now, Log: b.Log.With("service", "closure")}
+	if d.Grants != nil {
+		cfg.Deployer = d.Grants.GrantTo()
+	}
+	if b.Bus != nil {
+		js, err := jetstream.New(b.Bus.NC)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: jetstream: %w", err)
+		}
+		cfg.Bus, cfg.Chains = b.Bus, &closure.BusChains{JS: js}
+	}
+	return closure.New(cfg), nil
+}

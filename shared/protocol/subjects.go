@@ -36,6 +36,10 @@ const (
 	// SubjGuestErase asks the activity worker to erase the timeline rows
 	// and counters of guests whose leases ended: {keys:[...]} → {erased}.
 	SubjGuestErase = "mesh.internal.guest.erase"
+	// SubjRegistryRemove asks the registry to remove the registrations of
+	// the agents of a closed account, whatever they are:
+	// {agents:[...]} → {removed:[...]}.
+	SubjRegistryRemove = "mesh.internal.registry.remove"
 )
 
 // The catalog's writes (docs/bus-admission-activity.md "Catalog"): an
