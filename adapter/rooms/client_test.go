@@ -383,6 +383,23 @@ func TestSayJoinsFirst(t *testing.T) {
 	if p := payloadOf(t, envs[2]); p["channel"] != "main" || p["in_reply_to"] != s.ID {
 		t.Fatalf("reply %v", p)
 	}
+	if calls := f.called("cursor"); len(calls) != 1 {
+		t.Fatalf("the same process presented the descriptor again: %d cursor calls", len(calls))
+	}
+	// Another process with the room already joined in its store (a joined
+	// room from before, or one provisioned again under the same id, whose
+	// holders were forgotten) presents the descriptor once before its
+	// first message, without joining again.
+	cb2 := f.client(t, bob, func(c *Config) { c.Store = cb.Store() })
+	if _, err := cb2.Say(t.Context(), r.RoomID, "", "from another process", ""); err != nil {
+		t.Fatal(err)
+	}
+	if calls := f.called("cursor"); len(calls) != 2 || calls[1].From != bob.Public() {
+		t.Fatalf("a new process did not present the descriptor before its first message: %+v", calls)
+	}
+	if p := payloadOf(t, tr.await(t, 4)[3]); p["type"] != "say" {
+		t.Fatalf("a joined member joined again: %v", p)
+	}
 	if _, err := cb.Say(t.Context(), r.RoomID, "nope", "x", ""); errs.CodeOf(err) != errs.InputInvalid {
 		t.Fatalf("unknown channel: %v", err)
 	}

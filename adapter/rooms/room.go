@@ -292,12 +292,24 @@ func (c *Client) present(ctx context.Context, r Room) error {
 	if !r.Durable() || r.ACL() || r.Creator == c.AgentID() {
 		return nil
 	}
-	return c.roomCall(ctx, protocol.RoomVerbSubject("cursor"), r, nil, nil)
+	if _, done := c.presented.Load(r.RoomID); done {
+		return nil
+	}
+	if err := c.roomCall(ctx, protocol.RoomVerbSubject("cursor"), r, nil, nil); err != nil {
+		return err
+	}
+	c.presented.Store(r.RoomID, true)
+	return nil
 }
 
-// ensureJoined posts the join message before a member's first message.
+// ensureJoined posts the join message before a member's first message,
+// and presents the descriptor once per process before a message of a room
+// joined earlier.
 func (c *Client) ensureJoined(ctx context.Context, h Held, r Room) error {
 	if h.Joined {
+		if err := c.present(ctx, r); err != nil {
+			return fmt.Errorf("room %s: %w", r.RoomID, err)
+		}
 		return nil
 	}
 	return c.join(ctx, r)
