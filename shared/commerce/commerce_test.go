@@ -293,3 +293,36 @@ func TestPeriodKey(t *testing.T) {
 		t.Errorf("month %s", got)
 	}
 }
+
+// A responder's signed receipt, lifted into declared events and rated: the
+// path from payload.usage to a charge.
+func TestRateASignedReceipt(t *testing.T) {
+	responder, requester := mustKey(t), mustKey(t)
+	e, err := protocol.New(protocol.TypeRespond, responder.Public(), map[string]any{"status": "completed",
+		"usage": []any{map[string]any{"meter": "tokens_out", "quantity": 4210}, map[string]any{"meter": "tool_calls", "quantity": 3}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.To = requester.Public()
+	if err := e.Sign(responder); err != nil {
+		t.Fatal(err)
+	}
+	wire, _ := e.Marshal()
+	env, err := protocol.Decode(wire)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := metering.ReceiptFrom(env)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := commerce.ParsePrice([]byte(`{"model":"per_unit","currency":"USD","meter":"tokens_out","per":1000,"amount_micro":1500}`))
+	got, err := commerce.Rate(p, r.Events("caselaw-summary"), commerce.RateOptions{Agreed: true})
+	if err != nil || got != 6315 {
+		t.Fatalf("charge %d (%v), want 6315", got, err)
+	}
+	// Redelivered, the same receipt folds to the same quantities.
+	if totals := metering.Fold(append(r.Events(""), r.Events("")...)); totals["tokens_out"] != 4210 {
+		t.Fatalf("fold %v", totals)
+	}
+}
