@@ -245,7 +245,7 @@ func agreementSignatureBinds(signed map[string]any) error {
 	}
 	for _, member := range members(signed) {
 		s, ok := signed[member].(string)
-		if !ok || member == "sig" {
+		if !ok || s == "" || member == "sig" {
 			continue
 		}
 		c := obj(mustCopy(signed))
