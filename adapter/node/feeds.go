@@ -9,20 +9,21 @@ import (
 
 // Feed kinds (bus.md "Feeds").
 const (
-	FeedState  = "state"  // replaces the last value; the feeds worker keeps the latest
-	FeedStream = "stream" // ordered history
+	FeedState  = protocol.FeedKindState  // replaces the last value; the feeds worker keeps the latest
+	FeedStream = protocol.FeedKindStream // ordered history
 )
 
 // PublishFeed emits on the agent's own feed mesh.feed.<agent>.<topic> a
 // signed emit {topic, kind, data}. topic is one subject token.
 func (a *Agent) PublishFeed(topic, kind string, data any) error {
-	if !protocol.ValidToken(topic) {
+	subject, err := protocol.BuildFeedSubject(a.id, topic)
+	if err != nil {
 		return errs.Newf(errs.InvalidRequest, "feed topic %q must be one token of letters, digits, _ or -", topic)
 	}
-	if kind != FeedState && kind != FeedStream {
+	if !protocol.ValidFeedKind(kind) {
 		return errs.Newf(errs.InvalidRequest, "feed kind %q is not state or stream", kind)
 	}
-	return a.emit(protocol.FeedSubject(a.id, topic), map[string]any{"topic": topic, "kind": kind, "data": data})
+	return a.emit(subject, map[string]any{"topic": topic, "kind": kind, "data": data})
 }
 
 // Emit publishes a domain event on mesh.event.<topic>, where topic is

@@ -65,6 +65,12 @@ type Client struct {
 	aclMu  sync.Mutex
 	acl    map[string]*ACLConn
 	closed bool
+
+	// presented are the rooms this process has presented the descriptor
+	// of (present): once per process, so a room joined before, or one
+	// provisioned again under the same id (its holders forgotten), is
+	// presented before its first message here.
+	presented sync.Map
 }
 
 // New makes a client.

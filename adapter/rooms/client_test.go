@@ -360,6 +360,13 @@ func TestSayJoinsFirst(t *testing.T) {
 		t.Fatalf("say: %+v %v", s, err)
 	}
 	envs := tr.await(t, 2)
+	// The join presented the descriptor first, so the record takes bob's
+	// messages.
+	if calls := f.called("cursor"); len(calls) != 1 || calls[0].From != bob.Public() || calls[0].Payload["seq"] != nil {
+		t.Fatalf("the join presented the descriptor by %+v", calls)
+	} else {
+		descriptorOf(t, calls[0], r)
+	}
 	join, say := payloadOf(t, envs[0]), payloadOf(t, envs[1])
 	if join["type"] != "join" || join["member"] != bob.Public() || join["handle"] != "helper.ana@example.org" {
 		t.Fatalf("join %v", join)
@@ -375,6 +382,23 @@ func TestSayJoinsFirst(t *testing.T) {
 	envs = tr.await(t, 3)
 	if p := payloadOf(t, envs[2]); p["channel"] != "main" || p["in_reply_to"] != s.ID {
 		t.Fatalf("reply %v", p)
+	}
+	if calls := f.called("cursor"); len(calls) != 1 {
+		t.Fatalf("the same process presented the descriptor again: %d cursor calls", len(calls))
+	}
+	// Another process with the room already joined in its store (a joined
+	// room from before, or one provisioned again under the same id, whose
+	// holders were forgotten) presents the descriptor once before its
+	// first message, without joining again.
+	cb2 := f.client(t, bob, func(c *Config) { c.Store = cb.Store() })
+	if _, err := cb2.Say(t.Context(), r.RoomID, "", "from another process", ""); err != nil {
+		t.Fatal(err)
+	}
+	if calls := f.called("cursor"); len(calls) != 2 || calls[1].From != bob.Public() {
+		t.Fatalf("a new process did not present the descriptor before its first message: %+v", calls)
+	}
+	if p := payloadOf(t, tr.await(t, 4)[3]); p["type"] != "say" {
+		t.Fatalf("a joined member joined again: %v", p)
 	}
 	if _, err := cb.Say(t.Context(), r.RoomID, "nope", "x", ""); errs.CodeOf(err) != errs.InputInvalid {
 		t.Fatalf("unknown channel: %v", err)
@@ -546,6 +570,20 @@ func TestDriveAttachFetchNotes(t *testing.T) {
 	if p := f.called("notes")[0].Payload; p["digest"] != nil {
 		t.Fatalf("notes of every file asked %v", p)
 	}
+	// Every page is read: next names where the next one starts.
+	f.answer("notes", func(r *bus.Request) (any, error) {
+		if r.Object()["after"] == "p1" {
+			return map[string]any{"notes": []any{map[string]any{"digest": digest, "verdict": "hold", "by": "b"}}}, nil
+		}
+		return map[string]any{"notes": []any{map[string]any{"digest": digest, "verdict": "pass", "by": "a"}}, "next": "p1"}, nil
+	})
+	if notes, err := c.Notes(t.Context(), "r", digest); err != nil || len(notes) != 2 || notes[0].By != "a" || notes[1].By != "b" {
+		t.Fatalf("paged notes: %+v %v", notes, err)
+	}
+	if calls := f.called("notes"); len(calls) != 3 || calls[1].Payload["after"] != nil || calls[2].Payload["after"] != "p1" ||
+		calls[2].Payload["digest"] != digest {
+		t.Fatalf("pages asked %+v", calls)
+	}
 }
 
 func TestBoardVerbs(t *testing.T) {
@@ -651,5 +689,33 @@ func TestNoServiceAndThePin(t *testing.T) {
 	right := f.client(t, ana, func(cfg *Config) { cfg.ServicesKey = f.b.ServicesKey().Public() })
 	if _, err := right.Create(t.Context(), NewRoom{Name: "r"}); err != nil {
 		t.Fatalf("an answer from the services key: %v", err)
+	}
+}
+
+// Mine reads every page of mesh.rooms.mine (next names where the next
+// starts).
+func TestMineReadsEveryPage(t *testing.T) {
+	f := newFakeMesh(t)
+	c := f.client(t, bustest.Agent(t), nil)
+	f.answer("mine", func(r *bus.Request) (any, error) {
+		if r.Object()["after"] == "k1" {
+			return map[string]any{"rooms": []any{map[string]any{"room_id": "b"}}}, nil
+		}
+		return map[string]any{"rooms": []any{map[string]any{"room_id": "a"}}, "next": "k1"}, nil
+	})
+	raw, err := c.Mine(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out struct {
+		Rooms []struct {
+			RoomID string `json:"room_id"`
+		} `json:"rooms"`
+	}
+	if err := json.Unmarshal(raw, &out); err != nil || len(out.Rooms) != 2 || out.Rooms[0].RoomID != "a" || out.Rooms[1].RoomID != "b" {
+		t.Fatalf("mine: %s %v", raw, err)
+	}
+	if calls := f.called("mine"); len(calls) != 2 || calls[1].Payload["after"] != "k1" {
+		t.Fatalf("pages asked %+v", calls)
 	}
 }

@@ -277,7 +277,9 @@ func (c *Client) Note(ctx context.Context, ref, digest, verdict, reason string, 
 	return out, err
 }
 
-// Notes reads the notes on one file (digest), or on every noted file.
+// Notes reads the notes on one file (digest), or on every noted file:
+// every page (the service answers at most 200 notes at once, and names
+// where the next page starts in next).
 func (c *Client) Notes(ctx context.Context, ref, digest string) ([]Note, error) {
 	_, r, err := c.room(ref)
 	if err != nil {
@@ -286,18 +288,28 @@ func (c *Client) Notes(ctx context.Context, ref, digest string) ([]Note, error) 
 	if err := durable(r, "drive"); err != nil {
 		return nil, err
 	}
-	extra := map[string]any{}
-	if digest != "" {
-		extra["digest"] = digest
+	notes := []Note{}
+	after := ""
+	for range maxReplayPages {
+		extra := map[string]any{}
+		if digest != "" {
+			extra["digest"] = digest
+		}
+		if after != "" {
+			extra["after"] = after
+		}
+		var out struct {
+			Notes []Note `json:"notes"`
+			Next  string `json:"next"`
+		}
+		if err := c.roomCall(ctx, protocol.RoomVerbSubject("notes"), r, extra, &out); err != nil {
+			return nil, err
+		}
+		notes = append(notes, out.Notes...)
+		if out.Next == "" || out.Next == after {
+			break
+		}
+		after = out.Next
 	}
-	var out struct {
-		Notes []Note `json:"notes"`
-	}
-	if err := c.roomCall(ctx, protocol.RoomVerbSubject("notes"), r, extra, &out); err != nil {
-		return nil, err
-	}
-	if out.Notes == nil {
-		out.Notes = []Note{}
-	}
-	return out.Notes, nil
+	return notes, nil
 }

@@ -269,6 +269,9 @@ func (c *Client) Join(ctx context.Context, ref string) (Held, error) {
 }
 
 func (c *Client) join(ctx context.Context, r Room) error {
+	if err := c.present(ctx, r); err != nil {
+		return fmt.Errorf("join room %s: %w", r.RoomID, err)
+	}
 	p := map[string]any{"type": "join", "member": c.AgentID()}
 	if c.cfg.Handle != "" {
 		p["handle"] = c.cfg.Handle
@@ -279,9 +282,34 @@ func (c *Client) join(ctx context.Context, r Room) error {
 	return c.cfg.Store.MarkJoined(r.RoomID)
 }
 
-// ensureJoined posts the join message before a member's first message.
+// present shows the rooms service the descriptor of a durable capability
+// or sealed room this agent did not create, with a read of its cursor:
+// the record takes such a room's messages only from agents that have
+// presented its descriptor to a rooms or board verb (docs/bus-rooms.md),
+// and a join is a member's first message. The creator (who provisioned
+// it) and acl members (on the admit list) need not.
+func (c *Client) present(ctx context.Context, r Room) error {
+	if !r.Durable() || r.ACL() || r.Creator == c.AgentID() {
+		return nil
+	}
+	if _, done := c.presented.Load(r.RoomID); done {
+		return nil
+	}
+	if err := c.roomCall(ctx, protocol.RoomVerbSubject("cursor"), r, nil, nil); err != nil {
+		return err
+	}
+	c.presented.Store(r.RoomID, true)
+	return nil
+}
+
+// ensureJoined posts the join message before a member's first message,
+// and presents the descriptor once per process before a message of a room
+// joined earlier.
 func (c *Client) ensureJoined(ctx context.Context, h Held, r Room) error {
 	if h.Joined {
+		if err := c.present(ctx, r); err != nil {
+			return fmt.Errorf("room %s: %w", r.RoomID, err)
+		}
 		return nil
 	}
 	return c.join(ctx, r)
@@ -496,9 +524,28 @@ func (c *Client) Status(ctx context.Context, ref string) (map[string]any, error)
 }
 
 // Mine asks the rooms service for the rooms this agent created or was
-// admitted to (capability rooms merely held are not among them).
+// admitted to (capability rooms merely held are not among them): every
+// page, as one {rooms}.
 func (c *Client) Mine(ctx context.Context) (json.RawMessage, error) {
-	var out json.RawMessage
-	err := c.call(ctx, protocol.RoomVerbSubject("mine"), map[string]any{}, &out)
-	return out, err
+	all := []json.RawMessage{}
+	after := ""
+	for range maxReplayPages {
+		p := map[string]any{}
+		if after != "" {
+			p["after"] = after
+		}
+		var out struct {
+			Rooms []json.RawMessage `json:"rooms"`
+			Next  string            `json:"next"`
+		}
+		if err := c.call(ctx, protocol.RoomVerbSubject("mine"), p, &out); err != nil {
+			return nil, err
+		}
+		all = append(all, out.Rooms...)
+		if out.Next == "" || out.Next == after {
+			break
+		}
+		after = out.Next
+	}
+	return json.Marshal(map[string]any{"rooms": all})
 }

@@ -2,8 +2,9 @@
 // against this project's own code.
 //
 // Each fixture file has a checker that walks the file's own structure and
-// turns every vector or case into a call into shared/protocol (or errs,
-// keys), comparing what our code produces with what the fixture pins. No
+// turns every vector or case into a call into the project's own code where
+// the runtime uses it (shared/protocol, commerce, metering, feeds, sow),
+// comparing what our code produces with what the fixture pins. No
 // vector name or count is hard-coded: a directory of newer fixtures with the
 // same file names and shapes runs unchanged.
 //
@@ -75,8 +76,46 @@ func (r *Report) OK() bool {
 	return f == 0
 }
 
-// Write prints one line per vector and the closing summary line
-// "N passed, M failed".
+// FileCount is one file's totals.
+type FileCount struct {
+	File                     string
+	Passed, Failed, Deferred int
+}
+
+// PerFile returns each run file's totals, in run order; a file that could
+// not be read or parsed counts one failure.
+func (r *Report) PerFile() []FileCount {
+	out := make([]FileCount, 0, len(r.Files))
+	at := map[string]int{}
+	for _, f := range r.Files {
+		at[f] = len(out)
+		out = append(out, FileCount{File: f})
+	}
+	for _, res := range r.Results {
+		c := &out[at[res.File]]
+		switch res.Status {
+		case Pass:
+			c.Passed++
+		case Fail:
+			c.Failed++
+		case Deferred:
+			c.Deferred++
+		}
+	}
+	for _, err := range r.FileErrors {
+		for i := range out {
+			if strings.HasPrefix(err.Error(), out[i].File+":") {
+				out[i].Failed++
+				break
+			}
+		}
+	}
+	return out
+}
+
+// Write prints one line per vector, one summary line per file ("file: N
+// passed, M failed[, D deferred]") and the closing summary line "N passed,
+// M failed".
 func (r *Report) Write(w io.Writer) {
 	for _, res := range r.Results {
 		line := fmt.Sprintf("%-8s %s/%s", res.Status, res.File, res.Name)
@@ -87,6 +126,13 @@ func (r *Report) Write(w io.Writer) {
 	}
 	for _, err := range r.FileErrors {
 		fmt.Fprintf(w, "%-8s %v\n", Fail, err)
+	}
+	for _, c := range r.PerFile() {
+		line := fmt.Sprintf("%s: %d passed, %d failed", c.File, c.Passed, c.Failed)
+		if c.Deferred > 0 {
+			line += fmt.Sprintf(", %d deferred", c.Deferred)
+		}
+		fmt.Fprintln(w, line)
 	}
 	p, f, d := r.Counts()
 	if d > 0 {
@@ -110,6 +156,15 @@ var checkers = map[string]checker{
 	"naming.json":              checkNaming,
 	"sender-preflight.json":    checkPreflight,
 	"signature-tags.json":      checkSignatureTags,
+	"commerce.json":            checkCommerce,
+	"metering.json":            checkMetering,
+	"feeds.json":               checkFeeds,
+	"sow-terms.json":           checkSowTerms,
+	"sow-pricing.json":         checkSowPricing,
+	"sow-data-use.json":        checkSowDataUse,
+	"sow-reporting.json":       checkSowReporting,
+	"sow-subcontracting.json":  checkSowSubcontracting,
+	"sow-disputes.json":        checkSowDisputes,
 }
 
 // KnownFiles lists the fixture names the runner understands.
@@ -288,5 +343,3 @@ func quoteDiff(got, want string) error {
 	}
 	return fmt.Errorf("got %q, want %q", clip(got), clip(want))
 }
-
-var _ = strings.TrimSpace

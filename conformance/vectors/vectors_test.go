@@ -102,3 +102,76 @@ func TestRunMissingDir(t *testing.T) {
 		t.Fatal("a missing directory must be an error")
 	}
 }
+
+// The new fixture families are judged the same way: in a directory of
+// other vectors with the same shapes, correct ones pass and wrong ones
+// fail, and the summary counts each file.
+func TestRunnerJudgesCommerceAndEngagementVectors(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, body string) {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	perUnit := `{"model":"per_unit","currency":"USD","meter":"tokens_out","per":1000,"amount_micro":1500}`
+	write("commerce.json", `{"rating":{"cases":[
+		{"case":"right","price":`+perUnit+`,"events":[{"meter":"tokens_out","quantity":2000}],"expect_charge_micro":3000},
+		{"case":"wrong","price":`+perUnit+`,"events":[{"meter":"tokens_out","quantity":2000}],"expect_charge_micro":3001}]},
+	 "price":{"invalid":[{"case":"actually_valid","price":{"model":"free"},"why":"it is not"}]}}`)
+	write("metering.json", `{"idempotency":{"events":[{"meter":"m","envelope_id":"E","quantity":2},{"meter":"m","envelope_id":"E","quantity":2}],"expect_folded":{"m":4}}}`)
+	write("feeds.json", `{"subjects":{"build_cases":[{"id":"dots","agent":"UD3IZ2TLL7SK4WO7QRHMZS3IEUBPSN5XDCQOFB2XR2HG2PCMQBW2PDVF","topic":"a.b","verdict":"accept","subject":"x"}]}}`)
+	write("sow-reporting.json", `{"every":{"valid":[{"value":"P2D","ms":172800000},{"value":"P1D","ms":1}],"invalid":[{"value":"PT5M"}]}}`)
+	write("sow-pricing.json", `{"operator_fee":{"cap":{"cases":[
+		{"case":"maximal","cap_remaining":100,"basis":{"kind":"percent","percent":10},"max_rated_total":91,"fee":9,"client_total":100},
+		{"case":"closed_form","cap_remaining":100,"basis":{"kind":"percent","percent":10},"max_rated_total":90,"fee":9,"client_total":99}]}}}`)
+	write("sow-subcontracting.json", `{"conformance":{"cases":[{"name":"silent_missing","prime":{"reporting":{"level":"check_ins","every":"P1W","grade":"evidence"}},"sub":{},"violations":[]}]}}`)
+	write("sow-disputes.json", `{"verdict":{"valid":[{"name":"bad_split","verdict":{"verdict":"v1","role":"arbiter","engagement":"e","dispute":"d",
+		"disputed":{"currency":"XCR","amount":10},"split":{"provider":5,"client":6},"attribution":"a","basis":{"count":0,"ids_sha256":"`+strings.Repeat("a", 64)+`"},
+		"heard":{"provider":true,"client":true},"reasons":"r","produced_at":"2026-08-09T16:40:00Z","by":"UBMBH4BK6EIHQFVMHLSABFSQXB3JXUFZOXVZQTIERO33AD4HHAI3D7QP"}}]}}`)
+	r, err := Run(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Status{}
+	for _, res := range r.Results {
+		got[res.File+"/"+res.Name] = res.Status
+	}
+	want := map[string]Status{
+		"commerce.json/rating/right":                         Pass,
+		"commerce.json/rating/wrong":                         Fail,
+		"commerce.json/price/invalid/actually_valid":         Fail,
+		"metering.json/idempotency":                          Fail,
+		"feeds.json/subjects/build/dots":                     Fail,
+		"sow-reporting.json/every/valid/P2D":                 Pass,
+		"sow-reporting.json/every/valid/P1D":                 Fail,
+		"sow-reporting.json/every/invalid/0_\"PT5M\"":        Fail,
+		"sow-pricing.json/operator_fee/cap/maximal":          Pass,
+		"sow-pricing.json/operator_fee/cap/closed_form":      Fail,
+		"sow-subcontracting.json/conformance/silent_missing": Fail,
+		"sow-disputes.json/verdict/valid/bad_split":          Fail,
+	}
+	for k, w := range want {
+		if got[k] != w {
+			t.Errorf("%s: %q, want %q", k, got[k], w)
+		}
+	}
+	if len(r.Results) != len(want) {
+		t.Errorf("%d results, want %d: %v", len(r.Results), len(want), got)
+	}
+	counts := map[string]FileCount{}
+	for _, c := range r.PerFile() {
+		counts[c.File] = c
+	}
+	if c := counts["commerce.json"]; c.Passed != 1 || c.Failed != 2 {
+		t.Errorf("commerce.json counts %+v", c)
+	}
+	var out bytes.Buffer
+	r.Write(&out)
+	if !strings.Contains(out.String(), "\nsow-reporting.json: 1 passed, 2 failed\n") {
+		t.Errorf("no per-file line for sow-reporting.json in:\n%s", out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if last := lines[len(lines)-1]; last != "3 passed, 9 failed" {
+		t.Errorf("closing line %q", last)
+	}
+}

@@ -17,6 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/grant"
@@ -39,6 +40,8 @@ type Deps struct {
 	// Grants is the cloud grants and the deployment manager; nil without a
 	// deployer service account (the grant routes answer 501).
 	Grants *grant.Service
+	// Closure closes accounts (shared/closure).
+	Closure *closure.Service
 	// Bus is the control plane's signed way onto the bus (the services
 	// key), for the jobs that ask a bus worker (RoomSweep); nil without a
 	// bus connection.

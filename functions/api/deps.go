@@ -15,6 +15,7 @@ import (
 	"agentmesh.dev/mesh/shared/accountview"
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/grant"
@@ -193,6 +194,10 @@ func NewDeps(b Backends) (*Deps, error) {
 		Mesh: b.Mesh, IdleTTL: s.GuestIdleTTL, Limits: s.GuestLimits, Class: guestClass, Now: b.Now, Log: b.Log.With("service", "guest")})
 	d.Registrar = registrar.New(registrar.Config{Store: b.Store, Mail: b.Mail, Signer: b.RegistrarKey, URL: b.RegistrarURL,
 		Now: b.Now, Log: b.Log.With("service", "registrar")})
+	d.Closure, err = newClosure(b, d)
+	if err != nil {
+		return nil, err
+	}
 	limit := s.RateLimit
 	if limit <= 0 {
 		limit = DefaultRateLimit
@@ -210,6 +215,7 @@ func NewDeps(b Backends) (*Deps, error) {
 		"passkeys":        true,
 		"cloud_grants":    map[string]any{"providers": []string{grant.ProviderGCP}, "configured": d.Grants != nil},
 		"nats_endpoints":  append(append([]string{}, b.Mesh.TCP...), b.Mesh.WS...),
+		"account_closure": d.Closure.Capabilities(),
 		"audit":           auditCapabilities(d.Audit),
 	}
 	if b.Bus != nil {
@@ -252,3 +258,22 @@ func (l accountActions) AgentAction(ctx context.Context, a credential.AgentActio
 // none is configured: one person clicking through the console never meets
 // it, a script hammering one route does.
 const DefaultRateLimit = 600
+
+// newClosure builds account closure from the services d already holds.
+// Without a bus connection the steps that need the bus (registry, catalog,
+// activity) and the audit purge are skipped, and closure says so.
+func newClosure(b Backends, d *Deps) (*closure.Service, error) {
+	cfg := closure.Config{Store: b.Store, Accounts: d.Accounts, Credentials: d.Credentials, Registrar: d.Registrar, Mail: b.Mail,
+		BrokerRevokes: b.Revoker != nil, ConsoleURL: b.ConsoleURL, Now: b.Now, Log: b.Log.With("service", "closure")}
+	if d.Grants != nil {
+		cfg.Deployer = d.Grants.GrantTo()
+	}
+	if b.Bus != nil {
+		js, err := jetstream.New(b.Bus.NC)
+		if err != nil {
+			return nil, fmt.Errorf("control plane: jetstream: %w", err)
+		}
+		cfg.Bus, cfg.Chains = b.Bus, &closure.BusChains{JS: js}
+	}
+	return closure.New(cfg), nil
+}

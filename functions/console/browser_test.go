@@ -95,6 +95,7 @@ type page struct {
 	w     *world
 	shots string
 	n     int
+	auth  webauthn.AuthenticatorID
 }
 
 // needBrowser finds the browser, or skips the test saying why; with CI set
@@ -155,7 +156,7 @@ func openPage(t *testing.T, w *world, exe string) *page {
 	if _, err := chromedp.Call(ctx, webauthn.Enable, webauthn.EnableParams{}); err != nil {
 		t.Fatalf("start the browser and enable WebAuthn: %v", err)
 	}
-	_, err := chromedp.Call(ctx, webauthn.AddVirtualAuthenticator, webauthn.AddVirtualAuthenticatorParams{
+	va, err := chromedp.Call(ctx, webauthn.AddVirtualAuthenticator, webauthn.AddVirtualAuthenticatorParams{
 		Options: &webauthn.VirtualAuthenticatorOptions{
 			Protocol:                    webauthn.AuthenticatorProtocolCtap2,
 			Transport:                   webauthn.AuthenticatorTransportInternal,
@@ -167,6 +168,7 @@ func openPage(t *testing.T, w *world, exe string) *page {
 	if err != nil {
 		t.Fatalf("virtual authenticator: %v", err)
 	}
+	p.auth = va.AuthenticatorID
 	return p
 }
 
@@ -438,6 +440,78 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the Cloud page is wider than a phone screen (%v): %s", err, wide)
 	}
 	p.shot("cloud-phone")
+	p.do("desktop-sized", chromedp.EmulateViewport(1200, 900))
+
+	p.records()
+	p.closeAccount(agentID, "helper.ana@example.org")
+}
+
+// signCount is the virtual authenticator's signature counter: it moves on
+// every assertion.
+func (p *page) signCount() float64 {
+	p.t.Helper()
+	res, err := chromedp.Call(p.ctx, webauthn.GetCredentials, webauthn.GetCredentialsParams{AuthenticatorID: p.auth})
+	if err != nil || len(res.Credentials) != 1 {
+		p.t.Fatalf("the authenticator's credentials: %v %v", res, err)
+	}
+	return res.Credentials[0].SignCount
+}
+
+// records opens the Records page: the export's download link and the
+// anchors (a table, or a sentence saying why there is none).
+func (p *page) records() {
+	p.t.Helper()
+	p.do("open records", chromedp.Navigate(p.w.console+"records"), chromedp.WaitVisible(chromedp.CSS(`#audit-export`)))
+	if href, err := chromedp.Run(p.ctx, chromedp.AttributeValue(chromedp.CSS(`#audit-export`), "href")); err != nil || href.Value != "/console/records/audit-export" {
+		p.t.Errorf("the export link: %q %v", href.Value, err)
+	}
+	if n, err := chromedp.Run(p.ctx, chromedp.Evaluate[int](`document.querySelectorAll("#anchors, #anchors-note").length`)); err != nil || n != 1 {
+		p.t.Errorf("the anchors: neither a table nor a note (%v)", err)
+	}
+	p.shot("records")
+}
+
+// closeAccount closes the account on the Close account page: the preview
+// names the agent's handles and the cloud grant's binding, the form runs
+// a passkey assertion before it posts (the authenticator signs once
+// more), and the answer is the closed page with the outstanding list. The
+// session is gone, and the handle no longer resolves.
+func (p *page) closeAccount(agentID, handle string) {
+	p.t.Helper()
+	p.do("open close", chromedp.Navigate(p.w.console+"close"), chromedp.WaitVisible(chromedp.CSS(`#close-form`)))
+	if got := p.text("#will-remove"); !strings.Contains(got, handle) {
+		p.t.Errorf("will remove: %q", got)
+	}
+	keeps := p.text("#will-not-remove")
+	for _, want := range []string{"remove-iam-policy-binding " + gSA, "projects/acme-agents/locations/europe-west1/workerPools/mesh-scout"} {
+		if !strings.Contains(keeps, want) {
+			p.t.Errorf("will not remove lacks %q: %q", want, keeps)
+		}
+	}
+	p.shot("close-preview")
+	before := p.signCount()
+	p.do("close the account", chromedp.Click(chromedp.CSS(`#close-confirm`)), chromedp.Click(chromedp.CSS(`#close-form button[type="submit"]`)),
+		chromedp.WaitVisible(chromedp.CSS(`#closed-notice`)))
+	if got := p.text("#closed-notice"); !strings.HasPrefix(got, "The account ana@example.org is closed") {
+		p.t.Fatalf("after closing: %q", got)
+	}
+	if after := p.signCount(); after <= before {
+		p.t.Errorf("no passkey assertion ran before the close form was sent (sign count %v → %v)", before, after)
+	}
+	if got := p.text("#outstanding"); !strings.Contains(got, "remove-iam-policy-binding") || !strings.Contains(got, "mesh-scout") {
+		p.t.Errorf("outstanding: %q", got)
+	}
+	p.shot("account-closed")
+	p.do("signed out", chromedp.Navigate(p.w.console), chromedp.WaitVisible(chromedp.CSS(`#email`)))
+	resp, err := http.Get(p.w.m.URLs().Registrar + "/api/resolve?handle=" + url.QueryEscape(handle))
+	if err != nil {
+		p.t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusNotFound {
+		p.t.Errorf("resolve %s after closing: %d", handle, resp.StatusCode)
+	}
+	_ = agentID
 }
 
 // cloud is the Cloud page against the fake Google: fill the setup form and

@@ -1,8 +1,10 @@
 // Package console is the web console for people (spec §1, {console_url}):
 // sign in with a mailed code, register a passkey, mint single-use agent keys
 // (am_) after a fresh passkey check, manage API tokens (amt_), claim
-// handles and start pairing through the registrar, and grant the mesh a
-// Google Cloud project and deploy agents there (the Cloud page).
+// handles and start pairing through the registrar, grant the mesh a
+// Google Cloud project and deploy agents there (the Cloud page), download
+// the signed audit export and read the public anchors (the Records page),
+// and close the account (the Close account page).
 //
 // It is one function group with one route, /console/ for every method: the
 // pages share their templates, static files, session cookie and CSRF
@@ -37,7 +39,7 @@ func handler(d *api.Deps) httpx.HandlerFunc {
 	if d.Accounts == nil {
 		return api.NotConfigured("the account service (and with it the console)")
 	}
-	cfg := Config{Accounts: d.Accounts, Grants: d.Grants, ConsoleURL: d.Accounts.ConsoleURL(), Log: d.Log, TrustedProxyHops: d.TrustedProxyHops}
+	cfg := Config{Accounts: d.Accounts, Grants: d.Grants, Closure: d.Closure, ConsoleURL: d.Accounts.ConsoleURL(), Log: d.Log, TrustedProxyHops: d.TrustedProxyHops}
 	// Without a registrar the Handles page says it is not configured. The
 	// nil check is on the pointer: a nil *Service inside the interface
 	// would not compare equal to nil.

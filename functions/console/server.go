@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/httpx"
@@ -31,6 +32,13 @@ type Config struct {
 	// Grants serves the Cloud page; nil makes that page say cloud grants
 	// are not configured on this instance.
 	Grants *grant.Service
+	// Closure serves the Close account page; nil makes that page say
+	// closing is not configured on this instance.
+	Closure *closure.Service
+	// Client fetches the Records page's data from the control plane's own
+	// routes on the console's host (GET /v1/anchors and the audit
+	// export); nil is a client with a 30 s timeout.
+	Client *http.Client
 	// ConsoleURL is where people open the console, e.g.
 	// http://localhost:8080/console/ or https://mesh.example.org/console/.
 	// Its scheme decides whether cookies are Secure, and its origin is the
@@ -48,6 +56,8 @@ type Server struct {
 	acc       *account.Service
 	reg       Registrar
 	grants    *grant.Service
+	closure   *closure.Service
+	client    *http.Client
 	log       *slog.Logger
 	origin    string // scheme://host of ConsoleURL ("" when unknown)
 	canonical *url.URL
@@ -118,7 +128,11 @@ func parsePages() map[string]*template.Template {
 
 // New builds the console.
 func New(cfg Config) *Server {
-	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, grants: cfg.Grants, log: cfg.Log, mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
+	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, grants: cfg.Grants, closure: cfg.Closure, client: cfg.Client, log: cfg.Log,
+		mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
+	if s.client == nil {
+		s.client = &http.Client{Timeout: 30 * time.Second}
+	}
 	if s.acc != nil {
 		s.outbox = s.acc.OutboxDir()
 	}
@@ -160,6 +174,10 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST "+p+"/cloud/verify", s.signedIn(s.verifyGrant))
 	s.mux.HandleFunc("POST "+p+"/cloud/forget", s.signedIn(s.forgetGrant))
 	s.mux.HandleFunc("POST "+p+"/cloud/deploy", s.signedIn(s.deployAgent))
+	s.mux.HandleFunc("GET "+p+"/records", s.signedIn(s.recordsPage))
+	s.mux.HandleFunc("GET "+p+"/records/audit-export", s.signedIn(s.auditExport))
+	s.mux.HandleFunc("GET "+p+"/close", s.signedIn(s.closePage))
+	s.mux.HandleFunc("POST "+p+"/close", s.signedIn(s.closeAccount))
 	s.mux.HandleFunc(p+"/", s.notFound)
 	return s
 }

@@ -10,6 +10,7 @@ import (
 	"agentmesh.dev/mesh/functions/accounts"
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/functions/audit"
+	"agentmesh.dev/mesh/functions/closure"
 	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/functions/credentials"
 	"agentmesh.dev/mesh/functions/grants"
@@ -22,5 +23,5 @@ import (
 // All returns every row. The table is checked (api.Check) by this
 // package's tests; a malformed row never reaches a deployment.
 func All() []api.Route {
-	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, console.Routes, rooms.Routes, audit.Routes)
+	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, closure.Routes, console.Routes, rooms.Routes, audit.Routes)
 }

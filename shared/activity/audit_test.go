@@ -61,7 +61,7 @@ func (h *harness) publishAnswer(agent string, data []byte, hdr nats.Header, n ui
 
 func (h *harness) chains() *audit.Chains {
 	h.t.Helper()
-	c, err := audit.BindChains(h.t.Context(), audit.ChainsConfig{JS: h.js})
+	c, err := audit.BindChains(h.t.Context(), h.js)
 	if err != nil {
 		h.t.Fatal(err)
 	}

@@ -464,17 +464,26 @@ func (w *Worker) admin(ctx context.Context, r *bus.Request) (any, error) {
 }
 
 // remove makes agent's entry a tombstone; it reports whether there was an
-// entry to remove.
+// entry to remove. An agent with no entry gets a tombstone too: the catalog
+// follows the registry asynchronously, so a registration it has not applied
+// yet (one made before the removal) must not list the agent afterwards.
+// Account closure removes entries right after it removes registrations.
 func (w *Worker) remove(ctx context.Context, agent string) (bool, error) {
 	now := protocol.FormatTime(w.svc.Now())
-	_, changed, err := bus.CAS(ctx, w.usage, CatalogPrefix+agent, func(cur *catalogRecord, exists bool) (*catalogRecord, error) {
-		if !exists || cur.removed() {
+	listed := false
+	_, _, err := bus.CAS(ctx, w.usage, CatalogPrefix+agent, func(cur *catalogRecord, exists bool) (*catalogRecord, error) {
+		listed = false
+		if exists && cur.removed() {
 			return nil, bus.ErrNoChange
 		}
-		return &catalogRecord{Entry: Entry{AgentID: agent}, RegistryRev: cur.RegistryRev, RemovedAt: now}, nil
+		var rev uint64
+		if exists {
+			listed, rev = true, cur.RegistryRev
+		}
+		return &catalogRecord{Entry: Entry{AgentID: agent}, RegistryRev: rev, RemovedAt: now}, nil
 	})
 	if err != nil {
 		return false, errs.OrUnavailable(err, "the catalog could not be written; try again")
 	}
-	return changed, nil
+	return listed, nil
 }

@@ -285,6 +285,36 @@ func TestCatalogIsPersistent(t *testing.T) {
 	}
 }
 
+// The operator removes an agent the catalog has not listed yet (account
+// closure removes right after the registration; the catalog follows the
+// registry asynchronously): a registration made before the removal that
+// the catalog applies only afterwards does not list the agent; one made
+// after it does.
+func TestCatalogRemovalBeforeTheRegistrationIsApplied(t *testing.T) {
+	h := start(t)
+	a := bustest.Agent(t).Public()
+	before := protocol.FormatTime(time.Now().Add(-time.Second))
+	out, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "remove": true})
+	if err != nil || out["removed"] != false {
+		t.Fatalf("removing an agent not listed: %v %v", out, err)
+	}
+	h.register(a, map[string]any{"name": "Closed", "visibility": "public", "registered_at": before})
+	marker := bustest.Agent(t).Public()
+	h.register(marker, map[string]any{"name": "Marker", "visibility": "public"})
+	c := h.waitCatalog(map[string]any{}, "the registration written after the late one", func(c catalog) bool {
+		_, ok := byID(c, marker)
+		return ok
+	})
+	if e, ok := byID(c, a); ok {
+		t.Fatalf("a registration older than the removal is listed: %+v", e)
+	}
+	h.register(a, map[string]any{"name": "Back", "visibility": "public", "registered_at": protocol.FormatTime(time.Now().Add(time.Second))})
+	h.waitCatalog(map[string]any{}, "a registration after the removal", func(c catalog) bool {
+		e, ok := byID(c, a)
+		return ok && e.Name == "Back"
+	})
+}
+
 // Past what one direct get answers (1,024 keys), the catalog is read
 // through a watch, and nothing is lost.
 func TestCatalogLargerThanOneBatch(t *testing.T) {

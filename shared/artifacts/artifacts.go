@@ -87,6 +87,14 @@ type Limits struct {
 	// Tombstone is how long a removed or expired artifact answers
 	// ARTIFACT_GONE rather than NOT_FOUND: 30 days.
 	Tombstone time.Duration
+	// StoreBytes bounds the object store as a whole (its MaxBytes), a
+	// backstop behind the owners' quotas: 4 GiB. A put past it is
+	// QUOTA_EXCEEDED. Every server reserves a stream's MaxBytes of its
+	// JetStream storage and refuses a stream that does not fit beside the
+	// others' (the audit chain's 8 GiB, the mailbox's 1 GiB, the feeds'
+	// 256 MiB; the cloud's servers have 15G, about 14 GiB), so the worker
+	// would not start with more than they have left.
+	StoreBytes int64
 }
 
 // Defaults.
@@ -101,13 +109,14 @@ const (
 	DefaultLinkTTL      = time.Hour
 	DefaultMaxLinkTTL   = 7 * 24 * time.Hour
 	DefaultTombstone    = 30 * 24 * time.Hour
+	DefaultStoreBytes   = 4 << 30
 	DefaultSweepEvery   = 10 * time.Minute
 )
 
 // DefaultLimits are the limits of the reference deployment.
 var DefaultLimits = Limits{ChunkBytes: DefaultChunkBytes, ObjectBytes: DefaultObjectBytes, OwnerBytes: DefaultOwnerBytes,
 	OwnerObjects: DefaultOwnerObjects, Retain: DefaultRetain, MaxRetain: DefaultMaxRetain, UploadTTL: DefaultUploadTTL,
-	LinkTTL: DefaultLinkTTL, MaxLinkTTL: DefaultMaxLinkTTL, Tombstone: DefaultTombstone}
+	LinkTTL: DefaultLinkTTL, MaxLinkTTL: DefaultMaxLinkTTL, Tombstone: DefaultTombstone, StoreBytes: DefaultStoreBytes}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -133,6 +142,7 @@ func (l Limits) withDefaults() Limits {
 	setD(l.LinkTTL, &d.LinkTTL)
 	setD(l.MaxLinkTTL, &d.MaxLinkTTL)
 	setD(l.Tombstone, &d.Tombstone)
+	set(l.StoreBytes, &d.StoreBytes)
 	return d
 }
 
@@ -141,6 +151,7 @@ func (l *Limits) Knobs() []ratelimit.Knob {
 	return []ratelimit.Knob{
 		ratelimit.SizeKnob("limit-artifact-bytes", "largest artifact the store keeps", 1<<20, &l.ObjectBytes),
 		ratelimit.SizeKnob("limit-artifact-owner-bytes", "bytes one agent's artifacts hold in all", 1<<20, &l.OwnerBytes),
+		ratelimit.SizeKnob("limit-artifact-store-bytes", "bytes the artifact store holds in all, every agent's artifacts together", 1<<20, &l.StoreBytes),
 		ratelimit.DurationKnob("limit-artifact-retain", "how long an artifact put without retain_days is kept", time.Hour, &l.Retain),
 		ratelimit.DurationKnob("limit-artifact-max-retain", "the longest retain_days honours", time.Hour, &l.MaxRetain),
 	}
@@ -190,7 +201,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	}
 	w.obj, err = svc.JS.CreateOrUpdateObjectStore(ctx, jetstream.ObjectStoreConfig{Bucket: ObjectStore,
 		Description: "artifact bytes, one object per part: <id>/<index>", Storage: jetstream.FileStorage,
-		Replicas: bus.Replicas(cfg.Replicas)})
+		MaxBytes: w.limits.StoreBytes, Replicas: bus.Replicas(cfg.Replicas)})
 	if err != nil {
 		return fail(fmt.Errorf("%s: object store %s: %w", Name, ObjectStore, err))
 	}
@@ -256,9 +267,17 @@ type object struct {
 	Size      int64  `json:"size"`
 	// DigestHex is the sha256 of the whole file: computed by put, declared
 	// by put.begin and checked by put.commit.
-	DigestHex  string `json:"digest"`
-	ChunkBytes int64  `json:"chunk_bytes"`
-	State      string `json:"state"`
+	DigestHex string `json:"digest"`
+	// PartDigests are the sha256 of each part as the commit read and
+	// hashed it, recorded by the same compare-and-set that seals the
+	// artifact. A part put that was checked while the upload was pending
+	// may still land after the commit hashed it; fetch serves a part only
+	// if its bytes hash to what is recorded here, so the bytes served
+	// always are the bytes the digest was computed over. (Empty on an
+	// artifact sealed before they were recorded.)
+	PartDigests []string `json:"part_digests,omitempty"`
+	ChunkBytes  int64    `json:"chunk_bytes"`
+	State       string   `json:"state"`
 	// Retain is the life the owner asked for, counted from the commit.
 	Retain    time.Duration `json:"retain"`
 	CreatedAt time.Time     `json:"created_at"`

@@ -189,7 +189,7 @@ func randomBytes(t testing.TB, n int) []byte {
 // its owner; usage follows.
 func TestArtifactsChunked(t *testing.T) {
 	h := start(t, 3, Limits{})
-	owner, other := bustest.Agent(t), bustest.Agent(t)
+	owner, other := h.agent(), h.agent()
 	data := randomBytes(t, 3<<20+12345)
 
 	stored := h.upload(owner, data, map[string]any{"name": "model.bin", "media_type": "application/x-model"})
@@ -248,7 +248,7 @@ func TestArtifactsChunked(t *testing.T) {
 
 func TestArtifactsPut(t *testing.T) {
 	h := start(t, 1, Limits{})
-	owner := bustest.Agent(t)
+	owner := h.agent()
 	data := []byte("a small report")
 
 	got := h.must(owner, "put", map[string]any{"data_b64": b64(data), "name": "report.txt", "media_type": "text/plain"})
@@ -285,7 +285,7 @@ func TestArtifactsPut(t *testing.T) {
 
 func TestArtifactsCommitChecks(t *testing.T) {
 	h := start(t, 3, Limits{ChunkBytes: 1000})
-	owner, other := bustest.Agent(t), bustest.Agent(t)
+	owner, other := h.agent(), h.agent()
 	data := randomBytes(t, 2500)
 
 	b := h.must(owner, "put.begin", map[string]any{"size": len(data), "digest": digestOf(data)})
@@ -355,7 +355,7 @@ func TestArtifactsCommitChecks(t *testing.T) {
 func TestArtifactsQuota(t *testing.T) {
 	const size, fits = 1000, 8
 	h := start(t, 3, Limits{OwnerBytes: fits * size, OwnerObjects: 10})
-	owner := bustest.Agent(t)
+	owner := h.agent()
 
 	var wg sync.WaitGroup
 	results := make([]map[string]any, 20)
@@ -387,7 +387,7 @@ func TestArtifactsQuota(t *testing.T) {
 	h.must(owner, "put.begin", map[string]any{"size": size, "digest": digestOf(make([]byte, size))})
 
 	// The object count.
-	small := bustest.Agent(t)
+	small := h.agent()
 	for range 10 {
 		h.must(small, "put", map[string]any{"data_b64": b64([]byte("x"))})
 	}
@@ -399,7 +399,7 @@ func TestArtifactsQuota(t *testing.T) {
 
 func TestArtifactsLink(t *testing.T) {
 	h := start(t, 1, Limits{})
-	owner, friend, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
+	owner, friend, stranger := h.agent(), h.agent(), h.agent()
 	data := []byte("shared for an hour")
 	stored := h.must(owner, "put", map[string]any{"data_b64": b64(data), "name": "notes.md"})
 	ref := stored["ref"].(string)
@@ -446,7 +446,7 @@ func TestArtifactsLink(t *testing.T) {
 // and their quota given back; a tombstone answers gone, then not found.
 func TestArtifactsSweep(t *testing.T) {
 	h := start(t, 3, Limits{})
-	owner := bustest.Agent(t)
+	owner := h.agent()
 	kept := h.must(owner, "put", map[string]any{"data_b64": b64([]byte("kept")), "retain_days": 3})
 	brief := h.must(owner, "put", map[string]any{"data_b64": b64([]byte("brief")), "retain_days": 1})
 	begun := h.must(owner, "put.begin", map[string]any{"size": 10, "digest": digestOf(make([]byte, 10))})

@@ -1,6 +1,7 @@
 package artifacts
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/base64"
@@ -30,17 +31,42 @@ func (w *Worker) put(ctx context.Context, r *bus.Request) (any, error) {
 	if p.part() {
 		return w.putPart(ctx, r.Env.From, p)
 	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
+		return nil, err
+	}
 	sum := sha256.Sum256(p.Data)
 	o, err := w.open(ctx, r.Env.From, int64(len(p.Data)), hex.EncodeToString(sum[:]), p.MediaType, p.Name, p.RetainDays)
 	if err != nil {
 		return nil, err
 	}
 	if _, err := w.obj.PutBytes(ctx, partName(o.ID, 0), p.Data); err != nil {
-		// Pending and reserved: the sweep gives the quota back at the
-		// upload's deadline.
-		return nil, fmt.Errorf("artifacts: store %s: %w", o.ID, err)
+		err = w.storeFailed(o.ID, err)
+		if errs.CodeOf(err) == errs.QuotaExceeded {
+			// Refused whole: nothing to wait for, the quota goes back now.
+			if _, _, derr := w.drop(context.WithoutCancel(ctx), o.ID, "the store was full", statePending); derr != nil {
+				w.svc.Log.Warn("artifacts: drop refused put", "id", o.ID, "err", derr)
+			}
+		}
+		// Otherwise pending and reserved: the sweep gives the quota back
+		// at the upload's deadline.
+		return nil, err
 	}
-	return w.seal(ctx, o.ID)
+	return w.seal(ctx, o.ID, []string{o.DigestHex})
+}
+
+// jsStoreFailed is the JetStream error of a message a stream refused to
+// store because one of its limits is reached: for the object store, its
+// MaxBytes (Limits.StoreBytes).
+const jsStoreFailed jetstream.ErrorCode = 10077
+
+// storeFailed is the answer to a put the object store did not keep: a
+// full store is QUOTA_EXCEEDED; anything else is the store's error.
+func (w *Worker) storeFailed(name string, err error) error {
+	if api := (*jetstream.APIError)(nil); errors.As(err, &api) && api.ErrorCode == jsStoreFailed {
+		return errs.Newf(errs.QuotaExceeded, "the mesh's artifact store is full (%d bytes in all): try again once artifacts expire, or ask the mesh's operator to raise it",
+			w.limits.StoreBytes)
+	}
+	return fmt.Errorf("artifacts: store %s: %w", name, err)
 }
 
 // begin answers mesh.artifacts.put.begin {size, digest, media_type?, name?,
@@ -51,6 +77,9 @@ func (w *Worker) put(ctx context.Context, r *bus.Request) (any, error) {
 func (w *Worker) begin(ctx context.Context, r *bus.Request) (any, error) {
 	b, err := parseBegin(r.Env.Payload, w.limits.ObjectBytes)
 	if err != nil {
+		return nil, err
+	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
 		return nil, err
 	}
 	o, err := w.open(ctx, r.Env.From, b.Size, b.DigestHex, b.MediaType, b.Name, b.RetainDays)
@@ -106,10 +135,27 @@ func (w *Worker) putPart(ctx context.Context, from string, p *putRequest) (any, 
 		return nil, errs.Newf(errs.InputInvalid, "part %d of upload %s is %d bytes, not %d: every part is chunk_bytes (%d) long but the last",
 			p.Index, o.ID, want, len(p.Data), o.ChunkBytes)
 	}
-	if _, err := w.obj.PutBytes(ctx, partName(o.ID, p.Index), p.Data); err != nil {
-		return nil, fmt.Errorf("artifacts: store %s: %w", partName(o.ID, p.Index), err)
+	answer := map[string]any{"object_id": o.ID, "index": p.Index, "size": len(p.Data)}
+	// A part is written once. Sent again with the same bytes it is kept
+	// as it is; other bytes are refused, so no part is replaced while a
+	// commit reads it (its chunks purged under the reader) or after the
+	// commit hashed it (fetch would refuse it: PartDigests).
+	sum := sha256.Sum256(p.Data)
+	info, err := w.partInfo(ctx, partName(o.ID, p.Index))
+	switch {
+	case err == nil:
+		if d, derr := jetstream.DecodeObjectDigest(info.Digest); derr == nil && bytes.Equal(d, sum[:]) {
+			return answer, nil
+		}
+		return nil, errs.Newf(errs.Conflict, "part %d of upload %s was sent already with other bytes, and a part cannot change: begin the upload again to send different bytes",
+			p.Index, o.ID)
+	case !errors.Is(err, jetstream.ErrObjectNotFound):
+		return nil, fmt.Errorf("artifacts: %s: %w", partName(o.ID, p.Index), err)
 	}
-	return map[string]any{"object_id": o.ID, "index": p.Index, "size": len(p.Data)}, nil
+	if _, err := w.obj.PutBytes(ctx, partName(o.ID, p.Index), p.Data); err != nil {
+		return nil, w.storeFailed(partName(o.ID, p.Index), err)
+	}
+	return answer, nil
 }
 
 // commit answers mesh.artifacts.put.commit {object_id}: it checks that
@@ -152,10 +198,13 @@ func (w *Worker) commit(ctx context.Context, r *bus.Request) (any, error) {
 		}
 	}
 	h := sha256.New()
-	for i := range o.parts() {
-		if err := w.readPart(ctx, o.ID, i, h); err != nil {
+	parts := make([]string, o.parts())
+	for i := range parts {
+		ph := sha256.New()
+		if err := w.readPart(ctx, o.ID, i, io.MultiWriter(h, ph)); err != nil {
 			return nil, err
 		}
+		parts[i] = hex.EncodeToString(ph.Sum(nil))
 	}
 	if got := hex.EncodeToString(h.Sum(nil)); got != o.DigestHex {
 		if _, _, err := w.drop(ctx, o.ID, "the bytes did not match the declared digest", statePending); err != nil {
@@ -164,7 +213,7 @@ func (w *Worker) commit(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.Newf(errs.InputInvalid, "the parts of upload %s hash to %s%s, not the declared %s%s: nothing was stored; begin again",
 			o.ID, DigestPrefix, got, DigestPrefix, o.DigestHex)
 	}
-	return w.seal(ctx, o.ID)
+	return w.seal(ctx, o.ID, parts)
 }
 
 // partInfo is a part's object info. The object store reads it with a
@@ -229,10 +278,19 @@ func (w *Worker) missingPart(ctx context.Context, id string, i int) error {
 	return errs.Newf(errs.ArtifactGone, "artifact %s was removed", Ref(id))
 }
 
+// partReadTimeout bounds the reading of one part (512 KiB, read in
+// milliseconds). The object store's reader waits for the chunks of the
+// version of the part it looked up; were the part replaced meanwhile,
+// they are purged and never come, and the call would wait out its whole
+// deadline.
+const partReadTimeout = 10 * time.Second
+
 // readPart copies part i of artifact id to dst (the object store checks
 // the part's own digest as it reads).
 func (w *Worker) readPart(ctx context.Context, id string, i int, dst io.Writer) error {
-	res, err := w.obj.Get(ctx, partName(id, i))
+	rctx, cancel := context.WithTimeout(ctx, partReadTimeout)
+	defer cancel()
+	res, err := w.obj.Get(rctx, partName(id, i))
 	if errors.Is(err, jetstream.ErrObjectNotFound) {
 		return w.missingPart(ctx, id, i)
 	}
@@ -246,12 +304,13 @@ func (w *Worker) readPart(ctx context.Context, id string, i int, dst io.Writer) 
 	return nil
 }
 
-// seal moves a pending artifact to stored, its life counted from now, and
-// answers it; an artifact another copy stored already is answered as it is.
-func (w *Worker) seal(ctx context.Context, id string) (any, error) {
+// seal moves a pending artifact to stored, its life counted from now, with
+// the digests of its parts as they were hashed, and answers it; an
+// artifact another copy stored already is answered as it is.
+func (w *Worker) seal(ctx context.Context, id string, partDigests []string) (any, error) {
 	now := w.now()
 	o, _, err := w.transition(ctx, id, []string{statePending}, func(o *object) {
-		o.State, o.ExpiresAt = stateStored, now.Add(o.Retain)
+		o.State, o.ExpiresAt, o.PartDigests = stateStored, now.Add(o.Retain), partDigests
 	})
 	if err != nil {
 		return nil, err
@@ -385,21 +444,24 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.Newf(errs.InputInvalid, "offset %d is outside the artifact's %d bytes", p.Offset, o.Size)
 	}
 	i := int(p.Offset / o.ChunkBytes)
-	data, err := w.obj.GetBytes(ctx, partName(o.ID, i))
-	if errors.Is(err, jetstream.ErrObjectNotFound) {
-		return nil, w.missingPart(ctx, o.ID, i)
+	var buf bytes.Buffer
+	if err := w.readPart(ctx, o.ID, i, &buf); err != nil {
+		return nil, err
 	}
-	if err != nil {
-		return nil, fmt.Errorf("artifacts: read %s: %w", partName(o.ID, i), err)
-	}
+	data := buf.Bytes()
 	if int64(len(data)) != o.partLen(i) {
 		return nil, fmt.Errorf("artifacts: %s is %d bytes, not %d", partName(o.ID, i), len(data), o.partLen(i))
 	}
-	if o.parts() == 1 {
+	sum := sha256.Sum256(data)
+	switch got := hex.EncodeToString(sum[:]); {
+	case len(o.PartDigests) == o.parts() && got != o.PartDigests[i]:
+		// Rewritten by a part put that raced the commit: these are not
+		// the bytes the digest was computed over.
+		w.svc.Log.Warn("artifacts: a part changed after its commit", "id", o.ID, "part", i)
+		return nil, errs.Newf(errs.ArtifactGone, "artifact %s was changed after its commit and can no longer be read: its owner must put it again", Ref(o.ID))
+	case o.parts() == 1 && got != o.DigestHex:
 		// A whole file in one answer: checked here as the reader will.
-		if sum := sha256.Sum256(data); hex.EncodeToString(sum[:]) != o.DigestHex {
-			return nil, fmt.Errorf("artifacts: %s does not match its digest", o.ID)
-		}
+		return nil, fmt.Errorf("artifacts: %s does not match its digest", o.ID)
 	}
 	data = data[p.Offset-int64(i)*o.ChunkBytes:]
 	next := p.Offset + int64(len(data))
@@ -518,6 +580,9 @@ func (w *Worker) link(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	if p.TTLSeconds < 0 {
 		return nil, errs.New(errs.InputInvalid, "ttl_s must not be negative (omit it for the default)")
+	}
+	if err := w.mayStore(ctx, r.Env.From); err != nil {
+		return nil, err
 	}
 	o, _, err := w.resolve(ctx, p.Ref)
 	if err != nil {

@@ -160,25 +160,6 @@ func OpenChains(ctx context.Context, cfg ChainsConfig) (*Chains, error) {
 	return newChains(cfg, st), nil
 }
 
-// ErrNoStream is returned by BindChains when the audit stream has not been
-// created yet.
-var ErrNoStream = errors.New("audit: the audit stream does not exist yet (the activity worker creates it)")
-
-// BindChains binds the audit stream as it is, without creating or
-// changing it: what the control plane does, which does not know the
-// stream's replicas and must not change them. cfg.Limits and
-// cfg.Replicas are not used.
-func BindChains(ctx context.Context, cfg ChainsConfig) (*Chains, error) {
-	st, err := cfg.JS.Stream(ctx, Stream)
-	if errors.Is(err, jetstream.ErrStreamNotFound) {
-		return nil, ErrNoStream
-	}
-	if err != nil {
-		return nil, fmt.Errorf("audit: stream %s: %w", Stream, err)
-	}
-	return newChains(cfg, st), nil
-}
-
 func newChains(cfg ChainsConfig, st jetstream.Stream) *Chains {
 	if cfg.Now == nil {
 		cfg.Now = time.Now

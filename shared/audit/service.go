@@ -105,7 +105,7 @@ func (s *Service) Chains(ctx context.Context) (*Chains, error) {
 	if s.cfg.JS == nil {
 		return nil, fmt.Errorf("%w: this instance has no bus connection", ErrUnavailable)
 	}
-	c, err := BindChains(ctx, ChainsConfig{JS: s.cfg.JS, Now: s.cfg.Now})
+	c, err := BindChains(ctx, s.cfg.JS)
 	if err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
@@ -114,18 +114,31 @@ func (s *Service) Chains(ctx context.Context) (*Chains, error) {
 }
 
 // ledger is the service's chains, bound on first use, as the anchorer's
-// Ledger and the exporter's ChainReader.
+// Ledger and the exporter's ChainReader. Before any writer has created
+// the stream no chain holds a row: that reads as no heads, rows or proofs.
 type ledger struct{ s *Service }
 
-func (l ledger) HeadsAt(ctx context.Context, t time.Time) ([]Head, error) {
+// chains binds the stream; nil, nil when it does not exist yet.
+func (l ledger) chains(ctx context.Context) (*Chains, error) {
 	c, err := l.s.Chains(ctx)
-	if err != nil {
+	if errors.Is(err, ErrNoChains) {
+		return nil, nil
+	}
+	return c, err
+}
+
+func (l ledger) HeadsAt(ctx context.Context, t time.Time) ([]Head, error) {
+	c, err := l.chains(ctx)
+	if c == nil {
 		return nil, err
 	}
 	return c.HeadsAt(ctx, t)
 }
 
 func (l ledger) RecordProofs(ctx context.Context, proofs []Proof) error {
+	if len(proofs) == 0 {
+		return nil
+	}
 	c, err := l.s.Chains(ctx)
 	if err != nil {
 		return err
@@ -134,16 +147,16 @@ func (l ledger) RecordProofs(ctx context.Context, proofs []Proof) error {
 }
 
 func (l ledger) Rows(ctx context.Context, agent string) ([]Row, error) {
-	c, err := l.s.Chains(ctx)
-	if err != nil {
+	c, err := l.chains(ctx)
+	if c == nil {
 		return nil, err
 	}
 	return c.Rows(ctx, agent)
 }
 
 func (l ledger) Proofs(ctx context.Context, agent string) ([]Proof, error) {
-	c, err := l.s.Chains(ctx)
-	if err != nil {
+	c, err := l.chains(ctx)
+	if c == nil {
 		return nil, err
 	}
 	return c.Proofs(ctx, agent)

@@ -24,6 +24,9 @@ type Worker struct {
 	svc    *bus.Service
 	kv     jetstream.KeyValue
 	limits Limits
+	// gate admits calls (rooms.Access) and records the holders of
+	// capability and sealed rooms, whose messages the record then takes.
+	gate *rooms.Gate
 
 	stopOnce sync.Once
 	stopErr  error
@@ -45,6 +48,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if w.kv, err = bus.Bucket(ctx, svc.JS, rooms.BucketConfig(cfg.Replicas)); err != nil {
 		return fail(err)
 	}
+	w.gate = rooms.NewGate(w.kv, svc.NC, svc.Now)
 	for verb, h := range map[string]func(context.Context, *call) (any, error){
 		VerbPost: w.post, VerbList: w.list, VerbClaim: w.claim,
 		VerbComplete: w.complete, VerbAbandon: w.abandon, VerbWithdraw: w.withdraw,
@@ -69,16 +73,18 @@ func (w *Worker) Stop() error {
 func (w *Worker) now() time.Time { return w.svc.Now().UTC().Truncate(time.Millisecond) }
 
 // call is one verified, admitted call: the caller, its payload and the room
-// it names.
+// it names, as stored (its grade and channels are the stored room's, never
+// those of the call's copy of the descriptor).
 type call struct {
 	from string
 	req  *request
-	d    *rooms.Descriptor
+	room *rooms.Room
 }
 
 // handler decodes and checks a call to verb, then admits it to the room
 // (rooms.Access: the descriptor verifies, the room is durable and
-// provisioned, the caller is a member) before h runs.
+// provisioned, the caller is a member; a holder of a capability or sealed
+// room's descriptor is recorded as one) before h runs.
 func (w *Worker) handler(verb string, h func(context.Context, *call) (any, error)) bus.Handler {
 	return func(ctx context.Context, r *bus.Request) (any, error) {
 		if r.Env.Type != protocol.TypeRequest && (verb != VerbList || r.Env.Type != protocol.TypeDiscover) {
@@ -88,11 +94,11 @@ func (w *Worker) handler(verb string, h func(context.Context, *call) (any, error
 		if err != nil {
 			return nil, err
 		}
-		d, _, err := rooms.Access(ctx, w.kv, req.Descriptor, r.Env.From)
+		_, room, err := w.gate.Access(ctx, req.Descriptor, r.Env.From)
 		if err != nil {
 			return nil, err
 		}
-		return h(ctx, &call{from: r.Env.From, req: req, d: d})
+		return h(ctx, &call{from: r.Env.From, req: req, room: room})
 	}
 }
 
@@ -110,7 +116,7 @@ func (w *Worker) lease(ms int64, def time.Duration) time.Duration {
 
 // post puts a new open item on the room's board.
 func (w *Worker) post(ctx context.Context, c *call) (any, error) {
-	room := c.d.RoomID
+	room := c.room.ID
 	now := w.now()
 	stored, err := w.scan(ctx, room)
 	if err != nil {
@@ -149,7 +155,7 @@ func (w *Worker) post(ctx context.Context, c *call) (any, error) {
 	if err != nil {
 		return nil, err
 	}
-	w.emit(c.d, EventPosted, item)
+	w.emit(c.room, EventPosted, item)
 	return map[string]any{"item": item}, nil
 }
 
@@ -191,7 +197,7 @@ func (w *Worker) withdraw(ctx context.Context, c *call) (any, error) {
 // when this copy's write made it, announces it as event. An item in state
 // withdrawn is removed rather than stored.
 func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *Item, now time.Time) (*Item, error)) (any, error) {
-	room, id := c.d.RoomID, c.req.ItemID
+	room, id := c.room.ID, c.req.ItemID
 	var shown *Item
 	var now time.Time
 	_, changed, err := bus.CAS(ctx, w.kv, key(room, id), func(cur *Item, exists bool) (*Item, error) {
@@ -218,7 +224,7 @@ func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *It
 	}
 	shown = view(shown, now)
 	if changed {
-		w.emit(c.d, event, shown)
+		w.emit(c.room, event, shown)
 	}
 	return map[string]any{"item": shown}, nil
 }
@@ -228,7 +234,7 @@ func (w *Worker) step(ctx context.Context, c *call, event string, f func(cur *It
 // last item it carries in next_after; listing again with after set to it
 // continues. The counts are always the whole board's.
 func (w *Worker) list(ctx context.Context, c *call) (any, error) {
-	stored, err := w.scan(ctx, c.d.RoomID)
+	stored, err := w.scan(ctx, c.room.ID)
 	if err != nil {
 		return nil, err
 	}
@@ -310,20 +316,24 @@ func (w *Worker) scan(ctx context.Context, room string) ([]entry, error) {
 }
 
 // emit announces a board event on the room's own traffic: a signed emit by
-// the services key, context_id the room, on the descriptor's first channel
+// the services key, context_id the room, on the stored room's first channel
 // (the acl namespace for an acl room). A failure is logged: the board is
 // the source of truth, the event a notice.
-func (w *Worker) emit(d *rooms.Descriptor, typ string, item *Item) {
-	subject := protocol.RoomEventSubject(d.RoomID, d.Channels[0])
-	if d.Privacy == rooms.GradeACL {
-		subject = protocol.ACLRoomSubject(d.RoomID, d.Channels[0])
+func (w *Worker) emit(room *rooms.Room, typ string, item *Item) {
+	if len(room.Channels) == 0 {
+		w.svc.Log.Warn("board event not published: the room has no channel", "room", room.ID, "event", typ)
+		return
+	}
+	subject := protocol.RoomEventSubject(room.ID, room.Channels[0])
+	if room.Privacy == rooms.GradeACL {
+		subject = protocol.ACLRoomSubject(room.ID, room.Channels[0])
 	}
 	err := func() error {
 		e, err := protocol.New(protocol.TypeEmit, w.svc.Key.Public(), Event{Type: typ, Item: item})
 		if err != nil {
 			return err
 		}
-		e.ContextID = d.RoomID
+		e.ContextID = room.ID
 		if err := e.Sign(w.svc.Key); err != nil {
 			return err
 		}
@@ -334,6 +344,6 @@ func (w *Worker) emit(d *rooms.Descriptor, typ string, item *Item) {
 		return w.svc.NC.Publish(subject, b)
 	}()
 	if err != nil {
-		w.svc.Log.Warn("board event not published", "room", d.RoomID, "event", typ, "item", item.ItemID, "err", err)
+		w.svc.Log.Warn("board event not published", "room", room.ID, "event", typ, "item", item.ItemID, "err", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"time"
 
@@ -101,13 +102,29 @@ type Revoker struct {
 	Trust *Trust
 	// Sys is a system-account connection (MintSystemUser).
 	Sys *nats.Conn
-	// mu serialises read-modify-write cycles from this process; the
-	// resolver itself applies whole JWTs, so two processes revoking at once
-	// can lose one update — callers retry what the store recorded.
+	// mu serialises read-modify-write cycles from this process. The
+	// resolver applies whole JWTs, keeping either of two issued in the
+	// same second, so another process (another copy of the rooms worker,
+	// the control plane) revoking at once can still replace this one's
+	// update: Revoke reads the account back and makes it again.
 	mu sync.Mutex
 }
 
-// Revoke implements the credential service's Revoker.
+// RevokeAttempts is how many times Revoke pushes a revocation before it
+// gives up on one that reading the account back still shows missing.
+const RevokeAttempts = 5
+
+// ReadBackSettle is how long Revoke waits after a push before reading the
+// account back, plus a random part up to as much again. A push that
+// replaces this one was built on a JWT read before this one arrived and
+// is sent at once, so it has arrived by then; the random part keeps two
+// revokers that collided from colliding again.
+const ReadBackSettle = 250 * time.Millisecond
+
+// Revoke implements the credential service's Revoker. It returns once the
+// broker's resolver holds every revocation (each key revoked at least up
+// to the second of at), pushing again on top of whatever update replaced
+// its own, up to RevokeAttempts times.
 func (r *Revoker) Revoke(ctx context.Context, keys []string, at time.Time) error {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -115,11 +132,42 @@ func (r *Revoker) Revoke(ctx context.Context, keys []string, at time.Time) error
 	if err != nil {
 		return fmt.Errorf("revoke: %w", err)
 	}
-	issued := claims.IssuedAt
-	if err := RevokeCredentials(claims, at, keys...); err != nil {
-		return err
+	for attempt := 1; ; attempt++ {
+		issued := claims.IssuedAt
+		if err := RevokeCredentials(claims, at, keys...); err != nil {
+			return err
+		}
+		if err := r.push(ctx, claims, issued); err != nil {
+			return err
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("revoke: read back: %w", ctx.Err())
+		case <-time.After(ReadBackSettle + rand.N(ReadBackSettle)):
+		}
+		if claims, err = r.current(ctx); err != nil {
+			return fmt.Errorf("revoke: read back: %w", err)
+		}
+		missing := unrevoked(claims, at, keys)
+		if missing == 0 {
+			return nil
+		}
+		if attempt == RevokeAttempts {
+			return fmt.Errorf("revoke: %d of %d revocations still missing at the broker after %d updates (other updates of the mesh account kept replacing them); revoke again",
+				missing, len(keys), attempt)
+		}
 	}
-	return r.push(ctx, claims, issued)
+}
+
+// unrevoked counts the keys ac does not revoke up to the second of at.
+func unrevoked(ac *jwt.AccountClaims, at time.Time, keys []string) int {
+	n := 0
+	for _, k := range keys {
+		if RevokedAt(ac, k).Unix() < at.Unix() {
+			n++
+		}
+	}
+	return n
 }
 
 // LookupGrace is how long the Revoker waits, after the first resolver

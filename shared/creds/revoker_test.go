@@ -112,3 +112,73 @@ func agentCredKey(t *testing.T) string {
 	}
 	return k.Public()
 }
+
+// Two revokers (two copies of the rooms worker, or a copy and the control
+// plane) revoking different keys at the same moments: each reads the same
+// account JWT, adds its own key and pushes; the resolver keeps one of two
+// JWTs issued in one second, so without reading back one revocation
+// would be lost. Every key is revoked at the end.
+func TestConcurrentRevokersLoseNothing(t *testing.T) {
+	m := startMesh(t)
+	const rounds = 4
+	revokers := make([]*creds.Revoker, 2)
+	for i := range revokers {
+		sys, err := m.ConnectSystem("test-revoker")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(sys.Close)
+		revokers[i] = &creds.Revoker{Trust: m.Trust(), Sys: sys}
+	}
+	ctx, cancel := context.WithTimeout(t.Context(), 2*time.Minute)
+	defer cancel()
+	keysOf := make([][]string, len(revokers))
+	for i := range keysOf {
+		for range rounds {
+			keysOf[i] = append(keysOf[i], agentCredKey(t))
+		}
+	}
+	errc := make(chan error, len(revokers)*rounds)
+	for round := range rounds {
+		// Both start each round together, so both read the same JWT.
+		start := make(chan struct{})
+		done := make(chan struct{}, len(revokers))
+		for i, r := range revokers {
+			go func() {
+				<-start
+				errc <- r.Revoke(ctx, []string{keysOf[i][round]}, time.Now())
+				done <- struct{}{}
+			}()
+		}
+		close(start)
+		for range revokers {
+			<-done
+		}
+	}
+	close(errc)
+	for err := range errc {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	msg, err := revokers[0].Sys.RequestWithContext(ctx, creds.AccountLookupSubject(m.Trust().PublicKeys().MeshAccount), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	claims, err := jwt.DecodeAccountClaims(string(msg.Data))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := 0
+	for i := range keysOf {
+		for round, k := range keysOf[i] {
+			if creds.RevokedAt(claims, k).IsZero() {
+				t.Errorf("revoker %d, round %d: revocation of %s lost", i, round, k)
+				lost++
+			}
+		}
+	}
+	if lost > 0 {
+		t.Errorf("%d of %d revocations lost", lost, len(revokers)*rounds)
+	}
+}

@@ -14,7 +14,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,10 +34,10 @@ const Name = "feeds"
 // Bucket is the KV bucket of latest envelopes, keyed <agent>.<topic>.
 const Bucket = "mesh_feeds"
 
-// Feed kinds.
+// Feed kinds (protocol.FeedKindState, protocol.FeedKindStream).
 const (
-	KindState  = "state"
-	KindStream = "stream"
+	KindState  = protocol.FeedKindState
+	KindStream = protocol.FeedKindStream
 )
 
 // Config tunes the worker; zero values take the defaults.
@@ -155,12 +154,8 @@ func (w *Worker) onPublish(msg *nats.Msg) {
 // of its feed. The broker already lets only the owner publish on its own
 // feeds; the checks here are defence in depth.
 func (w *Worker) publish(ctx context.Context, subject string, data []byte) (bool, error) {
-	rest, ok := strings.CutPrefix(subject, "mesh.feed.")
-	if !ok {
-		return false, errDrop
-	}
-	agent, topic, ok := strings.Cut(rest, ".")
-	if !ok || !keys.IsUserPublicKey(agent) || !protocol.ValidToken(topic) {
+	agent, topic, err := protocol.ParseFeedSubject(subject)
+	if err != nil {
 		return false, errDrop
 	}
 	env, err := protocol.Decode(data)
@@ -170,13 +165,7 @@ func (w *Worker) publish(ctx context.Context, subject string, data []byte) (bool
 	if protocol.CheckFreshness(env.TS, w.now(), protocol.SourceLive) != nil {
 		return false, errDrop
 	}
-	var p struct {
-		Topic *string         `json:"topic"`
-		Kind  *string         `json:"kind"`
-		Data  json.RawMessage `json:"data"`
-	}
-	if env.DecodePayload(&p) != nil || p.Topic == nil || *p.Topic != topic || p.Kind == nil ||
-		(*p.Kind != KindState && *p.Kind != KindStream) || p.Data == nil {
+	if _, err := PayloadOf(env, topic); err != nil {
 		return false, errDrop
 	}
 	ts, err := protocol.ParseTime(env.TS)
@@ -248,10 +237,10 @@ func (w *Worker) get(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	e, err := w.kv.Get(ctx, Key(agent, topic))
 	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return map[string]any{"found": false, "envelope": nil}, nil
+		return LookupAnswer(false, nil), nil
 	}
 	if err != nil {
 		return nil, fmt.Errorf("kv %s: get: %w", Bucket, err)
 	}
-	return map[string]any{"found": true, "envelope": json.RawMessage(e.Value())}, nil
+	return LookupAnswer(true, e.Value()), nil
 }

@@ -279,3 +279,16 @@ func TestFeedsRaceKeepsNewest(t *testing.T) {
 	}
 	h.latest(a, "t", wires[len(wires)-1])
 }
+
+func TestLookupShapes(t *testing.T) {
+	req := feeds.LookupRequest("UA", "status")
+	if len(req) != 2 || req["agent"] != "UA" || req["topic"] != "status" {
+		t.Fatalf("request %v", req)
+	}
+	if a := feeds.LookupAnswer(false, []byte("ignored")); a["found"] != false || a["envelope"] != nil {
+		t.Fatalf("not found %v", a)
+	}
+	if a := feeds.LookupAnswer(true, []byte(`{"id":"x"}`)); a["found"] != true || string(a["envelope"].(json.RawMessage)) != `{"id":"x"}` {
+		t.Fatalf("found %v", a)
+	}
+}

@@ -187,6 +187,11 @@ func Terminal(state string) bool {
 	return false
 }
 
+// IsFailure reports whether a task that ended in state failed. Only failed
+// does: exhausted (its budget or cap ran out), canceled and rejected are
+// ends, not failures, and a runtime must not record them as failed.
+func IsFailure(state string) bool { return state == StateFailed }
+
 // Cancelable reports whether a task in state may be canceled: submitted,
 // working, input_required or auth_required. The paused states are
 // cancelable on purpose, so a requester can stop at a budget pause and keep

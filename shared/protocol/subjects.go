@@ -36,6 +36,10 @@ const (
 	// SubjGuestErase asks the activity worker to erase the timeline rows
 	// and counters of guests whose leases ended: {keys:[...]} → {erased}.
 	SubjGuestErase = "mesh.internal.guest.erase"
+	// SubjRegistryRemove asks the registry to remove the registrations of
+	// the agents of a closed account, whatever they are:
+	// {agents:[...]} → {removed:[...]}.
+	SubjRegistryRemove = "mesh.internal.registry.remove"
 )
 
 // The catalog's writes (docs/bus-admission-activity.md "Catalog"): an
@@ -126,6 +130,9 @@ const (
 // inbox) names no client, and publishing on it with the services' rights
 // would let the sender write where it may not (docs/security.md).
 func IsClientReplySubject(s string) bool {
+	if inACLRoomReplies(s) {
+		return false
+	}
 	for _, p := range []string{"_INBOX.", privateInboxRoot + "."} {
 		if len(s) > len(p) && strings.HasPrefix(s, p) {
 			return true
@@ -142,6 +149,9 @@ func PrivateInboxPrefix(key string) string { return privateInboxRoot + "." + key
 // answers on, so a request cannot make either publish its signed answer
 // anywhere else.
 func IsReplySubject(s string) bool {
+	if inACLRoomReplies(s) {
+		return false
+	}
 	for _, p := range []string{"_INBOX.", privateInboxRoot + ".", RelayReplyPrefix + ".", ServiceInboxPrefix + "."} {
 		if len(s) > len(p) && strings.HasPrefix(s, p) {
 			return true
@@ -171,7 +181,17 @@ func RoomEventSubject(room, channel string) string { return "mesh.event.room." +
 func ACLRoomSubject(room, channel string) string { return "mesh.aclroom." + room + "." + channel }
 
 // ACLRoomInboxPrefix is the reply prefix of a room credential's connection.
-func ACLRoomInboxPrefix(room string) string { return "_INBOX.aclroom." + room }
+func ACLRoomInboxPrefix(room string) string { return aclRoomInboxRoot + "." + room }
+
+// aclRoomInboxRoot roots the acl rooms' reply spaces, inside the shared
+// _INBOX. namespace.
+const aclRoomInboxRoot = "_INBOX.aclroom"
+
+// inACLRoomReplies reports whether s lies in an acl room's reply space:
+// reachable on that room's credentials only, so neither a service nor an
+// agent answers there (a request naming it as its reply would put a signed
+// answer into a room the requester may not speak in).
+func inACLRoomReplies(s string) bool { return strings.HasPrefix(s, aclRoomInboxRoot+".") }
 
 // SubjRoomsSweep asks the rooms worker to expire idle rooms (the scheduled
 // job RoomSweep): {} → {expired}. Services only.

@@ -48,6 +48,9 @@ const (
 	ReasonVouchExpired = "vouch_expired"
 	ReasonSandboxIdle  = "sandbox_idle"
 	ReasonLeaseEnded   = "guest_lease_ended"
+	// ReasonAccountClosed is the reason of a registration removed because
+	// its agent's account was closed (mesh.internal.registry.remove).
+	ReasonAccountClosed = "account_closed"
 )
 
 // Defaults.
@@ -138,6 +141,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 		{"get", protocol.SubjRegistryGetPfx + "*", w.get},
 		{"nodes-list", protocol.SubjNodesList, w.nodesList},
 		{"guest-evict", protocol.SubjGuestEvict, w.evictGuests},
+		{"remove", protocol.SubjRegistryRemove, w.remove},
 	} {
 		if err := svc.Endpoint(ep.name, ep.subject, ep.h); err != nil {
 			return fail(fmt.Errorf("%s: endpoint %s: %w", Name, ep.subject, err))

@@ -78,7 +78,7 @@ func (w *Worker) admit(ctx context.Context, r *bus.Request) (any, error) {
 	roster := w.limits.Roster
 	_, changed, err := bus.CAS(ctx, w.kv, RoomKey(d.RoomID), func(cur *Room, exists bool) (*Room, error) {
 		switch {
-		case !exists:
+		case !exists || cur.ClosedAt != nil:
 			return nil, errACLRoomGone(d.RoomID)
 		case cur.IsMember(req.AgentID):
 			return nil, bus.ErrNoChange
@@ -136,7 +136,7 @@ func (w *Worker) expel(ctx context.Context, r *bus.Request) (any, error) {
 	severity := normalSeverity(req.Severity)
 	roster := w.limits.Roster
 	_, changed, err := bus.CAS(ctx, w.kv, RoomKey(d.RoomID), func(cur *Room, exists bool) (*Room, error) {
-		if !exists {
+		if !exists || cur.ClosedAt != nil {
 			return nil, errACLRoomGone(d.RoomID)
 		}
 		was := slices.Contains(cur.Members, req.Member)
@@ -255,8 +255,14 @@ func (w *Worker) credential(ctx context.Context, r *bus.Request) (any, error) {
 }
 
 // mayHoldCredential refuses an agent a room credential unless it is a
-// member; the expelled list is read first, to say why.
+// member of a room that is not being removed; the expelled list is read
+// first, to say why. (A credential recorded after removal listed the
+// room's credentials would never be revoked: the check after minting
+// takes it back.)
 func mayHoldCredential(room *Room, agent string) error {
+	if room.ClosedAt != nil {
+		return errACLRoomGone(room.ID)
+	}
 	if slices.Contains(room.Expelled, agent) {
 		return errs.Newf(errs.Forbidden, "you were expelled from room %s; only its creator can admit you again", room.ID)
 	}
@@ -267,17 +273,14 @@ func mayHoldCredential(room *Room, agent string) error {
 }
 
 // aclRoom reads the acl room a verb names, for verb: the descriptor
-// verifies, names an acl room, and is the one the room was provisioned
-// with; the room is read through its stream's leader. Membership is each
+// verifies and is the one the room was provisioned with, and the stored
+// room is of the acl grade and not being removed (NOT_FOUND); the room is
+// read through its stream's leader. Membership is each
 // verb's own check (leave answers a non-member; Access would refuse it).
 func (w *Worker) aclRoom(ctx context.Context, raw json.RawMessage, verb string) (*Descriptor, *Room, error) {
 	d, err := ParseDescriptor(raw)
 	if err != nil {
 		return nil, nil, err
-	}
-	if d.Privacy != GradeACL {
-		return nil, nil, errs.Newf(errs.InputInvalid, "room %s is a %s room: %s is for acl rooms (a %s room's members are whoever holds its descriptor)",
-			d.RoomID, d.Privacy, verb, d.Privacy)
 	}
 	room, err := w.aclLeaderRoom(ctx, d.RoomID)
 	if err != nil {
@@ -285,6 +288,16 @@ func (w *Worker) aclRoom(ctx context.Context, raw json.RawMessage, verb string) 
 	}
 	if !sameDescriptor(room.Descriptor, d.Raw) {
 		return nil, nil, errs.Newf(errs.IdentityMismatch, "the descriptor is not the one room %s was provisioned with", d.RoomID)
+	}
+	// A room being removed (reclaim or expiry has revoked its
+	// credentials) takes no acl verb.
+	if room.ClosedAt != nil {
+		return nil, nil, errACLRoomGone(room.ID)
+	}
+	// The grade is the stored room's, never the call's copy.
+	if room.Privacy != GradeACL {
+		return nil, nil, errs.Newf(errs.InputInvalid, "room %s is a %s room: %s is for acl rooms (a %s room's members are whoever holds its descriptor)",
+			room.ID, room.Privacy, verb, room.Privacy)
 	}
 	return d, room, nil
 }

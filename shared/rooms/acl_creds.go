@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"time"
@@ -199,8 +200,54 @@ type RevocationSyncer interface {
 	SyncRevocations(ctx context.Context, keep, forget map[string]time.Time) (added, forgotten int, err error)
 }
 
+// DefaultRevocationSync is how often, on average, each copy of the worker
+// runs syncRevocations on its own: a revocation lost to a concurrent
+// update of the account JWT that the revoker's read-back missed is made
+// again within about this long, not at the next hourly sweep.
+const DefaultRevocationSync = time.Minute
+
+// startRevocationSync runs syncRevocations every Config.RevocationSync
+// (with jitter, so the copies do not all ask the broker at once) until
+// Stop, when the Credentials can sync.
+func (w *Worker) startRevocationSync() {
+	every := w.cfg.RevocationSync
+	if _, ok := w.cfg.Credentials.(RevocationSyncer); !ok || every < 0 {
+		return
+	}
+	if every == 0 {
+		every = DefaultRevocationSync
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(every/2 + rand.N(every)):
+			}
+			sctx, scancel := context.WithTimeout(ctx, every)
+			_, forgotten, err := w.syncRevocations(sctx)
+			scancel()
+			switch {
+			case err != nil && ctx.Err() == nil:
+				w.svc.Log.Warn("room credential revocations not synced; the next sync tries again", "err", err)
+			case forgotten > 0:
+				w.svc.Log.Info("revocations of expired room credentials forgotten", "count", forgotten)
+			}
+		}
+	}()
+	w.onStop(func() error {
+		cancel()
+		<-done
+		return nil
+	})
+}
+
 // syncRevocations keeps the broker's revocations of room credentials in
-// line with the cred records, for the rooms' periodic sweep:
+// line with the cred records, for the rooms' periodic sweep and each
+// copy's own timer (startRevocationSync):
 //
 //   - a revocation of a credential not yet expired that the broker lost
 //     (on the cloud, the control plane and the rooms worker each re-sign

@@ -19,7 +19,7 @@ import (
 func (w *Worker) memberLeft(ctx context.Context, roomID, member string) error {
 	_, changed, err := bus.CAS(ctx, w.kv, RoomKey(roomID), func(cur *Room, exists bool) (*Room, error) {
 		switch {
-		case !exists:
+		case !exists || cur.ClosedAt != nil:
 			return nil, errACLRoomGone(roomID)
 		case member == cur.Creator:
 			return nil, errs.Newf(errs.Forbidden, "you created room %s, so you cannot leave it; reclaim it (mesh.rooms.reclaim) to close it for everyone", roomID)

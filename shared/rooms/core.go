@@ -63,7 +63,7 @@ func (w *Worker) access(ctx context.Context, r *bus.Request, p described) (*Desc
 	if err := r.Decode(p); err != nil {
 		return nil, nil, err
 	}
-	d, room, err := Access(ctx, w.kv, p.descriptor(), r.Env.From)
+	d, room, err := w.gate.Access(ctx, p.descriptor(), r.Env.From)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -142,7 +142,7 @@ func (w *Worker) makeDossier(ctx context.Context, room *Room) (*Dossier, error) 
 		}
 	}
 	if size > maxAnswerBytes {
-		return nil, errs.Newf(errs.PayloadTooLarge, "the dossier of room %s is %d bytes, more than one answer carries (%d): read its record with mesh.rooms.replay; to reclaim the room without it, call reclaim with \"dossier\": false",
+		return nil, errs.Newf(errs.PayloadTooLarge, "the dossier of room %s is %d bytes, more than one answer carries (%d): read its record page by page with mesh.rooms.replay and its drive with mesh.rooms.status (drive_after); to reclaim the room without it, call reclaim with \"dossier\": false",
 			room.ID, size, maxAnswerBytes)
 	}
 	return d, nil

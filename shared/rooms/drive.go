@@ -34,50 +34,66 @@ func (w *Worker) driveEndpoints() []endpoint {
 // The same bytes attached twice to one room are one file: the second attach
 // answers the first's entry and counts nothing.
 //
-// The order of the writes (docs/rooms-drive.md): the room's and the
-// operator's byte counts first (the operator's is where 100 MB refuses),
-// then the bytes, then the index entry. So a file on the drive is always
-// counted, and no crash lets an operator past the limit; a crash between
-// the counts and the bytes leaves at most one file's size counted with no
-// file, in the room and the operator alike, which the room's reclaim or
-// expiry gives back with the rest of its drive. The bytes are published
-// only onto an empty subject: whoever stores them keeps the count, every
-// other attach of the same bytes gives its count back, so a crash after
-// the bytes (counted, not yet indexed) is healed by the retry.
+// The order of the writes (docs/rooms-drive.md): a new entry is counted
+// first (one of the room's Limits.DriveFiles entries, and
+// DriveEntryOverhead bytes in the room and the operator's quota), then the
+// file's bytes in the room and the quota (the operator's is where 100 MB
+// refuses), then the bytes are stored, then the index entry is written. So
+// an entry on the drive is always counted, and no crash lets an operator
+// past the limit; a crash between the counts and the index leaves at most
+// one entry counted with no entry, which the room's reclaim or expiry
+// gives back with the rest of its drive. The bytes are published only onto
+// an empty subject: whoever stores them keeps the count, every other attach
+// of the same bytes gives its count back, so a crash after the bytes
+// (counted, not yet indexed) is healed by the retry.
 func (w *Worker) attach(ctx context.Context, r *bus.Request) (any, error) {
 	a, err := parseAttach(r.Env.Payload, w.limits.FileBytes)
 	if err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, a.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, a.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
+	}
+	if room.Operator == "" {
+		return nil, fmt.Errorf("rooms: room %s has no operator to count its drive against", room.ID)
 	}
 	f := driveFile{Ref: driveRef(room.ID, a.DigestHex), Name: a.Name, Version: a.Version, Digest: a.Digest,
 		MediaType: a.MediaType, Size: a.Size, AttachedBy: r.Env.From, AttachedAt: protocol.FormatTime(w.now()),
 		Origin: a.Origin, Role: a.Role}
-	if a.external() {
-		f.External = &a.Location
-		got, err := w.index(ctx, room.ID, a.DigestHex, f, false)
-		if err != nil {
-			return nil, err
-		}
-		return attachReply(got), nil
-	}
-	if cur, found, err := w.driveEntry(ctx, room.ID, a.DigestHex); err != nil {
+	cur, found, err := w.driveEntry(ctx, room.ID, a.DigestHex)
+	if err != nil {
 		return nil, err
-	} else if found && cur.External == nil {
+	}
+	// The digest's entry is answered as it is, unless it is a link and
+	// this attach brings the bytes, which replace it.
+	if found && (a.external() || cur.External == nil) {
 		return attachReply(cur), nil
 	}
-	stored, err := w.storeCounted(ctx, room, a)
-	if err != nil {
+	counted := false
+	if !found {
+		if counted, err = w.countEntry(ctx, room, a.DigestHex); err != nil {
+			return nil, err
+		}
+	}
+	if a.external() {
+		f.External = &a.Location
+	} else if _, err := w.storeCounted(ctx, room, a); err != nil {
+		if counted {
+			w.giveBackEntry(room)
+		}
 		return nil, err
 	}
-	got, err := w.index(ctx, room.ID, a.DigestHex, f, true)
+	got, created, err := w.index(ctx, room.ID, a.DigestHex, f, !a.external())
+	if counted && (err != nil || !created) {
+		// Another attach of the digest indexed it first (and counted its
+		// own entry), or the index was not written: a retry counts again.
+		w.giveBackEntry(room)
+	}
 	if err != nil {
-		if stored {
+		if !a.external() {
 			// Counted and stored: a retry of the same bytes indexes it
-			// without counting again.
+			// without counting them again.
 			w.svc.Log.Warn("drive: bytes stored but not indexed", "room", room.ID, "digest", a.Digest, "err", err)
 		}
 		return nil, err
@@ -85,15 +101,56 @@ func (w *Worker) attach(ctx context.Context, r *bus.Request) (any, error) {
 	return attachReply(got), nil
 }
 
-// storeCounted counts the file in the room and the operator's quota, then
-// stores its bytes. It reports whether this call stored them (and so keeps
-// the count); when the bytes were already stored by another attach, the
-// count is given back and the file is indexed all the same.
+// countEntry counts a new entry of the room's drive: one of its
+// Limits.DriveFiles entries (QUOTA_EXCEEDED past it), and
+// DriveEntryOverhead bytes in the room and the operator's quota
+// (QUOTA_EXCEEDED past the operator's limit). It reports whether it
+// counted: over the operator's limit with the digest's bytes stored
+// already (an attach that counted them and its entry, then crashed before
+// indexing, or is indexing now) it counts nothing and lets the attach
+// index them.
+func (w *Worker) countEntry(ctx context.Context, room *Room, digestHex string) (bool, error) {
+	if err := w.countRoomDrive(ctx, room.ID, 1, DriveEntryOverhead); err != nil {
+		return false, err
+	}
+	if err := w.countQuota(ctx, room.Operator, DriveEntryOverhead); err != nil {
+		w.giveBackEntry(&Room{ID: room.ID}) // the room's count only
+		if errs.As(err).Code != errs.QuotaExceeded {
+			return false, err
+		}
+		if _, found, gerr := w.driveBytes(ctx, room.ID, digestHex); gerr != nil || !found {
+			return false, err
+		}
+		return false, nil
+	}
+	return true, nil
+}
+
+// giveBackEntry returns countEntry's counts: the room's, and the quota's
+// when room names its operator. It runs to its end whatever happened to
+// the request's context.
+func (w *Worker) giveBackEntry(room *Room) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if room.Operator != "" {
+		if err := w.countQuota(ctx, room.Operator, -DriveEntryOverhead); err != nil {
+			w.svc.Log.Error("drive: give back an entry's quota", "room", room.ID, "err", err)
+		}
+	}
+	if err := w.countRoomDrive(ctx, room.ID, -1, -DriveEntryOverhead); err != nil && errs.As(err).Code != errs.NotFound {
+		w.svc.Log.Error("drive: give back an entry's room count", "room", room.ID, "err", err)
+	}
+}
+
+// storeCounted counts the file's bytes in the room and the operator's
+// quota, then stores them. It reports whether this call stored them (and so
+// keeps the count); when the bytes were already stored by another attach,
+// the count is given back and the file is indexed all the same.
 func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest) (stored bool, err error) {
 	if room.Operator == "" {
 		return false, fmt.Errorf("rooms: room %s has no operator to count its drive against", room.ID)
 	}
-	if err := w.countRoomDrive(ctx, room.ID, a.Size); err != nil {
+	if err := w.countRoomDrive(ctx, room.ID, 0, a.Size); err != nil {
 		return false, err
 	}
 	if err := w.countQuota(ctx, room.Operator, a.Size); err != nil {
@@ -125,13 +182,24 @@ func (w *Worker) storeCounted(ctx context.Context, room *Room, a *attachRequest)
 	}
 }
 
-// countRoomDrive adds n bytes to the room's drive count.
-func (w *Worker) countRoomDrive(ctx context.Context, roomID string, n int64) error {
+// countRoomDrive adds files entries and n bytes to the room's drive
+// counts, refusing an entry past Limits.DriveFiles (QUOTA_EXCEEDED). A room
+// being removed takes no more (NOT_FOUND: its drive is purged, or about to
+// be); counts given back (negative) are taken off all the same, since the
+// removal gives back to the quota what the room counts when it ends.
+func (w *Worker) countRoomDrive(ctx context.Context, roomID string, files int, n int64) error {
 	now := w.now()
+	limit := w.limits.DriveFiles
 	_, _, err := bus.CAS(ctx, w.kv, RoomKey(roomID), func(cur *Room, exists bool) (*Room, error) {
-		if !exists {
+		switch {
+		case !exists || ((n > 0 || files > 0) && cur.ClosedAt != nil):
 			return nil, errs.Newf(errs.NotFound, "room %s is not provisioned on this mesh (or was reclaimed or expired)", roomID)
+		case files > 0 && cur.DriveFiles+files > limit:
+			return nil, errs.Newf(errs.QuotaExceeded,
+				"room %s's drive holds %d entries (files and links), its limit of %d: reclaim the room and start another, or keep further files in mesh.artifacts and name them in a message",
+				roomID, cur.DriveFiles, limit).WithDetails(map[string]any{"limit": "drive_files", "max": limit})
 		}
+		cur.DriveFiles = max(cur.DriveFiles+files, 0)
 		cur.DriveBytes = max(cur.DriveBytes+n, 0)
 		if n > 0 {
 			cur.LastActive = now
@@ -152,7 +220,7 @@ func (w *Worker) countQuota(ctx context.Context, operator string, n int64) error
 		}
 		if n > 0 && q.DriveBytes+n > limit {
 			return nil, errs.Newf(errs.QuotaExceeded,
-				"the drives of %s's rooms hold %d of %d bytes; this %d-byte file does not fit: reclaim a room the operator no longer needs, or keep the file in mesh.artifacts and attach a link",
+				"the drives of %s's rooms hold %d of %d bytes; this %d-byte entry does not fit: reclaim a room the operator no longer needs, or keep the file in mesh.artifacts and attach a link",
 				operator, q.DriveBytes, limit, n)
 		}
 		q.DriveBytes = max(q.DriveBytes+n, 0)
@@ -161,9 +229,9 @@ func (w *Worker) countQuota(ctx context.Context, operator string, n int64) error
 	return err
 }
 
-// giveBack returns an attach's counts (the room's, and the quota's when
-// quota is set). It runs to its end whatever happened to the request's
-// context: a count left behind is a count with no file.
+// giveBack returns an attach's byte counts (the room's, and the quota's
+// when quota is set). It runs to its end whatever happened to the
+// request's context: a count left behind is a count with no file.
 func (w *Worker) giveBack(room *Room, a *attachRequest, roomCounted, quotaCounted bool) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -173,7 +241,7 @@ func (w *Worker) giveBack(room *Room, a *attachRequest, roomCounted, quotaCounte
 		}
 	}
 	if roomCounted {
-		if err := w.countRoomDrive(ctx, room.ID, -a.Size); err != nil && errs.As(err).Code != errs.NotFound {
+		if err := w.countRoomDrive(ctx, room.ID, 0, -a.Size); err != nil && errs.As(err).Code != errs.NotFound {
 			w.svc.Log.Error("drive: give back room count", "room", room.ID, "digest", a.Digest, "err", err)
 		}
 	}
@@ -182,18 +250,21 @@ func (w *Worker) giveBack(room *Room, a *attachRequest, roomCounted, quotaCounte
 // index writes f as the room's entry for its digest, unless one is there:
 // a link entry is replaced by the file itself when upgrade (the bytes are
 // better than a claim about them); otherwise the entry there is kept and
-// answered. It returns the entry the drive now holds.
-func (w *Worker) index(ctx context.Context, roomID, digestHex string, f driveFile, upgrade bool) (driveFile, error) {
+// answered. It returns the entry the drive now holds, and whether this
+// call created it (an entry where there was none).
+func (w *Worker) index(ctx context.Context, roomID, digestHex string, f driveFile, upgrade bool) (driveFile, bool, error) {
+	created := false
 	next, _, err := bus.CAS(ctx, w.kv, DriveKey(roomID, digestHex), func(cur *driveFile, exists bool) (*driveFile, error) {
+		created = !exists
 		if exists && !(upgrade && cur.External != nil) {
 			return nil, bus.ErrNoChange
 		}
 		return &f, nil
 	})
 	if err != nil {
-		return driveFile{}, fmt.Errorf("rooms: index drive file %s of room %s: %w", f.Digest, roomID, err)
+		return driveFile{}, false, fmt.Errorf("rooms: index drive file %s of room %s: %w", f.Digest, roomID, err)
 	}
-	return *next, nil
+	return *next, created, nil
 }
 
 // attachReply is attach's answer for entry f.
@@ -263,7 +334,7 @@ func (w *Worker) fetch(ctx context.Context, r *bus.Request) (any, error) {
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}

@@ -1,7 +1,6 @@
 package rooms
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -92,8 +91,6 @@ func (w *Worker) driveListing(ctx context.Context, roomID string) ([]driveFile, 
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(files, func(a, b driveFile) int {
-		return cmp.Or(cmp.Compare(a.AttachedAt, b.AttachedAt), cmp.Compare(a.Digest, b.Digest))
-	})
+	slices.SortFunc(files, func(a, b driveFile) int { return strings.Compare(driveFileKey(a), driveFileKey(b)) })
 	return files, nil
 }

@@ -25,7 +25,6 @@ const (
 	maxMediaType   = 255
 	maxOrigin      = 2048
 	maxLocation    = 2048
-	maxRole        = 32
 	defaultVersion = "1" // upstream's client default
 )
 
@@ -91,8 +90,11 @@ func parseAttach(raw []byte, fileBytes int64) (*attachRequest, error) {
 		return nil, err
 	}
 	if w.Role != nil {
-		if a.Role, err = text("role", w.Role, maxRole, false); err != nil {
-			return nil, err
+		switch *w.Role {
+		case "", RoleInput, RoleInterim, RoleOutput:
+			a.Role = *w.Role
+		default:
+			return nil, errs.Newf(errs.InputInvalid, "role %q is not input, interim or output", truncate(*w.Role, 32))
 		}
 	}
 	switch {

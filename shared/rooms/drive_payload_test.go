@@ -37,6 +37,12 @@ func TestParseAttach(t *testing.T) {
 		{"too large", `{"name":"a","data_b64":"` + strings.Repeat("AAAA", 4) + `"}`, errs.PayloadTooLarge},
 		{"not an object", `[1,2]`, errs.InputInvalid},
 		{"name not a string", `{"name":7,"data_b64":""}`, errs.InputInvalid},
+		// A role is input, interim or output (upstream-notes §7), or none.
+		{"role input", `{"name":"a","role":"input","data_b64":""}`, ""},
+		{"role interim", `{"name":"a","role":"interim","data_b64":""}`, ""},
+		{"role empty", `{"name":"a","role":"","data_b64":""}`, ""},
+		{"role not in the set", `{"name":"a","role":"deliverable","data_b64":""}`, errs.InputInvalid},
+		{"role in capitals", `{"name":"a","role":"Output","data_b64":""}`, errs.InputInvalid},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, err := parseAttach([]byte(tc.payload), 10)
@@ -99,6 +105,11 @@ func FuzzParseAttach(f *testing.F) {
 		}
 		if a.Name == "" || a.Version == "" || a.Digest != DigestPrefix+a.DigestHex {
 			t.Fatalf("accepted inconsistently: %+v", a)
+		}
+		switch a.Role {
+		case "", RoleInput, RoleInterim, RoleOutput:
+		default:
+			t.Fatalf("accepted role %q", a.Role)
 		}
 		if _, err := hex.DecodeString(a.DigestHex); err != nil || len(a.DigestHex) != 64 || strings.ToLower(a.DigestHex) != a.DigestHex {
 			t.Fatalf("digest %q", a.DigestHex)

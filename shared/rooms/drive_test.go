@@ -206,8 +206,9 @@ func TestDriveAttachFetch(t *testing.T) {
 	if len(files) != 1 || files[0].Name != "numbers.txt" || files[0].AttachedBy != member.Public() || files[0].Version != "2" {
 		t.Fatalf("drive lists %+v", files)
 	}
-	if q, r := h.quota("ops@example.com"), h.roomRecord(roomID); q.DriveBytes != int64(len(data)) || r.DriveBytes != int64(len(data)) {
-		t.Fatalf("counted quota %d, room %d; want %d", q.DriveBytes, r.DriveBytes, len(data))
+	if q, r := h.quota("ops@example.com"), h.roomRecord(roomID); q.DriveBytes != int64(len(data))+DriveEntryOverhead ||
+		r.DriveBytes != int64(len(data))+DriveEntryOverhead || r.DriveFiles != 1 {
+		t.Fatalf("counted quota %d, room %d in %d entries; want %d in 1", q.DriveBytes, r.DriveBytes, r.DriveFiles, int64(len(data))+DriveEntryOverhead)
 	}
 
 	// An empty file is a file too.
@@ -254,13 +255,13 @@ func TestDriveFileLimit(t *testing.T) {
 	if !strings.Contains(e.Message, "524288") || !strings.Contains(e.Message, "mesh.artifacts") {
 		t.Fatalf("refusal %q does not name the limit and mesh.artifacts", e.Message)
 	}
-	if q := h.quota("ops@example.com"); q.DriveBytes != DefaultFileBytes {
-		t.Fatalf("quota counts %d after the refused file; want %d", q.DriveBytes, DefaultFileBytes)
+	if q := h.quota("ops@example.com"); q.DriveBytes != DefaultFileBytes+DriveEntryOverhead {
+		t.Fatalf("quota counts %d after the refused file; want %d", q.DriveBytes, DefaultFileBytes+DriveEntryOverhead)
 	}
 }
 
 func TestDriveOperatorQuota(t *testing.T) {
-	const limit = 10_000
+	const limit = 10_000 + 2*DriveEntryOverhead
 	h := startDrive(t, 1, Limits{DriveBytesPerOperator: limit})
 	creator := bustest.Agent(t)
 	room1, desc1 := h.room(creator, "ops@example.com", GradeCapability)
@@ -270,7 +271,7 @@ func TestDriveOperatorQuota(t *testing.T) {
 	h.must(creator, "attach", attachPayload(desc1, "a", randomBytes(t, 6000)))
 	h.must(creator, "attach", attachPayload(desc2, "b", randomBytes(t, 4000))) // exactly the limit
 	e := h.refuse(creator, "attach", attachPayload(desc2, "c", randomBytes(t, 1)), errs.QuotaExceeded)
-	if !strings.Contains(e.Message, "10000") {
+	if !strings.Contains(e.Message, fmt.Sprint(limit)) {
 		t.Fatalf("refusal %q does not name the limit", e.Message)
 	}
 	// Another operator's rooms are not counted with these.
@@ -279,8 +280,9 @@ func TestDriveOperatorQuota(t *testing.T) {
 	if q := h.quota("ops@example.com"); q.DriveBytes != limit {
 		t.Fatalf("quota %d; want %d", q.DriveBytes, limit)
 	}
-	if r1, r2 := h.roomRecord(room1), h.roomRecord(room2); r1.DriveBytes != 6000 || r2.DriveBytes != 4000 {
-		t.Fatalf("rooms count %d and %d; want 6000 and 4000", r1.DriveBytes, r2.DriveBytes)
+	if r1, r2 := h.roomRecord(room1), h.roomRecord(room2); r1.DriveBytes != 6000+DriveEntryOverhead || r2.DriveBytes != 4000+DriveEntryOverhead ||
+		r2.DriveFiles != 1 {
+		t.Fatalf("rooms count %d and %d (%d entries); want 6000 and 4000 and an entry's %d each", r1.DriveBytes, r2.DriveBytes, r2.DriveFiles, DriveEntryOverhead)
 	}
 	if n := len(h.listing(room2)); n != 1 {
 		t.Fatalf("room 2 lists %d files after the refusal; want 1", n)
@@ -293,7 +295,7 @@ func TestDriveOperatorQuota(t *testing.T) {
 // the same bytes at once: one file, counted once.
 func TestDriveQuotaRace(t *testing.T) {
 	const size, fits, tries = 1000, 10, 25
-	h := startDrive(t, 3, Limits{DriveBytesPerOperator: fits * size})
+	h := startDrive(t, 3, Limits{DriveBytesPerOperator: fits * (size + DriveEntryOverhead)})
 	creator := bustest.Agent(t)
 	roomA, descA := h.room(creator, "ops@example.com", GradeCapability)
 	roomB, descB := h.room(creator, "ops@example.com", GradeCapability)
@@ -325,8 +327,10 @@ func TestDriveQuotaRace(t *testing.T) {
 	q := h.quota("ops@example.com")
 	ra, rb := h.roomRecord(roomA), h.roomRecord(roomB)
 	files := len(h.listing(roomA)) + len(h.listing(roomB))
-	if q.DriveBytes != fits*size || ra.DriveBytes+rb.DriveBytes != fits*size || files != fits {
-		t.Fatalf("quota %d, rooms %d+%d, files %d; want %d bytes in %d files", q.DriveBytes, ra.DriveBytes, rb.DriveBytes, files, fits*size, fits)
+	const each = size + DriveEntryOverhead
+	if q.DriveBytes != fits*each || ra.DriveBytes+rb.DriveBytes != fits*each || files != fits || ra.DriveFiles+rb.DriveFiles != fits {
+		t.Fatalf("quota %d, rooms %d+%d, files %d (counted %d+%d); want %d bytes in %d files", q.DriveBytes, ra.DriveBytes, rb.DriveBytes, files,
+			ra.DriveFiles, rb.DriveFiles, fits*each, fits)
 	}
 
 	// The same bytes, ten members at once, in a room of another operator.
@@ -349,8 +353,8 @@ func TestDriveQuotaRace(t *testing.T) {
 			t.Fatalf("the same bytes got refs %v", refs)
 		}
 	}
-	if q, r, n := h.quota("same@example.com"), h.roomRecord(roomC), len(h.listing(roomC)); q.DriveBytes != size || r.DriveBytes != size || n != 1 {
-		t.Fatalf("the same bytes ten times: quota %d, room %d, files %d; want %d, %d, 1", q.DriveBytes, r.DriveBytes, n, size, size)
+	if q, r, n := h.quota("same@example.com"), h.roomRecord(roomC), len(h.listing(roomC)); q.DriveBytes != each || r.DriveBytes != each || n != 1 || r.DriveFiles != 1 {
+		t.Fatalf("the same bytes ten times: quota %d, room %d, files %d (counted %d); want %d, %d, 1", q.DriveBytes, r.DriveBytes, n, r.DriveFiles, each, each)
 	}
 }
 
@@ -358,15 +362,17 @@ func TestDriveQuotaRace(t *testing.T) {
 // them) but died before indexing them is healed by the next attach of the
 // same bytes, which indexes them without counting again, even at the limit.
 func TestDriveCrashHeal(t *testing.T) {
-	const limit = 5000
+	const size = 5000
+	const limit = size + DriveEntryOverhead
 	h := startDrive(t, 1, Limits{DriveBytesPerOperator: limit})
 	creator := bustest.Agent(t)
 	roomID, desc := h.room(creator, "ops@example.com", GradeCapability)
-	data := randomBytes(t, limit)
+	data := randomBytes(t, size)
 	w := h.workers[0]
 
-	// What the crashed attach did: counted, then stored the bytes.
-	if err := w.countRoomDrive(t.Context(), roomID, limit); err != nil {
+	// What the crashed attach did: counted the entry and the bytes, then
+	// stored the bytes.
+	if err := w.countRoomDrive(t.Context(), roomID, 1, limit); err != nil {
 		t.Fatal(err)
 	}
 	if err := w.countQuota(t.Context(), "ops@example.com", limit); err != nil {
@@ -380,8 +386,8 @@ func TestDriveCrashHeal(t *testing.T) {
 	if got["digest"] != digestOf(data) {
 		t.Fatalf("retry answered %v", got)
 	}
-	if q, r := h.quota("ops@example.com"), h.roomRecord(roomID); q.DriveBytes != limit || r.DriveBytes != limit {
-		t.Fatalf("after the retry quota %d, room %d; want %d each", q.DriveBytes, r.DriveBytes, limit)
+	if q, r := h.quota("ops@example.com"), h.roomRecord(roomID); q.DriveBytes != limit || r.DriveBytes != limit || r.DriveFiles != 1 {
+		t.Fatalf("after the retry quota %d, room %d in %d entries; want %d each in 1", q.DriveBytes, r.DriveBytes, r.DriveFiles, limit)
 	}
 	if files := h.listing(roomID); len(files) != 1 || files[0].Name != "retry.bin" {
 		t.Fatalf("drive lists %+v", files)
@@ -404,8 +410,8 @@ func TestDriveLink(t *testing.T) {
 	if got["external"] != "https://example.com/d.parquet" || got["digest"] != digest || got["size"] != float64(3000) {
 		t.Fatalf("link answered %v", got)
 	}
-	if q := h.quota("ops@example.com"); q.DriveBytes != 0 {
-		t.Fatalf("a link counted %d bytes", q.DriveBytes)
+	if q := h.quota("ops@example.com"); q.DriveBytes != DriveEntryOverhead {
+		t.Fatalf("a link counted %d bytes, want its entry's %d", q.DriveBytes, DriveEntryOverhead)
 	}
 	e := h.refuse(member, "fetch", map[string]any{"descriptor": desc, "ref": got["ref"]}, errs.NotFound)
 	if !strings.Contains(e.Message, "https://example.com/d.parquet") {
@@ -433,8 +439,8 @@ func TestDriveLink(t *testing.T) {
 	if again := h.must(member, "attach", link); again["external"] != nil {
 		t.Fatalf("link over a file answered %v", again)
 	}
-	if q := h.quota("ops@example.com"); q.DriveBytes != 3000 {
-		t.Fatalf("quota %d; want 3000", q.DriveBytes)
+	if q, r := h.quota("ops@example.com"), h.roomRecord(roomID); q.DriveBytes != 3000+DriveEntryOverhead || r.DriveFiles != 1 {
+		t.Fatalf("quota %d in %d entries; want %d in 1", q.DriveBytes, r.DriveFiles, 3000+DriveEntryOverhead)
 	}
 }
 

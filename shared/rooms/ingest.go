@@ -116,19 +116,26 @@ func (w *Worker) record(ctx context.Context, subject string, data []byte) (outco
 	if !services && !room.IsMember(env.From) {
 		return 0, "sender is not a member", nil
 	}
+	if !services {
+		switch holds, err := w.gate.Holds(ctx, &room, env.From); {
+		case err != nil:
+			return 0, "", err
+		case !holds:
+			return 0, "sender has not presented the room's descriptor to a rooms or board verb", nil
+		}
+	}
 	if reason := senderRule(&room, facilitatorOf(room.Descriptor), env.From, services, payload); reason != "" {
 		return 0, reason, nil
 	}
-	out, reason, err := w.appendRecord(ctx, &room, env.From+":"+env.ID, data)
-	if err != nil || reason != "" || out == outDuplicate {
-		return out, reason, err
-	}
+	// A member's own verified leave takes it out of an acl room whether or
+	// not the record has room for the message: leaving never depends on
+	// it (and a repeated leave changes nothing).
 	if t, _ := payload["type"].(string); t == MsgLeave && room.Privacy == GradeACL {
 		if err := w.memberLeft(ctx, roomID, env.From); err != nil {
-			w.svc.Log.Warn("acl member's leave recorded but not applied", "room", roomID, "member", env.From, "err", err)
+			w.svc.Log.Warn("acl member's leave message not applied", "room", roomID, "member", env.From, "err", err)
 		}
 	}
-	return outRecorded, "", nil
+	return w.appendRecord(ctx, &room, env.From+":"+env.ID, data)
 }
 
 // parseTrafficSubject reads mesh.event.room.<id>.<channel> and

@@ -32,6 +32,9 @@ func TestRecordConcurrentDeduplicated(t *testing.T) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	sent := map[string]int{} // from:id → size
+	for _, s := range signers[1:] {
+		h.must(s, "cursor", map[string]any{"descriptor": d}) // presents the descriptor
+	}
 	for _, s := range signers {
 		nc := bustest.Client(t, h.bus)
 		wg.Go(func() {
@@ -93,7 +96,7 @@ func TestRecordSenderRules(t *testing.T) {
 	ana := h.agent("ana@example.org")
 	member, holder, facil := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
 	services := h.bus.ServicesKey()
-	capID, _ := h.provision(ana, rooms.GradeCapability)
+	capID, capD := h.provision(ana, rooms.GradeCapability)
 	aclID, _ := h.provision(ana, rooms.GradeACL)
 	// The playbook names a facilitator.
 	playID := newRoomID()
@@ -101,6 +104,11 @@ func TestRecordSenderRules(t *testing.T) {
 		m["playbook"] = map[string]any{"facilitator": facil.Public()}
 	})
 	h.must(ana, "provision", map[string]any{"descriptor": playD})
+	// The holder and the facilitator present the descriptors (any verb);
+	// the stranger holds nothing it has shown.
+	stranger := bustest.Agent(t)
+	h.must(holder, "status", map[string]any{"descriptor": capD})
+	h.must(facil, "cursor", map[string]any{"descriptor": playD})
 	// admit member to the acl room, as the acl verb does.
 	if _, _, err := bus.CAS(t.Context(), h.kv, rooms.RoomKey(aclID), func(r *rooms.Room, _ bool) (*rooms.Room, error) {
 		r.Members = append(r.Members, member.Public())
@@ -130,6 +138,8 @@ func TestRecordSenderRules(t *testing.T) {
 	}{
 		{"say by the creator", cap, ana, capID, say("hi"), nil, "recorded"},
 		{"say by a holder of the descriptor", cap, holder, capID, say("hi"), nil, "recorded"},
+		{"say by an agent that never presented the descriptor", cap, stranger, capID, say("hi"), nil, "dropped"},
+		{"say by a holder of another room's descriptor", play, holder, playID, say("hi"), nil, "dropped"},
 		{"say by an acl member", acl, member, aclID, say("hi"), nil, "recorded"},
 		{"say by an acl non-member", acl, holder, aclID, say("hi"), nil, "dropped"},
 		{"acl traffic on the open subject", protocol.RoomEventSubject(aclID, "main"), member, aclID, say("hi"), nil, "dropped"},
@@ -245,5 +255,87 @@ func TestRecordByteCap(t *testing.T) {
 	}
 	if got := h.replayAll(ana, d); len(got) != recorded {
 		t.Fatalf("%d replayed", len(got))
+	}
+}
+
+// A member's own leave message takes it out of an acl room even when the
+// record refuses the message (full): leaving never depends on there being
+// room to say so (review finding 7).
+func TestLeaveAppliedWhenRecordFull(t *testing.T) {
+	h := start(t, rooms.Config{Limits: rooms.Limits{RecordMsgs: 1}}, 2)
+	ana := h.agent("ana@example.org")
+	member := bustest.Agent(t)
+	id, _ := h.provision(ana, rooms.GradeACL)
+	if _, _, err := bus.CAS(t.Context(), h.kv, rooms.RoomKey(id), func(r *rooms.Room, _ bool) (*rooms.Room, error) {
+		r.Members = append(r.Members, member.Public())
+		return r, nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	subject := protocol.ACLRoomSubject(id, "main")
+	if got := h.publish(subject, emit(t, ana, id, say("the only message"), nil)); got != "recorded" {
+		t.Fatalf("first message: %s", got)
+	}
+	leave := map[string]any{"type": "leave", "member": member.Public()}
+	if got := h.publish(subject, emit(t, member, id, leave, nil)); got != "dropped" {
+		t.Fatalf("the leave in a full record: %s", got)
+	}
+	if room, _ := h.room(id); len(room.Members) != 1 || room.Members[0] != ana.Public() {
+		t.Fatalf("members %v after a leave the record could not take", room.Members)
+	}
+}
+
+// The record of a capability or sealed room takes messages only from its
+// creator, the services key and agents that have presented its descriptor
+// to a rooms or board verb (review finding 3): a room's id is visible to
+// every node credential on mesh.event.>, and before, anyone could fill its
+// record and keep it alive. Three copies: an agent presents to one and its
+// message may be recorded by another.
+func TestRecordOnlyFromHolders(t *testing.T) {
+	h := start(t, rooms.Config{}, 3)
+	ana := h.agent("ana@example.org")
+	id, d := h.provision(ana, rooms.GradeCapability)
+	subject := protocol.RoomEventSubject(id, "main")
+
+	stranger := bustest.Agent(t)
+	if got := h.publish(subject, emit(t, stranger, id, say("spam"), nil)); got != "dropped" {
+		t.Fatalf("a message from an agent that never presented the descriptor: %s", got)
+	}
+	join := map[string]any{"type": "join", "member": stranger.Public()}
+	if got := h.publish(subject, emit(t, stranger, id, join, nil)); got != "dropped" {
+		t.Fatalf("a join from an agent that never presented the descriptor: %s", got)
+	}
+	h.say(ana, id, "the creator needs no presenting")
+
+	// Each holder presents once, through any verb, then speaks.
+	for i, verb := range []string{"cursor", "replay", "status", "notes", "cursor", "mine"} {
+		holder := bustest.Agent(t)
+		h.must(holder, verb, map[string]any{"descriptor": d})
+		h.say(holder, id, fmt.Sprint("holder ", i))
+		h.say(holder, id, fmt.Sprint("holder ", i, " again"))
+	}
+	if got := len(h.replayAll(ana, d)); got != 13 {
+		t.Fatalf("the record holds %d messages, want 13", got)
+	}
+}
+
+// A handle holder who provisions the room_id of someone else's ephemeral
+// room records none of that room's traffic: its members never presented
+// the squatter's descriptor (review finding 3).
+func TestSquattedRoomIDRecordsNothing(t *testing.T) {
+	h := start(t, rooms.Config{}, 2)
+	owner, member, squatter := bustest.Agent(t), bustest.Agent(t), h.agent("squat@example.org")
+	id := newRoomID()
+	// The ephemeral room's own descriptor, never provisioned.
+	_ = descriptor(t, owner, id, rooms.GradeCapability, func(m map[string]any) { m["record"] = rooms.RecordEphemeral })
+	squat := descriptor(t, squatter, id, rooms.GradeCapability, nil)
+	h.must(squatter, "provision", map[string]any{"descriptor": squat})
+	for _, who := range []keys.Signer{owner, member} {
+		if got := h.publish(protocol.RoomEventSubject(id, "main"), emit(t, who, id, say("private"), nil)); got != "dropped" {
+			t.Fatalf("the ephemeral room's traffic: %s", got)
+		}
+	}
+	if got := h.replayAll(squatter, squat); len(got) != 0 {
+		t.Fatalf("the squatter's record holds %d messages of another room", len(got))
 	}
 }

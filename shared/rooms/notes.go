@@ -1,11 +1,11 @@
 package rooms
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"slices"
+	"strings"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -65,7 +65,7 @@ func (w *Worker) note(ctx context.Context, r *bus.Request) (any, error) {
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}
@@ -123,18 +123,22 @@ func (w *Worker) note(ctx context.Context, r *bus.Request) (any, error) {
 	return map[string]any{"noted": true, "digest": n.Digest, "note": n, "notes_on_file": count}, nil
 }
 
-// notes answers mesh.rooms.notes {descriptor, digest?} with {notes}: the
-// notes on one file, or on every noted file of the room, by digest, then
-// oldest first. A file nobody noted has none.
+// notes answers mesh.rooms.notes {descriptor, digest?, after?, limit?} with
+// {notes, next?}: the notes on one file, or on every noted file of the
+// room, by digest, then oldest first, one page at a time (at most limit,
+// MaxDrivePage by default and at most, and pageBytes of them; next names
+// where the next page starts). A file nobody noted has none.
 func (w *Worker) notes(ctx context.Context, r *bus.Request) (any, error) {
 	var p struct {
 		Descriptor json.RawMessage `json:"descriptor"`
 		Digest     *string         `json:"digest"`
+		After      *string         `json:"after"`
+		Limit      *int            `json:"limit"`
 	}
 	if err := r.Decode(&p); err != nil {
 		return nil, err
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return nil, err
 	}
@@ -144,11 +148,29 @@ func (w *Worker) notes(ctx context.Context, r *bus.Request) (any, error) {
 			return nil, err
 		}
 	}
+	after, limit, err := pageRequest(p.After, p.Limit, "limit", MaxDrivePage, MaxDrivePage)
+	if err != nil {
+		return nil, err
+	}
 	list, err := w.roomNotes(ctx, room.ID, digestHex)
 	if err != nil {
 		return nil, err
 	}
-	return map[string]any{"notes": list}, nil
+	page, next, err := pageOf(list, noteKey, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	out := map[string]any{"notes": page}
+	if next != "" {
+		out["next"] = next
+	}
+	return out, nil
+}
+
+// noteKey orders the notes and is their page cursor: the file's digest,
+// when the note was written, its author.
+func noteKey(n roomNote) string {
+	return strings.TrimPrefix(n.Digest, DigestPrefix) + "/" + n.At + "/" + n.By
 }
 
 // roomNotes lists the notes on one file of a room (digestHex "*": on every
@@ -166,8 +188,6 @@ func (w *Worker) roomNotes(ctx context.Context, roomID, digestHex string) ([]roo
 	if err != nil {
 		return nil, err
 	}
-	slices.SortFunc(list, func(a, b roomNote) int {
-		return cmp.Or(cmp.Compare(a.Digest, b.Digest), cmp.Compare(a.At, b.At), cmp.Compare(a.By, b.By))
-	})
+	slices.SortFunc(list, func(a, b roomNote) int { return strings.Compare(noteKey(a), noteKey(b)) })
 	return list, nil
 }

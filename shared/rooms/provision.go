@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -145,6 +146,7 @@ func (w *Worker) owner(ctx context.Context, agent string) (Owner, error) {
 // counted again.
 func (w *Worker) countRoom(ctx context.Context, operator, roomID string) error {
 	limit := w.limits.RoomsPerOperator
+	now := w.now().UTC()
 	_, _, err := bus.CAS(ctx, w.kv, QuotaKey(operator), func(q *Quota, exists bool) (*Quota, error) {
 		if q == nil {
 			q = &Quota{}
@@ -158,6 +160,10 @@ func (w *Worker) countRoom(ctx context.Context, operator, roomID string) error {
 		}
 		q.RoomIDs = append(q.RoomIDs, roomID)
 		q.Rooms = len(q.RoomIDs)
+		if q.CountedAt == nil {
+			q.CountedAt = map[string]time.Time{}
+		}
+		q.CountedAt[roomID] = now
 		return q, nil
 	})
 	var e *errs.Error
@@ -180,6 +186,7 @@ func (w *Worker) uncountRoom(ctx context.Context, operator, roomID string, drive
 		}
 		q.RoomIDs = slices.DeleteFunc(q.RoomIDs, func(id string) bool { return id == roomID })
 		q.Rooms = len(q.RoomIDs)
+		delete(q.CountedAt, roomID)
 		q.DriveBytes = max(q.DriveBytes-driveBytes, 0)
 		return q, nil
 	})

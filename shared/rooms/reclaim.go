@@ -119,6 +119,7 @@ func roomKeyPatterns(roomID string) []string {
 		"note." + roomID + ".>",
 		"cursor." + roomID + ".*",
 		"cred." + roomID + ".*",
+		"holder." + roomID + ".*",
 		"board." + roomID + ".*",
 		"member.*." + roomID,
 	}

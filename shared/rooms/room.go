@@ -9,13 +9,16 @@
 package rooms
 
 import (
+	"bytes"
 	"context"
 	"encoding/base64"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -34,6 +37,7 @@ import (
 //	note.<room_id>.<digest>.<agent>  one member's note on one drive file
 //	drive.<room_id>.<digest>         one drive file's metadata (the bytes are in MESH_DRIVE)
 //	cred.<room_id>.<agent>           the user keys of an acl member's live room credentials
+//	holder.<room_id>.<agent>         an agent that presented a capability or sealed room's descriptor (Gate)
 //	quota.<operator>                 an operator's durable rooms and drive bytes
 //	board.<room_id>.<item_id>        one work-board item (package board)
 const Bucket = "mesh_rooms"
@@ -94,6 +98,11 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return nil, errs.New(errs.InputInvalid, "descriptor is required: the room's signed descriptor, as an object or its token")
 	}
+	// The token form is base64 of the object: 4/3 of its length, and its
+	// quotes.
+	if len(raw) > MaxDescriptorBytes/3*4+8 {
+		return nil, errDescriptorTooLong(len(raw))
+	}
 	var token string
 	if json.Unmarshal(raw, &token) == nil {
 		b, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(token, "="))
@@ -102,9 +111,24 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 		}
 		raw = b
 	}
+	if len(raw) > MaxDescriptorBytes {
+		return nil, errDescriptorTooLong(len(raw))
+	}
 	var obj map[string]any
 	if err := json.Unmarshal(raw, &obj); err != nil {
 		return nil, errs.Wrap(errs.InputInvalid, "descriptor is not a JSON object", err)
+	}
+	// The signature is checked on obj, whose keys are exact; the typed
+	// members below are decoded with encoding/json, whose names match
+	// case-insensitively. A key that folds onto a member without being it
+	// would make the two read different descriptors (a signed "creator",
+	// an unsigned "CREATOR" read as the creator), so it is refused.
+	for k := range obj {
+		for _, m := range descriptorMembers {
+			if k != m && strings.EqualFold(k, m) {
+				return nil, errs.Newf(errs.InputInvalid, "descriptor member %q is not spelled %q: member names are exact and lower case", truncate(k, 64), m)
+			}
+		}
 	}
 	var d Descriptor
 	if err := json.Unmarshal(raw, &d); err != nil {
@@ -143,6 +167,33 @@ func ParseDescriptor(raw json.RawMessage) (*Descriptor, error) {
 	return &d, nil
 }
 
+// MaxDescriptorBytes bounds a descriptor's JSON (its token form is
+// 4/3 of it): every call carries it, and mesh.rooms.mine answers the
+// descriptors of many rooms at once. Upstream's descriptors (channels,
+// name, a playbook of a dozen entries) take a few hundred bytes.
+const MaxDescriptorBytes = 16 << 10
+
+// descriptorMembers are the descriptor's members (upstream-notes §7):
+// ParseDescriptor refuses any other spelling of them.
+var descriptorMembers = []string{"rooms", "room_id", "name", "channels", "playbook", "record", "drive", "policy",
+	"privacy", "key_fingerprint", "creator", "created_at", "sig"}
+
+func errDescriptorTooLong(n int) error {
+	return errs.Newf(errs.InputInvalid, "the descriptor is %d bytes; a room descriptor is at most %d (%d KiB) as JSON: sign a shorter one",
+		n, MaxDescriptorBytes, MaxDescriptorBytes>>10)
+}
+
+// truncate shortens what is quoted back in a message.
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	for n > 0 && !utf8.RuneStart(s[n]) {
+		n--
+	}
+	return s[:n] + "…"
+}
+
 // Room is the record of one durable room, key room.<room_id>.
 type Room struct {
 	ID         string          `json:"room_id"`
@@ -165,8 +216,11 @@ type Room struct {
 	// RecordMsgs and RecordBytes count the record (10,000 / 8 MB).
 	RecordMsgs  int64 `json:"record_msgs"`
 	RecordBytes int64 `json:"record_bytes"`
-	// DriveBytes counts the room's drive files.
+	// DriveBytes counts the room's drive: the bytes of its files and
+	// DriveEntryOverhead for each entry (file or link); DriveFiles counts
+	// its entries (at most Limits.DriveFiles).
 	DriveBytes int64 `json:"drive_bytes"`
+	DriveFiles int   `json:"drive_files"`
 	// ClosedAt is set when reclaim or idle expiry starts removing the
 	// room, and Why says which ("reclaimed" or "expired"): from then on
 	// Access refuses it and the record takes nothing more, and whichever
@@ -217,9 +271,10 @@ func errNotMember(roomID string) error {
 // verifies, the room is durable and provisioned here (NOT_FOUND otherwise,
 // or once reclaimed or expired), the stored descriptor is the one the call
 // carries, and from is a member. It returns the descriptor and the room's
-// current record.
+// current record. It records from as a holder of a capability or sealed
+// room (holders.go) every time: a worker uses a Gate, which does so once.
 func Access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMessage, from string) (*Descriptor, *Room, error) {
-	return access(ctx, kv, rawDescriptor, from, false)
+	return NewGate(kv, nil, nil).Access(ctx, rawDescriptor, from)
 }
 
 // access is Access; closed admits a room being removed (ClosedAt set),
@@ -248,18 +303,29 @@ func access(ctx context.Context, kv jetstream.KeyValue, rawDescriptor json.RawMe
 	return d, &r, nil
 }
 
-// sameDescriptor compares two descriptors by their signature: each is a
-// verified object signed by the creator, so equal signatures over the same
-// creator's key mean the same signed content (Ed25519 is deterministic).
+// sameDescriptor reports whether two descriptors are the same object: their
+// canonical JSON (protocol.Canonical) is equal, whatever the order of their
+// members or their spacing. Comparing anything less (the signature and the
+// creator) would let a descriptor carrying those of another pass as it.
 func sameDescriptor(stored, got json.RawMessage) bool {
-	var a, b struct {
-		Creator string `json:"creator"`
-		Sig     string `json:"sig"`
-	}
-	if json.Unmarshal(stored, &a) != nil || json.Unmarshal(got, &b) != nil {
+	a, err := canonicalObject(stored)
+	if err != nil {
 		return false
 	}
-	return a.Sig != "" && a.Sig == b.Sig && a.Creator == b.Creator
+	b, err := canonicalObject(got)
+	return err == nil && bytes.Equal(a, b)
+}
+
+// canonicalObject is the canonical JSON of a JSON object.
+func canonicalObject(raw json.RawMessage) ([]byte, error) {
+	var obj map[string]any
+	if err := json.Unmarshal(raw, &obj); err != nil {
+		return nil, err
+	}
+	if obj == nil {
+		return nil, errors.New("not an object")
+	}
+	return protocol.Canonical(obj)
 }
 
 // Quota is an operator's use of the durable rooms, key quota.<operator>:
@@ -273,4 +339,8 @@ type Quota struct {
 	// adds its room once and removal takes it out once, so either may be
 	// repeated after a crash without counting twice.
 	RoomIDs []string `json:"room_ids,omitempty"`
+	// CountedAt is when each of RoomIDs was counted: the sweep gives back
+	// a count whose room was never created once it is this old, however
+	// recently the quota was written for other rooms.
+	CountedAt map[string]time.Time `json:"counted_at,omitempty"`
 }

@@ -1,7 +1,6 @@
 package rooms
 
 import (
-	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -21,12 +20,22 @@ type Cursor struct {
 	At  time.Time `json:"at"`
 }
 
-// status answers mesh.rooms.status {descriptor}: the room's grade, its acl
-// members, the record's use against its limits, the cursors' high-water
-// mark and the caller's own cursor, and the drive.
+// status answers mesh.rooms.status {descriptor, drive_after?,
+// drive_limit?}: the room's grade, its acl members, the record's use
+// against its limits, the cursors' high-water mark and the caller's own
+// cursor, and the drive with one page of its entries (drive.next names
+// where the next page starts).
 func (w *Worker) status(ctx context.Context, r *bus.Request) (any, error) {
-	var p roomCall
+	var p struct {
+		roomCall
+		DriveAfter *string `json:"drive_after"`
+		DriveLimit *int    `json:"drive_limit"`
+	}
 	_, room, err := w.access(ctx, r, &p)
+	if err != nil {
+		return nil, err
+	}
+	after, limit, err := pageRequest(p.DriveAfter, p.DriveLimit, "drive_limit", MaxDrivePage, MaxDrivePage)
 	if err != nil {
 		return nil, err
 	}
@@ -50,7 +59,7 @@ func (w *Worker) status(ctx context.Context, r *bus.Request) (any, error) {
 			mine = c
 		}
 	}
-	drive, err := w.driveStatus(ctx, room)
+	drive, err := w.driveStatus(ctx, room, after, limit)
 	if err != nil {
 		return nil, err
 	}
@@ -108,28 +117,68 @@ func cursorAnswer(c Cursor) map[string]any {
 	return map[string]any{"seq": c.Seq, "at": at}
 }
 
-// mine answers mesh.rooms.mine {descriptor?} with {rooms}: the durable
-// rooms the caller created or was admitted to, from the member.<agent>.
-// index (never capability or sealed rooms merely held). It names no room,
-// so a descriptor is optional; one given must pass Access.
+// mine answers mesh.rooms.mine {descriptor?, after?, limit?} with {rooms,
+// next?}: the durable rooms the caller created or was admitted to, from the
+// member.<agent>. index (never capability or sealed rooms merely held),
+// oldest first, one page at a time (at most limit, DefaultMinePage by
+// default and MaxMinePage at most, and pageBytes of them; next names where
+// the next page starts). It names no room, so a descriptor is optional;
+// one given must pass Access.
 func (w *Worker) mine(ctx context.Context, r *bus.Request) (any, error) {
 	if err := w.optionalAccess(ctx, r); err != nil {
+		return nil, err
+	}
+	var pg struct {
+		After *string `json:"after"`
+		Limit *int    `json:"limit"`
+	}
+	if err := r.Decode(&pg); err != nil {
+		return nil, err
+	}
+	after, limit, err := pageRequest(pg.After, pg.Limit, "limit", DefaultMinePage, MaxMinePage)
+	if err != nil {
 		return nil, err
 	}
 	index, err := w.kvValues(ctx, MemberKey(r.Env.From, "*"))
 	if err != nil {
 		return nil, err
 	}
-	var roomKeys, cursorKeys, ids []string
+	var roomKeys []string
 	for _, e := range index {
-		id := strings.TrimPrefix(e.Key, MemberKey(r.Env.From, ""))
-		ids = append(ids, id)
-		roomKeys = append(roomKeys, RoomKey(id))
-		cursorKeys = append(cursorKeys, CursorKey(id, r.Env.From))
+		roomKeys = append(roomKeys, RoomKey(strings.TrimPrefix(e.Key, MemberKey(r.Env.From, ""))))
 	}
 	roomVals, err := w.kvValues(ctx, roomKeys...)
 	if err != nil {
 		return nil, err
+	}
+	var rooms []mineRoom
+	for _, e := range roomVals {
+		var room Room
+		if json.Unmarshal(e.Value, &room) != nil || room.ClosedAt != nil || room.Privacy != GradeACL && room.Creator != r.Env.From ||
+			!room.IsMember(r.Env.From) {
+			continue
+		}
+		var name any
+		if room.Name != "" {
+			name = room.Name
+		}
+		role := RoleMember
+		if room.Creator == r.Env.From {
+			role = RoleCreator
+		}
+		rooms = append(rooms, mineRoom{Descriptor: room.Descriptor, RoomID: room.ID, Name: name, Privacy: room.Privacy,
+			CreatedAt: protocol.FormatTime(room.CreatedAt), Role: role, createdAt: room.CreatedAt})
+	}
+	slices.SortFunc(rooms, func(a, b mineRoom) int { return strings.Compare(a.key(), b.key()) })
+	page, next, err := pageOf(rooms, mineRoom.key, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	// The record and cursor of the page's rooms only.
+	ids := make([]string, len(page))
+	cursorKeys := make([]string, len(page))
+	for i, m := range page {
+		ids[i], cursorKeys[i] = m.RoomID, CursorKey(m.RoomID, r.Env.From)
 	}
 	cursorVals, err := w.kvValues(ctx, cursorKeys...)
 	if err != nil {
@@ -146,31 +195,35 @@ func (w *Worker) mine(ctx context.Context, r *bus.Request) (any, error) {
 			cursors[e.Key] = c
 		}
 	}
-	var rooms []Room
-	for _, e := range roomVals {
-		var room Room
-		if json.Unmarshal(e.Value, &room) != nil || room.ClosedAt != nil || room.Privacy != GradeACL && room.Creator != r.Env.From ||
-			!room.IsMember(r.Env.From) {
-			continue
-		}
-		rooms = append(rooms, room)
+	for i := range page {
+		page[i].LastSeq = nullSeq(last[page[i].RoomID])
+		page[i].Cursor = cursorAnswer(cursors[CursorKey(page[i].RoomID, r.Env.From)])
 	}
-	slices.SortFunc(rooms, func(a, b Room) int { return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), strings.Compare(a.ID, b.ID)) })
-	out := make([]map[string]any, 0, len(rooms))
-	for _, room := range rooms {
-		var name any
-		if room.Name != "" {
-			name = room.Name
-		}
-		role := RoleMember
-		if room.Creator == r.Env.From {
-			role = RoleCreator
-		}
-		out = append(out, map[string]any{"descriptor": room.Descriptor, "room_id": room.ID, "name": name, "privacy": room.Privacy,
-			"created_at": protocol.FormatTime(room.CreatedAt), "role": role, "last_seq": nullSeq(last[room.ID]),
-			"cursor": cursorAnswer(cursors[CursorKey(room.ID, r.Env.From)])})
+	out := map[string]any{"rooms": page}
+	if next != "" {
+		out["next"] = next
 	}
-	return map[string]any{"rooms": out}, nil
+	return out, nil
+}
+
+// mineRoom is one room of mine's answer (upstream-notes §7).
+type mineRoom struct {
+	Descriptor json.RawMessage `json:"descriptor"`
+	RoomID     string          `json:"room_id"`
+	Name       any             `json:"name"`
+	Privacy    string          `json:"privacy"`
+	CreatedAt  string          `json:"created_at"`
+	Role       string          `json:"role"`
+	LastSeq    any             `json:"last_seq"`
+	Cursor     map[string]any  `json:"cursor"`
+
+	createdAt time.Time
+}
+
+// key orders mine's rooms and is its page cursor: when the room was
+// created (to the nanosecond, fixed width), then its id.
+func (m mineRoom) key() string {
+	return m.createdAt.UTC().Format("2006-01-02T15:04:05.000000000Z") + "/" + m.RoomID
 }
 
 // optionalAccess runs Access when the call carries a descriptor: for the
@@ -183,7 +236,7 @@ func (w *Worker) optionalAccess(ctx context.Context, r *bus.Request) error {
 	if len(p.Descriptor) == 0 || string(p.Descriptor) == "null" {
 		return nil
 	}
-	_, room, err := Access(ctx, w.kv, p.Descriptor, r.Env.From)
+	_, room, err := w.gate.Access(ctx, p.Descriptor, r.Env.From)
 	if err != nil {
 		return err
 	}

@@ -19,10 +19,10 @@ import (
 // worker to expire idle rooms (upstream-notes §7: swept hourly).
 const SweepInterval = time.Hour
 
-// quotaGrace is how long a quota must have gone unwritten before the sweep
-// gives back a room it counts that does not exist: a provision cut short
-// between counting the room and creating it. A provision in progress
-// writes the quota well within it.
+// quotaGrace is how old a quota's count of a room that does not exist must
+// be before the sweep gives it back: a provision cut short between
+// counting the room and creating it. A provision in progress creates its
+// room well within it.
 const quotaGrace = 10 * time.Minute
 
 // sweepEndpoint answers mesh.internal.rooms.sweep {} with {expired}: the
@@ -103,18 +103,16 @@ func (w *Worker) Sweep(ctx context.Context) (int, error) {
 }
 
 // releaseLostCounts gives back the rooms a quota counts that do not exist
-// (rooms lists those that did when the sweep began), for quotas nobody
-// wrote in quotaGrace: a provision that wrote its quota since would have
-// created its room by now, or may still be creating it.
+// (rooms lists those that did when the sweep began) and were counted more
+// than quotaGrace ago: a provision that counted one since may still be
+// creating it. A count with no time (made before counts had one) is as old
+// as the quota's last write.
 func (w *Worker) releaseLostCounts(ctx context.Context, rooms map[string]bool, now time.Time) error {
 	quotas, err := w.kvValues(ctx, QuotaKey("")+"*")
 	if err != nil {
 		return err
 	}
 	for _, e := range quotas {
-		if now.Sub(e.Written) < quotaGrace {
-			continue
-		}
 		var q Quota
 		if err := json.Unmarshal(e.Value, &q); err != nil {
 			continue
@@ -125,6 +123,13 @@ func (w *Worker) releaseLostCounts(ctx context.Context, rooms map[string]bool, n
 		}
 		for _, id := range slices.Clone(q.RoomIDs) {
 			if rooms[id] {
+				continue
+			}
+			at, ok := q.CountedAt[id]
+			if !ok {
+				at = e.Written
+			}
+			if now.Sub(at) < quotaGrace {
 				continue
 			}
 			if _, found, err := bus.GetJSON[Room](ctx, w.kv, RoomKey(id)); err != nil || found {

@@ -2,6 +2,7 @@ package rooms_test
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -196,4 +197,72 @@ func TestStatusCursorMine(t *testing.T) {
 	if m := st["members"].([]any); len(m) != 2 {
 		t.Fatalf("acl members %v", m)
 	}
+}
+
+// mine pages (review finding 12): an agent admitted to many rooms, whose
+// creators may sign descriptors of up to 16 KiB, gets them a page at a time
+// (limit, 100 by default and 500 at most, and 512 KiB), next naming where
+// the next page starts (after); the pages are the whole list, oldest first.
+func TestMinePaged(t *testing.T) {
+	h := start(t, rooms.Config{Limits: rooms.Limits{RoomsPerOperator: 20}}, 2)
+	ana := h.agent("ana@example.org")
+	bob := h.agent("bob@example.org")
+	const n = 12
+	var ids []string
+	for i := range n {
+		id := newRoomID()
+		d := descriptor(t, ana, id, rooms.GradeACL, func(m map[string]any) {
+			m["playbook"] = map[string]any{"note": strings.Repeat("x", 12_000)} // a long descriptor
+			m["name"] = fmt.Sprint("room ", i)
+		})
+		h.must(ana, "provision", map[string]any{"descriptor": d})
+		if _, _, err := bus.CAS(t.Context(), h.kv, rooms.RoomKey(id), func(r *rooms.Room, _ bool) (*rooms.Room, error) {
+			r.Members = append(r.Members, bob.Public())
+			return r, nil
+		}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := h.kv.Put(t.Context(), rooms.MemberKey(bob.Public(), id), mustJSON(t, rooms.MemberEntry{Role: rooms.RoleMember, At: protocol.FormatTime(time.Now())})); err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	pages := func(p map[string]any) (sizes []int, got []string) {
+		after := ""
+		for {
+			q := map[string]any{}
+			for k, v := range p {
+				q[k] = v
+			}
+			if after != "" {
+				q["after"] = after
+			}
+			out := h.must(bob, "mine", q)
+			page := out["rooms"].([]any)
+			for _, r := range page {
+				got = append(got, r.(map[string]any)["room_id"].(string))
+			}
+			sizes = append(sizes, len(page))
+			next, _ := out["next"].(string)
+			if next == "" {
+				return sizes, got
+			}
+			after = next
+		}
+	}
+	want := strings.Join(ids, ",")
+	if sizes, got := pages(map[string]any{"limit": 5}); fmt.Sprint(sizes) != "[5 5 2]" || strings.Join(got, ",") != want {
+		t.Fatalf("pages of 5: %v %v", sizes, got)
+	}
+	if sizes, got := pages(map[string]any{}); fmt.Sprint(sizes) != "[12]" || strings.Join(got, ",") != want {
+		t.Fatalf("the default page: %v %v", sizes, got)
+	}
+	restore := rooms.SetPageBytes(50_000)
+	sizes, got := pages(map[string]any{"limit": 5000})
+	restore()
+	if len(sizes) < 3 || strings.Join(got, ",") != want {
+		t.Fatalf("pages within 50,000 bytes: %v %v", sizes, got)
+	}
+	h.refused(bob, "mine", map[string]any{"limit": 0}, errs.InputInvalid)
+	h.refused(bob, "mine", map[string]any{"after": strings.Repeat("a", 600)}, errs.InputInvalid)
 }

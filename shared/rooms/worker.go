@@ -43,6 +43,7 @@ type Limits struct {
 	IdleAfter             time.Duration // a room with no traffic this long expires: 3 days
 	CredentialTTL         time.Duration // an acl room credential: 1 hour
 	Roster                int           // acl members of one room: 1,000
+	DriveFiles            int           // entries (files and links) on one room's drive: 1,000
 }
 
 // Default limits.
@@ -55,12 +56,13 @@ const (
 	DefaultIdleAfter             = 72 * time.Hour
 	DefaultCredentialTTL         = time.Hour
 	DefaultRoster                = 1000
+	DefaultDriveFiles            = 1000
 )
 
 // DefaultLimits are the limits of the reference deployment.
 var DefaultLimits = Limits{RoomsPerOperator: DefaultRoomsPerOperator, RecordMsgs: DefaultRecordMsgs,
 	RecordBytes: DefaultRecordBytes, FileBytes: DefaultFileBytes, DriveBytesPerOperator: DefaultDriveBytesPerOperator,
-	IdleAfter: DefaultIdleAfter, CredentialTTL: DefaultCredentialTTL, Roster: DefaultRoster}
+	IdleAfter: DefaultIdleAfter, CredentialTTL: DefaultCredentialTTL, Roster: DefaultRoster, DriveFiles: DefaultDriveFiles}
 
 func (l Limits) withDefaults() Limits {
 	d := DefaultLimits
@@ -87,6 +89,9 @@ func (l Limits) withDefaults() Limits {
 	}
 	if l.Roster > 0 {
 		d.Roster = l.Roster
+	}
+	if l.DriveFiles > 0 {
+		d.DriveFiles = l.DriveFiles
 	}
 	return d
 }
@@ -136,6 +141,10 @@ type Config struct {
 	// Credentials mints and revokes acl room credentials; nil refuses
 	// mesh.rooms.credential with UNAVAILABLE.
 	Credentials Credentials
+	// RevocationSync is how often each copy brings the broker's
+	// revocations of room credentials in line with the cred records
+	// (syncRevocations): 0 is DefaultRevocationSync, negative never.
+	RevocationSync time.Duration
 }
 
 // Worker is one running copy of the rooms worker.
@@ -153,6 +162,9 @@ type Worker struct {
 
 	// core is the state of the record's ingest (core.go).
 	core coreState
+	// gate is Access, recording the holders of capability and sealed
+	// rooms, which the ingest asks about (holders.go).
+	gate *Gate
 }
 
 // endpoint is one verb the worker serves.
@@ -178,6 +190,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(err)
 	}
+	w.gate = NewGate(w.kv, svc.NC, w.now)
 	if err := w.bindStreams(ctx); err != nil {
 		return fail(err)
 	}
@@ -193,6 +206,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err := w.startIngest(ctx); err != nil {
 		return fail(err)
 	}
+	w.startRevocationSync()
 	if err := env.NC.Flush(); err != nil {
 		return fail(fmt.Errorf("%s: flush: %w", Name, err))
 	}

@@ -3,8 +3,9 @@
 //
 //	go run ./conformance/cmd/vectors ../shared/conformance
 //
-// It prints one line per vector and finally "N passed, M failed", and exits
-// 1 when anything failed or a known file could not be parsed.
+// It prints one line per vector, one "file: N passed, M failed" line per
+// fixture file, and finally "N passed, M failed", and exits 1 when anything
+// failed or a known file could not be parsed.
 package main
 
 import (
@@ -21,7 +22,8 @@ func main() {
 		fmt.Fprintf(os.Stderr, `usage: vectors DIR
 
 Runs every known conformance fixture file in DIR against this project's own
-protocol code and prints one line per vector, then "N passed, M failed".
+protocol code and prints one line per vector, one summary line per file, then
+"N passed, M failed".
 Known files: %s.
 Cases that need a running mesh are listed as deferred and not counted as passed.
 Exit status: 0 when nothing failed, 1 on a failure, 2 on a usage error.
