@@ -239,9 +239,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket,
-		Description: "per-agent message counters, keyed by agent id, and the catalog, keyed catalog.<agent id>",
-		Replicas:    bus.Replicas(cfg.Replicas)})
+	usage, err := bus.Bucket(ctx, svc.JS, UsageBucketConfig(cfg.Replicas))
 	if err != nil {
 		return fail(err)
 	}
