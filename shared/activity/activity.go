@@ -103,11 +103,6 @@ type Config struct {
 	// Official lists the agent ids the catalog marks official, unless the
 	// operator said otherwise for one (meshd admin catalog official).
 	Official []string
-	// Accounts says which agents an app credential may read the activity
-	// and usage of (access.go); nil refuses every caller but the services
-	// key with UNAVAILABLE. devenv gives the control plane's credential
-	// service.
-	Accounts Accounts
 	// FlushEvery is how often a copy writes the counter deltas it has
 	// accumulated (DefaultFlushEvery, 250 ms): counters are eventually
 	// consistent within it, and a crash loses at most that much counting.
