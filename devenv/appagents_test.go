@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -27,8 +28,21 @@ import (
 // the bus lost or kept too long. Over the broker, with app credentials, an
 // app reads its own account's agents (one bound after it too) and is
 // refused another account's; a revoked app is refused.
-func TestAppRecordsOnTheBus(t *testing.T) {
-	c := startCP(t)
+func TestAppRecordsOnTheBus(t *testing.T) { appRecordsOnTheBus(t) }
+
+// The same on a three-server cluster, where mesh_usage is R3 and the
+// worker reads each record from the bucket's leader.
+func TestAppRecordsOnACluster(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a three-server cluster")
+	}
+	appRecordsOnTheBus(t, func(cfg *devenv.Config) {
+		cfg.Cluster, cfg.ClusterResolverSync, cfg.Workers.Copies = 3, 200*time.Millisecond, 2
+	})
+}
+
+func appRecordsOnTheBus(t *testing.T, mut ...func(*devenv.Config)) {
+	c := startCP(t, mut...)
 	ctx, cancel := context.WithTimeout(t.Context(), 30*time.Second)
 	defer cancel()
 	acct, tok := c.signIn("apps@example.org")
