@@ -44,6 +44,11 @@ type Config struct {
 	Classes map[string]creds.ClassLimits
 	Now     func() time.Time
 	Log     *slog.Logger
+
+	// Apps keeps, on the bus, which agents each live app may read the
+	// activity and usage of (activity.AppAgentsMirror, appmirror.go); nil
+	// without a bus connection.
+	Apps AppMirror
 }
 
 // Service issues and revokes credentials.
@@ -315,6 +320,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 	expires := s.expiry(now)
 	sharedInbox := !r.PrivateInbox
 	var res BootstrapResult
+	var owner string
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		res = BootstrapResult{}
 		// Reads.
@@ -396,6 +402,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 			return err
 		}
 		ag := Agent{ID: agentID, AccountID: acct.ID, Label: k.Label, Handle: bound, CreatedAt: ms(now), Enabled: true}
+		owner = acct.ID
 		if mine {
 			ag.CreatedAt = existing.CreatedAt
 			if bound == "" {
@@ -436,6 +443,8 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 		return BootstrapResult{}, txErr(err)
 	}
 	s.log.Info("agent key exchanged", "agent", agentID, "credential", cred.Public(), "handle", res.Handle != nil, "proof", proven)
+	// The agent is the account's now: its apps may read about it.
+	s.mirrorAccount(ctx, owner)
 	return res, nil
 }
 
