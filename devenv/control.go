@@ -106,11 +106,15 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 	if m.roomOwners != nil {
 		m.roomOwners.reg.Store(d.Registrar)
 	}
-	m.appAccounts.creds.Store(d.Credentials)
 	m.control = &Control{Store: st, Accounts: d.Accounts, Credentials: d.Credentials, Guests: d.Guests, Registrar: d.Registrar, Deps: d, Bus: caller}
 	d.Mount(m.mux, routes.All())
 	if err := m.applyStoredRevocations(context.Background(), st); err != nil {
 		return err
+	}
+	// Apps made before the bus kept their records (an older meshd) are
+	// answered from the start, not from the first sweep.
+	if _, err := d.Credentials.ResyncApps(context.Background()); err != nil {
+		m.log.Warn("app records on the bus; the credential sweep retries", "err", err)
 	}
 	if err := m.startAdmin(dataDir); err != nil {
 		return err

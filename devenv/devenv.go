@@ -197,8 +197,6 @@ type Mesh struct {
 	// roomOwners is the rooms worker's registrar, set once the control
 	// plane has built it.
 	roomOwners *registrarOwners
-	// appAccounts tells the activity worker an app's account's agents.
-	appAccounts appAccounts
 
 	// control is the control plane (store, services, routes).
 	control *Control

@@ -3,15 +3,12 @@ package devenv
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 	"time"
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
 	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
-	"agentmesh.dev/mesh/shared/credential"
-	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/presence"
@@ -118,11 +115,6 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		wcfg.Rooms.Owners = m.roomOwners
 	}
 	wcfg.Rooms.Credentials = m.roomCredentials()
-	if wcfg.Activity.Accounts == nil {
-		// Apps read their account's activity and usage (activity.Accounts),
-		// answered by the control plane's store once it runs.
-		wcfg.Activity.Accounts = &m.appAccounts
-	}
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}
@@ -145,18 +137,4 @@ func (m *Mesh) startWorkers(cfg Config) error {
 	}
 	m.log.Info("bus workers running", "workers", len(table), "copies", copies)
 	return nil
-}
-
-// appAccounts answers the activity worker's question about apps from the
-// control plane's credential service, which starts after the workers.
-type appAccounts struct {
-	creds atomic.Pointer[credential.Service]
-}
-
-func (a *appAccounts) AppAgents(ctx context.Context, appKey string) ([]string, error) {
-	c := a.creds.Load()
-	if c == nil {
-		return nil, errs.New(errs.Unavailable, "the control plane is starting; try again")
-	}
-	return c.AppAgents(ctx, appKey)
 }

@@ -13,6 +13,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/accountview"
+	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/closure"
@@ -47,8 +48,9 @@ type Backends struct {
 	// revocations in the store only.
 	Revoker credential.Revoker
 	// Bus is the control plane's signed way onto the bus (its services
-	// key): the account views, the guest roster and eviction, and the
-	// mailbox history that tells a new agent key from a used one. nil
+	// key): the account views, the guest roster and eviction, the
+	// mailbox history that tells a new agent key from a used one, and the
+	// app records the activity worker answers apps from. nil
 	// without a bus connection: the views answer 501 and guests get the
 	// pinned permission set.
 	Bus *bus.Caller
@@ -154,11 +156,15 @@ func NewDeps(b Backends) (*Deps, error) {
 	}
 	var history credential.History
 	var js jetstream.JetStream
+	var apps credential.AppMirror
 	if b.Bus != nil {
 		history = mailbox.History{Bus: b.Bus}
 		if js, err = jetstream.New(b.Bus.NC); err != nil {
 			return nil, fmt.Errorf("control plane: jetstream: %w", err)
 		}
+		// The activity worker answers apps from these records, never
+		// from the store (in the cloud it cannot read Firestore).
+		apps = &activity.AppAgentsMirror{JS: js}
 	}
 	auditNow := b.Audit.Now
 	if auditNow == nil {
@@ -176,7 +182,7 @@ func NewDeps(b Backends) (*Deps, error) {
 	}
 	d.Credentials = credential.New(credential.Config{Store: b.Store, Trust: b.Trust, Revoker: b.Revoker, Mesh: b.Mesh,
 		ControlURL: b.ControlURL, NoExpiry: s.NoExpiry, Now: b.Now, Log: b.Log.With("service", "credential"),
-		History: history, Unowned: s.Unowned, Classes: s.Classes, Actions: actions})
+		History: history, Unowned: s.Unowned, Classes: s.Classes, Apps: apps, Actions: actions})
 	// With a bus connection, guests are recorded on the registry's guest
 	// roster (so they may register on the plain subject) and cleared when
 	// their leases end; without one they get the pinned set.

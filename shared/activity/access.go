@@ -22,19 +22,11 @@ import (
 //   - the services key (the account's HTTP views, which pick the account's
 //     agents themselves): about any agent;
 //   - an app's key (the app signs with it): about the agents of the account
-//     that owns the app, as Config.Accounts says, on a private reply only,
-//     since what an account's agents did is not for every credential on the
-//     shared _INBOX.;
-//   - any other signer (an operator test credential signing as some agent):
-//     FORBIDDEN.
-
-// Accounts says which agents an app may read the activity and usage of.
-type Accounts interface {
-	// AppAgents returns the agents of the account that owns the live app
-	// whose key is appKey (its apps' keys among them), or an error:
-	// errs.NotFound when appKey is no live app.
-	AppAgents(ctx context.Context, appKey string) ([]string, error)
-}
+//     that owns the app, as the control plane's record of the app says
+//     (appagents.go), on a private reply only, since what an account's
+//     agents did is not for every credential on the shared _INBOX.;
+//   - any other signer (an app revoked or of a disabled account, an
+//     operator test credential signing as some agent): FORBIDDEN.
 
 // scope is who the caller of r may read about: all (nil, the services) or
 // the agents in the set.
@@ -42,11 +34,7 @@ func (w *Worker) scope(ctx context.Context, r *bus.Request) (map[string]bool, er
 	if r.Env.From == w.svc.Key.Public() {
 		return nil, nil
 	}
-	if w.cfg.Accounts == nil {
-		return nil, errs.Newf(errs.Unavailable,
-			"this mesh's activity worker cannot tell which account an app belongs to; read GET /v1/accounts/{id}/activity or /usage instead")
-	}
-	agents, err := w.cfg.Accounts.AppAgents(ctx, r.Env.From)
+	agents, err := w.appAgents(ctx, r.Env.From)
 	if errs.CodeOf(err) == errs.NotFound {
 		return nil, errs.Newf(errs.Forbidden,
 			"%s answers an app credential about its own account's agents (sign with the app key) and the account's HTTP views; %s is no live app", r.Subject, r.Env.From)
@@ -91,7 +79,7 @@ func (w *Worker) usageOf(ctx context.Context, agents []string) ([]Usage, error) 
 const maxUsageBatch = 1000
 
 // allUsage reads every agent's counters: one request for the last value
-// of every single-token key (catalog keys have two), or a pass over the
+// of every single-token key (catalog and app keys have two), or a pass over the
 // bucket past what one request answers.
 func (w *Worker) allUsage(ctx context.Context) ([]Usage, error) {
 	out, err := w.lastValues(ctx, []string{"$KV." + UsageBucket + ".*"})
@@ -100,7 +88,7 @@ func (w *Worker) allUsage(ctx context.Context) ([]Usage, error) {
 	}
 	out = []Usage{}
 	err = bus.EachValue(ctx, w.usage, func(key string, v []byte) {
-		if strings.HasPrefix(key, CatalogPrefix) {
+		if strings.HasPrefix(key, CatalogPrefix) || strings.HasPrefix(key, AppAgentsPrefix) {
 			return
 		}
 		var u Usage

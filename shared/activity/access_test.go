@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/bus"
@@ -18,24 +19,20 @@ import (
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// accounts is a fixed answer to AppAgents: app key → its account's agents.
-type accounts map[string][]string
-
-func (a accounts) AppAgents(_ context.Context, key string) ([]string, error) {
-	if ags, ok := a[key]; ok {
-		return ags, nil
-	}
-	return nil, errs.Newf(errs.NotFound, "no app %s", key)
-}
-
-// An app reads the activity and usage of its own account's agents, and
-// only on a private reply; another signer is refused; the services key
-// (the account views) reads any agent.
+// An app reads the activity and usage of its own account's agents, as the
+// control plane's record of the app says, and only on a private reply;
+// another signer is refused, and so is the app once its record is gone
+// (revoked); the services key (the account views) reads any agent.
 func TestAppsReadTheirAccountsAgentsOnly(t *testing.T) {
 	app, mine, theirs, stranger := bustest.Agent(t), bustest.Agent(t), bustest.Agent(t), bustest.Agent(t)
 	m := bustest.Start(t)
-	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: m.ServicesKey(),
-		cfg: activity.Config{Accounts: accounts{app.Public(): {app.Public(), mine.Public()}}}}
+	h := &harness{t: t, m: m, nc: bustest.Client(t, m), caller: m.ServicesKey()}
+	h.js, _ = jetstream.New(h.nc)
+	// The control plane's side, on its own connection.
+	mirror := &activity.AppAgentsMirror{JS: h.js}
+	if n, err := mirror.Sync(t.Context(), []string{app.Public()}, fixed(map[string][]string{app.Public(): {app.Public(), mine.Public()}})); err != nil || n != 1 {
+		t.Fatalf("the app's record: %d %v", n, err)
+	}
 	for i := range 2 {
 		w, err := activity.Start(t.Context(), bustest.Env(t, m, fmt.Sprintf("activity-%d", i), nil), h.cfg)
 		if err != nil {
@@ -125,5 +122,16 @@ func TestAppsReadTheirAccountsAgentsOnly(t *testing.T) {
 	}
 	if l := h.activity(map[string]any{"to": theirs.Public()}); l.Total != 1 {
 		t.Errorf("activity for the views: %+v", l)
+	}
+
+	// Revoked: the control plane deletes the app's record, and the app is
+	// any other signer.
+	if n, err := mirror.Sync(t.Context(), []string{app.Public()}, fixed(nil)); err != nil || n != 1 {
+		t.Fatalf("deleting the app's record: %d %v", n, err)
+	}
+	for _, s := range []string{protocol.SubjActivityList, protocol.SubjUsageList} {
+		if err := asApp(s, map[string]any{"to": mine.Public(), "agent": mine.Public()}, &l); errs.CodeOf(err) != errs.Forbidden {
+			t.Errorf("%s as the revoked app: %v, want FORBIDDEN", s, err)
+		}
 	}
 }

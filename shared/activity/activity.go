@@ -104,11 +104,6 @@ type Config struct {
 	// Official lists the agent ids the catalog marks official, unless the
 	// operator said otherwise for one (meshd admin catalog official).
 	Official []string
-	// Accounts says which agents an app credential may read the activity
-	// and usage of (access.go); nil refuses every caller but the services
-	// key with UNAVAILABLE. devenv gives the control plane's credential
-	// service.
-	Accounts Accounts
 	// FlushEvery is how often a copy writes the counter deltas it has
 	// accumulated (DefaultFlushEvery, 250 ms): counters are eventually
 	// consistent within it, and a crash loses at most that much counting.
@@ -253,9 +248,7 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return fail(fmt.Errorf("%s: stream %s: %w", Name, Stream, err))
 	}
-	usage, err := bus.Bucket(ctx, svc.JS, jetstream.KeyValueConfig{Bucket: UsageBucket,
-		Description: "per-agent message counters, keyed by agent id, and the catalog, keyed catalog.<agent id>",
-		Replicas:    bus.Replicas(cfg.Replicas)})
+	usage, err := bus.Bucket(ctx, svc.JS, UsageBucketConfig(cfg.Replicas))
 	if err != nil {
 		return fail(err)
 	}

@@ -559,7 +559,8 @@ type pendingEdit struct {
 
 // pushEdits applies the edits in order, signs once and pushes; it returns
 // each edit's outcome. An edit that fails is left out of the push (the
-// claims are decoded again without it).
+// claims are decoded again without it); one that returns ErrUnchanged
+// succeeds without a push, as on one broker (Broker.UpdateMeshAccount).
 func (c *Cluster) pushEdits(ctx context.Context, batch []*pendingEdit) []error {
 	errs := make([]error, len(batch))
 	fail := func(err error) []error {
@@ -575,15 +576,25 @@ func (c *Cluster) pushEdits(ctx context.Context, batch []*pendingEdit) []error {
 		return fail(err)
 	}
 	claims := current
+	changed := false
 	for i, p := range batch {
 		before, err := cloneClaims(claims)
 		if err != nil {
 			return fail(err)
 		}
-		if err := p.edit(claims); err != nil {
+		switch err := p.edit(claims); {
+		case errors.Is(err, ErrUnchanged):
+			// As on one broker: nothing to push for it, and no error.
+			claims = before
+		case err != nil:
 			errs[i] = fmt.Errorf("update mesh account: %w", err)
 			claims = before
+		default:
+			changed = true
 		}
+	}
+	if !changed {
+		return errs
 	}
 	// Issued in a later second than the JWT it replaces (see above).
 	for time.Now().Unix() <= current.IssuedAt {

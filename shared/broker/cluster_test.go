@@ -208,6 +208,18 @@ func TestClusterRevocationReachesAReturningMember(t *testing.T) {
 		t.Fatalf("a good credential cannot connect to the returned member: %v", err)
 	}
 	nc.Close()
+	// An edit that changes nothing succeeds and pushes nothing, as on one
+	// broker (the credential sweep's SyncRevocations, when in line).
+	before, err := c.Server(0).MeshAccountClaims()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.UpdateMeshAccount(ctx, func(*jwt.AccountClaims) error { return broker.ErrUnchanged }); err != nil {
+		t.Fatalf("an unchanged edit: %v", err)
+	}
+	if after, err := c.Server(0).MeshAccountClaims(); err != nil || after.IssuedAt != before.IssuedAt {
+		t.Errorf("an unchanged edit pushed a new account JWT (%v)", err)
+	}
 }
 
 // The cloud's NATS-only revoker (creds.Revoker) builds each update on the

@@ -100,7 +100,11 @@ func (s *Service) CreateApp(ctx context.Context, accountID, name string) (AppRes
 	if errors.Is(err, store.ErrNotFound) {
 		return AppResult{}, errs.Newf(errs.NotFound, "no account %s", accountID)
 	}
-	return res, txErr(err)
+	if err != nil {
+		return AppResult{}, txErr(err)
+	}
+	s.mirrorAccount(ctx, accountID)
+	return res, nil
 }
 
 // RefreshApp mints a new JWT for an app's existing key.
@@ -142,7 +146,12 @@ func (s *Service) RefreshApp(ctx context.Context, accountID, appID string) (AppR
 			InboxPrefix: protocol.PrivateInboxPrefix(app.Key)}
 		return nil
 	})
-	return res, txErr(err)
+	if err != nil {
+		return AppResult{}, txErr(err)
+	}
+	// A refresh changes no answer, but mends a record the bus lost.
+	s.mirrorAccount(ctx, accountID)
+	return res, nil
 }
 
 // RevokeApp revokes an app: recorded, and its key revoked at the broker.
@@ -167,6 +176,7 @@ func (s *Service) RevokeApp(ctx context.Context, accountID, appID string) error 
 	if err != nil {
 		return txErr(err)
 	}
+	s.mirrorAccount(ctx, accountID)
 	return s.revoke(ctx, []string{key}, now)
 }
 
@@ -196,46 +206,4 @@ func (s *Service) Agents(ctx context.Context, accountID string) ([]Agent, error)
 	var out []Agent
 	err := store.List(ctx, s.st, CollAgents, store.Query{Where: []store.Eq{{Field: "account_id", Value: accountID}}, OrderBy: "created_at"}, &out)
 	return out, txErr(err)
-}
-
-// AppAgents answers the activity worker (activity.Accounts): the agents of
-// the account that owns the live app whose key is appKey, every agent it
-// ever bound and every app key it holds, so the app reads their activity
-// and usage. A key that is no app, a revoked app and a disabled account are
-// NOT_FOUND.
-func (s *Service) AppAgents(ctx context.Context, appKey string) ([]string, error) {
-	var apps []App
-	if err := store.List(ctx, s.st, CollApps, store.Where("key", appKey), &apps); err != nil {
-		return nil, txErr(err)
-	}
-	if len(apps) != 1 || apps[0].RevokedAt != 0 {
-		return nil, errs.Newf(errs.NotFound, "%s is no live app", appKey)
-	}
-	acctID := apps[0].AccountID
-	var acct account.Account
-	if err := store.Get(ctx, s.st, account.CollAccounts, acctID, &acct); err != nil {
-		if errors.Is(err, store.ErrNotFound) {
-			return nil, errs.Newf(errs.NotFound, "%s is no live app", appKey)
-		}
-		return nil, txErr(err)
-	}
-	if acct.Disabled {
-		return nil, errs.Newf(errs.NotFound, "%s is no live app: its account is disabled", appKey)
-	}
-	agents, err := s.Agents(ctx, acctID)
-	if err != nil {
-		return nil, err
-	}
-	all, err := s.ListApps(ctx, acctID)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]string, 0, len(agents)+len(all))
-	for _, a := range agents {
-		out = append(out, a.ID)
-	}
-	for _, a := range all {
-		out = append(out, a.Key)
-	}
-	return out, nil
 }

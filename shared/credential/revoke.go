@@ -31,6 +31,7 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 		if err != nil {
 			return err
 		}
+		owner = a.AccountID
 		var hs hosts
 		if _, err := getOptional(tx, CollHosts, agentID, &hs); err != nil {
 			return err
@@ -39,7 +40,6 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 		if err := recordRevocations(tx, revoke, now); err != nil {
 			return err
 		}
-		owner = a.AccountID
 		if known {
 			a.Enabled = false
 			if err := tx.Set(CollAgents, agentID, a); err != nil {
@@ -52,6 +52,7 @@ func (s *Service) RetireAgent(ctx context.Context, agentID, reason string) error
 		return txErr(err)
 	}
 	s.log.Info("agent retired", "agent", agentID, "reason", reason, "credentials_revoked", len(revoke))
+	s.mirrorAccount(ctx, owner)
 	err = s.revoke(ctx, revoke, now)
 	s.keepRevocation(ctx, owner, []string{agentID}, revoke, reason, now)
 	return err
@@ -103,6 +104,7 @@ func (s *Service) DisableAccount(ctx context.Context, accountID, reason string) 
 		return txErr(err)
 	}
 	s.log.Info("account disabled", "account", accountID, "credentials_revoked", len(revoke))
+	s.mirrorAccount(ctx, accountID)
 	err = s.revoke(ctx, revoke, now)
 	s.keepRevocation(ctx, accountID, agentIDs, revoke, reason, now)
 	return err
@@ -198,16 +200,18 @@ type RevocationSyncer interface {
 const revocationMargin = time.Hour
 
 // Sweep is the credential service's scheduled job: it deletes expired
-// rate-limit counters and keeps the broker's revocation list in line with
-// the store (SyncRevocations), and reports how many counters, records and
-// entries it removed or restored.
+// rate-limit counters, keeps the broker's revocation list in line with the
+// store (SyncRevocations) and the bus's app records too (ResyncApps), and
+// reports how many counters, records and entries it removed, restored or
+// corrected.
 func (s *Service) Sweep(ctx context.Context) (int, error) {
 	n, err := s.SweepLimits(ctx)
 	if err != nil {
 		return n, err
 	}
 	m, err := s.SyncRevocations(ctx)
-	return n + m, err
+	a, aerr := s.ResyncApps(ctx)
+	return n + m + a, errors.Join(err, aerr)
 }
 
 // SyncRevocations makes the broker's revocation list match the store's

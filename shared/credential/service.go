@@ -47,6 +47,11 @@ type Config struct {
 	Actions ActionLog
 	Now     func() time.Time
 	Log     *slog.Logger
+
+	// Apps keeps, on the bus, which agents each live app may read the
+	// activity and usage of (activity.AppAgentsMirror, appmirror.go); nil
+	// without a bus connection.
+	Apps AppMirror
 }
 
 // Service issues and revokes credentials.
@@ -319,6 +324,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 	sharedInbox := !r.PrivateInbox
 	var res BootstrapResult
 	var minted Mint
+	var owner string
 	err = s.st.RunTx(ctx, func(tx store.Tx) error {
 		res = BootstrapResult{}
 		// Reads.
@@ -400,6 +406,7 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 			return err
 		}
 		ag := Agent{ID: agentID, AccountID: acct.ID, Label: k.Label, Handle: bound, CreatedAt: ms(now), Enabled: true}
+		owner = acct.ID
 		if mine {
 			ag.CreatedAt = existing.CreatedAt
 			if bound == "" {
@@ -441,6 +448,8 @@ func (s *Service) Bootstrap(ctx context.Context, r BootstrapRequest) (BootstrapR
 		return BootstrapResult{}, txErr(err)
 	}
 	s.log.Info("agent key exchanged", "agent", agentID, "credential", cred.Public(), "handle", res.Handle != nil, "proof", proven)
+	// The agent is the account's now: its apps may read about it.
+	s.mirrorAccount(ctx, owner)
 	s.keepMint(ctx, minted)
 	return res, nil
 }
