@@ -3,8 +3,6 @@ package registrar
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,92 +11,42 @@ import (
 	"strings"
 	"time"
 
-	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/pancard"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
+// The card, the key set and the checks every resolver makes are
+// shared/pancard's (the rooms worker resolves creators with the same code);
+// these names keep the adapter's API.
+
 // Card is a resolved handle (spec §2.2, upstream-notes §12.4), as signed by
 // the registrar.
-type Card struct {
-	Handle   string `json:"handle"`
-	Reserved bool   `json:"reserved"`
-	Operator struct {
-		Name string `json:"name"`
-	} `json:"operator"`
-	Endpoints []struct {
-		Protocol string `json:"protocol"`
-		AgentID  string `json:"agent_id"`
-	} `json:"endpoints"`
-	Binding    *string `json:"binding"`
-	ClaimedVia string  `json:"claimed_via"`
-	ClaimedAt  string  `json:"claimed_at"`
-	Registrar  string  `json:"registrar"`
-	IssuedAt   string  `json:"issued_at"`
-	ExpiresAt  string  `json:"expires_at"`
-}
+type Card = pancard.Card
 
 // ExpiryGrace is how long after its expires_at a card is still accepted
 // (upstream-notes §12.4: at most 60 s, for clock skew).
-const ExpiryGrace = 60 * time.Second
+const ExpiryGrace = pancard.ExpiryGrace
 
 // KeyUse is the use of a card-signing key in the key set.
-const KeyUse = "pan-card-signing"
+const KeyUse = pancard.KeyUse
+
+// KeySet is the registrar's GET /api/registrar-key.
+type KeySet = pancard.KeySet
 
 // Kid is a registrar key's id: the first 12 hex digits of the SHA-256 of
 // the key string.
-func Kid(key string) string {
-	sum := sha256.Sum256([]byte(key))
-	return hex.EncodeToString(sum[:])[:12]
-}
-
-// KeySet is the registrar's GET /api/registrar-key.
-type KeySet struct {
-	Registrar string   `json:"registrar"`
-	Keys      []string `json:"keys"`
-	KeySet    []struct {
-		Kid    string `json:"kid"`
-		Key    string `json:"key"`
-		Status string `json:"status"`
-		Use    string `json:"use"`
-	} `json:"key_set"`
-}
+func Kid(key string) string { return pancard.Kid(key) }
 
 // CurrentKeys parses a key set answer and returns its current
 // card-signing keys, each checked against its kid. base is the registrar
 // that served it; a key set naming another registrar is refused.
-func CurrentKeys(body []byte, base string) ([]string, error) {
-	var ks KeySet
-	if err := json.Unmarshal(body, &ks); err != nil {
-		return nil, fmt.Errorf("the registrar's key set is not valid JSON: %w", err)
-	}
-	if !SameRegistrar(ks.Registrar, base) {
-		return nil, fmt.Errorf("the key set served by %s names the registrar %q", base, ks.Registrar)
-	}
-	var out []string
-	for _, k := range ks.KeySet {
-		if k.Status == "current" && k.Use == KeyUse && keys.IsUserPublicKey(k.Key) && k.Kid == Kid(k.Key) {
-			out = append(out, k.Key)
-		}
-	}
-	if len(out) == 0 {
-		return nil, fmt.Errorf("the registrar at %s publishes no current card-signing key", base)
-	}
-	return out, nil
-}
+func CurrentKeys(body []byte, base string) ([]string, error) { return pancard.CurrentKeys(body, base) }
 
 // SameRegistrar compares two registrar base URLs: scheme and host without
 // regard to case, and the path without a trailing slash.
-func SameRegistrar(a, b string) bool {
-	return normalizeBase(a) == normalizeBase(b) && normalizeBase(a) != ""
-}
+func SameRegistrar(a, b string) bool { return pancard.SameRegistrar(a, b) }
 
-func normalizeBase(s string) string {
-	u, err := url.Parse(strings.TrimSpace(s))
-	if err != nil || u.Scheme == "" || u.Host == "" {
-		return ""
-	}
-	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
-}
+func normalizeBase(s string) string { return pancard.NormalizeBase(s) }
 
 // resolution is the registrar's answer to resolve.
 type resolution struct {
@@ -159,18 +107,7 @@ func VerifyCard(body []byte, registrarKey, base, handle string, now time.Time) (
 func fold(h string) string { return strings.ToLower(strings.TrimSpace(h)) }
 
 // AgentOf is the mesh agent a verified card names.
-func AgentOf(card *Card) (string, error) {
-	if card.Reserved || len(card.Endpoints) == 0 {
-		return "", fmt.Errorf("the handle %s is claimed but no agent is bound to it yet (reserved)", card.Handle)
-	}
-	for _, e := range card.Endpoints {
-		// The specification's protocol is "mesh"; upstream's "agentmesh".
-		if (e.Protocol == "mesh" || e.Protocol == "agentmesh") && keys.IsUserPublicKey(e.AgentID) {
-			return e.AgentID, nil
-		}
-	}
-	return "", fmt.Errorf("the card for %s has no mesh endpoint", card.Handle)
-}
+func AgentOf(card *Card) (string, error) { return pancard.AgentOf(card) }
 
 // ResolveOptions tune Resolve.
 type ResolveOptions struct {

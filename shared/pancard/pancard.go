@@ -97,6 +97,11 @@ func SameRegistrar(a, b string) bool {
 	return normalizeBase(a) == normalizeBase(b) && normalizeBase(a) != ""
 }
 
+// NormalizeBase is a registrar base URL as SameRegistrar compares it
+// (lower-case scheme and host, the path without a trailing slash), or ""
+// when s is no absolute URL; resolvers key their pins by it.
+func NormalizeBase(s string) string { return normalizeBase(s) }
+
 func normalizeBase(s string) string {
 	u, err := url.Parse(strings.TrimSpace(s))
 	if err != nil || u.Scheme == "" || u.Host == "" {
