@@ -156,6 +156,14 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	})
+	h("POST /admin/catalog/{agent}/restore", func(w http.ResponseWriter, r *http.Request) error {
+		out, err := catalogAdmin(r.Context(), c, map[string]any{"agent_id": r.PathValue("agent"), "restore": true})
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
 	return httpx.JSONErrors(mux, log)
 }
 

@@ -120,6 +120,21 @@ func (c *cp) closable(email string, rp passkeytest.RelyingParty, chains *audit.C
 			t.Fatalf("register: %v", err)
 		}
 	}
+	// The agent emits on a stream feed, on its own credential, and the
+	// feeds keep it (history and latest) until closure erases them.
+	feed, _ := protocol.New(protocol.TypeEmit, a.agent.Public(), map[string]any{"topic": "log", "kind": "stream", "data": "hello"})
+	_ = feed.Sign(a.agent)
+	fb, _ := feed.Marshal()
+	if err := a.conns[1].Publish(protocol.FeedSubject(a.agent.Public(), "log"), fb); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for !a.feedHeld() {
+		if time.Now().After(deadline) {
+			t.Fatal("the feeds never kept the agent's emit")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
 	for i := range 3 {
 		e := audit.Entry{Agent: a.agent.Public(), Role: audit.RoleResponder, Peer: a.other.Public(), Offering: "chat",
 			RequestID: fmt.Sprint("req-", i), Outcome: "completed", Duration: time.Millisecond, InputSHA256: audit.InputDigest([]byte("x"))}
@@ -128,6 +143,36 @@ func (c *cp) closable(email string, rp passkeytest.RelyingParty, chains *audit.C
 		}
 	}
 	return a
+}
+
+// feedLatestAndHistory reads the agent's feed "log": whether mesh.feed.get
+// finds a latest envelope, and how many its history answers.
+func (a *closable) feedLatestAndHistory() (bool, int) {
+	t := a.c.t
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+	defer cancel()
+	nc, err := a.c.m.ConnectService("test-feed-read")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer nc.Close()
+	svc := &bus.Caller{NC: nc, Key: newAgent(t)}
+	latest, err := svc.Call(ctx, protocol.SubjFeedGet, protocol.TypeDiscover, map[string]any{"agent": a.agent.Public(), "topic": "log"})
+	if err != nil {
+		t.Fatalf("feed get: %v", err)
+	}
+	hist, err := svc.Call(ctx, protocol.SubjFeedGet, protocol.TypeDiscover, map[string]any{"agent": a.agent.Public(), "topic": "log", "since": 0})
+	if err != nil {
+		t.Fatalf("feed history: %v", err)
+	}
+	l, _ := hist["history"].([]any)
+	return latest["found"] == true, len(l)
+}
+
+func (a *closable) feedHeld() bool {
+	found, n := a.feedLatestAndHistory()
+	return found && n > 0
 }
 
 // assert confirms the passkey, which makes the session fresh.
@@ -181,6 +226,9 @@ func (a *closable) checkClosed(svc *bus.Caller, chains *audit.Chains) {
 		if id := e.(map[string]any)["agent_id"]; id == a.agent.Public() || id == a.other.Public() {
 			t.Errorf("catalog entry after closure: %v", e)
 		}
+	}
+	if found, n := a.feedLatestAndHistory(); found || n != 0 {
+		t.Errorf("the agent's feed after closure: latest found %v, %d in its history", found, n)
 	}
 	resp, err := http.Get(c.m.URLs().Registrar + "/api/resolve?handle=" + url.QueryEscape(a.handle))
 	if err != nil {

@@ -168,10 +168,10 @@ not removed. Needs the running meshd (the catalog lives on the bus).`,
 	{
 		words: "catalog remove", args: []string{"AGENT"},
 		summary: "remove an agent's catalog entry",
-		help: `Removes agent AGENT's entry from the catalog. It stays out until the agent
-registers anew (a registration made after the removal); to keep an agent
-off the mesh, retire it. Needs the running meshd (the catalog lives on the
-bus).`,
+		help: `Removes agent AGENT's entry from the catalog. It stays out, even when the
+agent registers again, until you lift the removal with "meshd admin catalog
+restore AGENT"; to keep an agent off the mesh, retire it. Needs the running
+meshd (the catalog lives on the bus).`,
 		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
 			id := a.pos[0]
 			return "/admin/catalog/" + id + "/remove", map[string]any{}, func(r map[string]any) string {
@@ -179,6 +179,25 @@ bus).`,
 					return "agent " + id + " removed from the catalog"
 				}
 				return "agent " + id + " was not in the catalog; nothing to remove"
+			}
+		},
+	},
+	{
+		words: "catalog restore", args: []string{"AGENT"},
+		summary: "lift the removal of an agent's catalog entry",
+		help: `Lifts your removal of agent AGENT's catalog entry: its current public
+registration is listed again at once, or, when it has none, its next one.
+Needs the running meshd (the catalog lives on the bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			id := a.pos[0]
+			return "/admin/catalog/" + id + "/restore", map[string]any{}, func(r map[string]any) string {
+				switch {
+				case r["restored"] != true:
+					return "agent " + id + " was not removed by the operator; nothing to restore"
+				case r["listed"] == true:
+					return "agent " + id + " is back in the catalog"
+				}
+				return "agent " + id + " will be listed again when it next registers publicly"
 			}
 		},
 	},

@@ -391,8 +391,8 @@ func newKey(t *testing.T) string {
 }
 
 // The operator's catalog commands on a running meshd: official on and off
-// over an agent's entry, which outlives the agent's deregistration, and
-// removal; on a stopped mesh they say the catalog needs the running meshd.
+// over an agent's entry, which outlives the agent's deregistration,
+// removal and its restore; on a stopped mesh they say the catalog needs the running meshd.
 func TestAdminCatalog(t *testing.T) {
 	dataDir := filepath.Join(t.TempDir(), "mesh")
 	urls, _, stop := runUntilReady(t, dataDir)
@@ -478,6 +478,20 @@ func TestAdminCatalog(t *testing.T) {
 	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "remove", agent.Public()); err != nil || !strings.Contains(out, "was not in the catalog") {
 		t.Errorf("removing again: %v %q", err, out)
 	}
+	// The operator lifts the removal; the agent's next registration lists it.
+	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "restore", agent.Public()); err != nil || !strings.Contains(out, "when it next registers") {
+		t.Fatalf("catalog restore: %v %q", err, out)
+	}
+	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "catalog", "restore", agent.Public()); err != nil || !strings.Contains(out, "nothing to restore") {
+		t.Errorf("restoring again: %v %q", err, out)
+	}
+	if _, err := bus.Call(ctx, nc, agent, protocol.SubjRegister, protocol.TypeRegister, "", map[string]any{
+		"id": agent.Public(), "name": "finder", "endpoint": protocol.InboxSubject(agent.Public()), "visibility": "public",
+		"node": map[string]any{"id": node.Public(), "attestation": vouch}, "offerings": []any{map[string]any{"id": "find", "name": "Find"}},
+	}); err != nil {
+		t.Fatalf("register again: %v", err)
+	}
+	entry("the agent back after the restore", func(e map[string]any) bool { return e["available"] == true })
 
 	nc.Close()
 	stopped = true

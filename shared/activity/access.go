@@ -12,6 +12,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
 )
 
 // Who reads the timeline and the counters (docs/bus.md "Who may call
@@ -25,6 +26,9 @@ import (
 //     that owns the app, as the control plane's record of the app says
 //     (appagents.go), on a private reply only, since what an account's
 //     agents did is not for every credential on the shared _INBOX.;
+//     the reply must be under the app's own private prefix, so a signed
+//     request replayed by another credential with its own private reply
+//     prefix is refused, and likewise the services key's under _MESH_SVC.;
 //   - any other signer (an app revoked or of a disabled account, an
 //     operator test credential signing as some agent): FORBIDDEN.
 
@@ -32,6 +36,10 @@ import (
 // the agents in the set.
 func (w *Worker) scope(ctx context.Context, r *bus.Request) (map[string]bool, error) {
 	if r.Env.From == w.svc.Key.Public() {
+		if !strings.HasPrefix(r.Reply, protocol.ServiceInboxPrefix+".") {
+			return nil, errs.Newf(errs.InvalidRequest,
+				"%s signed by the services key is answered only under %s.", r.Subject, protocol.ServiceInboxPrefix)
+		}
 		return nil, nil
 	}
 	agents, err := w.appAgents(ctx, r.Env.From)
@@ -42,9 +50,12 @@ func (w *Worker) scope(ctx context.Context, r *bus.Request) (map[string]bool, er
 	if err != nil {
 		return nil, errs.OrUnavailable(err, "the app's account could not be read; try again")
 	}
-	if !r.PrivateReply() {
+	// The signer's own private prefix, not merely a private one: another
+	// credential replaying the app's signed request with its own
+	// _MESH_INBOX.<key> reply would otherwise read the account's data.
+	if !strings.HasPrefix(r.Reply, protocol.PrivateInboxPrefix(r.Env.From)+".") {
 		return nil, errs.New(errs.InvalidRequest,
-			"an account's activity and usage go only to a private reply: connect with the app's inbox_prefix (_MESH_INBOX.<app key>)")
+			"an account's activity and usage go only to the app's own private reply: connect with the app's inbox_prefix (_MESH_INBOX.<app key>)")
 	}
 	in := make(map[string]bool, len(agents))
 	for _, a := range agents {

@@ -60,8 +60,23 @@ func TestAppsReadTheirAccountsAgentsOnly(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 
+	// The app's own connection: replies under its private prefix.
+	appNC, err := m.ConnectService("app", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix(app.Public())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer appNC.Close()
+	callOn := func(nc *nats.Conn, signer *keys.Agent, subject string, q map[string]any, out any) error {
+		ctx, cancel := context.WithTimeout(t.Context(), 5*time.Second)
+		defer cancel()
+		rep, err := bus.Call(ctx, nc, signer, subject, protocol.TypeRequest, "", q)
+		if err != nil {
+			return err
+		}
+		return rep.DecodePayload(out)
+	}
 	asApp := func(subject string, q map[string]any, out any) error {
-		return h.callAs(app, subject, q, out)
+		return callOn(appNC, app, subject, q, out)
 	}
 	var l listing
 	if err := asApp(protocol.SubjActivityList, map[string]any{"to": mine.Public()}, &l); err != nil || l.Total != 1 {
@@ -103,6 +118,25 @@ func TestAppsReadTheirAccountsAgentsOnly(t *testing.T) {
 		if err := h.callAs(stranger, s, map[string]any{"to": mine.Public()}, &l); errs.CodeOf(err) != errs.Forbidden {
 			t.Errorf("%s signed by no app: %v, want FORBIDDEN", s, err)
 		}
+	}
+	// The app's signed request replayed by another credential with its own
+	// private reply prefix, or on the services' prefix: refused, since
+	// the answer would go to whoever holds that prefix.
+	otherNC, err := m.ConnectService("other-private", nats.CustomInboxPrefix(protocol.PrivateInboxPrefix(stranger.Public())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer otherNC.Close()
+	for name, nc := range map[string]*nats.Conn{"another key's private prefix": otherNC, "the services' prefix": h.nc} {
+		for _, s := range []string{protocol.SubjActivityList, protocol.SubjUsageList} {
+			if err := callOn(nc, app, s, map[string]any{"to": mine.Public(), "agent": mine.Public()}, &l); errs.CodeOf(err) != errs.InvalidRequest {
+				t.Errorf("%s as the app on %s: %v, want INVALID_REQUEST", s, name, err)
+			}
+		}
+	}
+	// The services key's request on a client's private prefix: refused.
+	if err := callOn(otherNC, h.caller, protocol.SubjUsageList, map[string]any{}, &l); errs.CodeOf(err) != errs.InvalidRequest {
+		t.Errorf("usage signed by the services key on a private client prefix: %v, want INVALID_REQUEST", err)
 	}
 	// On the shared _INBOX. the app's answer would be everyone's.
 	shared, err := m.ConnectService("shared-inbox", nats.CustomInboxPrefix("_INBOX"))

@@ -809,7 +809,8 @@ const MaxErase = 1000
 // eraseGuests serves mesh.internal.guest.erase, which the control plane
 // calls when guest leases end (spec §3.3: "activity rows erased"):
 // {keys:[guest keys]} → {erased: n}, the timeline rows purged. Every row
-// from or to each key is purged by subject, and its counters are removed.
+// from or to each key is purged by subject, its counters are removed, and
+// so are its feeds' history and latest envelopes (eraseFeeds).
 // Erasing twice is harmless, so a retry after a partial failure is safe.
 // Only the services key may call it (FORBIDDEN otherwise).
 func (w *Worker) eraseGuests(ctx context.Context, r *bus.Request) (any, error) {
@@ -839,6 +840,9 @@ func (w *Worker) eraseGuests(ctx context.Context, r *bus.Request) (any, error) {
 			}
 		} else if !errors.Is(err, jetstream.ErrKeyNotFound) {
 			return nil, errs.OrUnavailable(fmt.Errorf("usage %s: %w", key, err), "the usage counters could not be read; try again")
+		}
+		if err := w.eraseFeeds(ctx, key); err != nil {
+			return nil, errs.OrUnavailable(err, "the feed history could not be erased; try again")
 		}
 		w.pendingMu.Lock()
 		delete(w.pending, key) // this copy's unwritten counts would bring the row back

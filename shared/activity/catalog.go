@@ -37,8 +37,11 @@ import (
 // goes only when its agent (mesh.catalog.remove) or the operator (meshd
 // admin catalog remove, mesh.internal.catalog.admin) removes it; the record
 // then stays as a tombstone, so replaying the registration it came from
-// does not bring it back: a registration made after the removal does. The
-// operator sets official (meshd admin catalog official); while unset, the
+// does not bring it back. The tombstone says who removed the entry: an
+// agent's own removal is undone by a registration made after it; an
+// operator's stays until the operator lifts it (meshd admin catalog
+// restore), since an agent the operator took off must not list itself
+// again by deregistering and registering. The operator sets official (meshd admin catalog official); while unset, the
 // configured list (Config.Official, MESH_CATALOG_OFFICIAL) decides.
 const CatalogPrefix = "catalog."
 
@@ -75,9 +78,25 @@ type catalogRecord struct {
 	RegistryRev uint64 `json:"registry_rev"`
 	// RemovedAt marks a tombstone: removed by its agent or the operator.
 	RemovedAt string `json:"removed_at,omitempty"`
+	// RemovedBy is who removed it: RemovedByAgent or RemovedByOperator.
+	// A tombstone without one (written before it was recorded) counts as
+	// the operator's: the stricter reading.
+	RemovedBy string `json:"removed_by,omitempty"`
 }
 
+// Who removed a catalog entry (catalogRecord.RemovedBy).
+const (
+	RemovedByAgent    = "agent"
+	RemovedByOperator = "operator"
+)
+
 func (r *catalogRecord) removed() bool { return r.RemovedAt != "" }
+
+// byOperator reports whether the tombstone is the operator's: only the
+// operator lifts it.
+func (r *catalogRecord) byOperator() bool {
+	return r.removed() && r.RemovedBy != RemovedByAgent
+}
 
 // catalogRetry is how long a copy waits before binding the registry again
 // (it does not exist yet) or watching it again (the watch ended).
@@ -153,8 +172,8 @@ func (w *Worker) applyRegistry(ctx context.Context, e jetstream.KeyValueEntry) e
 		switch {
 		case !exists && listed == nil:
 			return nil, bus.ErrNoChange // sandbox, unlisted or private: never listed
-		case !exists, exists && cur.removed() && listed != nil && laterThan(registeredAt, cur.RemovedAt):
-			// New, or registered anew after its removal.
+		case !exists, exists && cur.removed() && !cur.byOperator() && listed != nil && laterThan(registeredAt, cur.RemovedAt):
+			// New, or registered anew after its agent removed it.
 			next := catalogRecord{Entry: *listed, RegistryRev: rev}
 			next.Available, next.ListedAt, next.UpdatedAt = true, now, now
 			return &next, nil
@@ -411,7 +430,7 @@ func (w *Worker) removeOwn(ctx context.Context, r *bus.Request) (any, error) {
 	if agent != r.Env.From {
 		return nil, errs.New(errs.IdentityMismatch, "only the agent itself may remove its catalog entry: sign with the agent key (the operator uses meshd admin catalog remove)")
 	}
-	removed, err := w.remove(ctx, agent)
+	removed, err := w.remove(ctx, agent, RemovedByAgent)
 	if err != nil {
 		return nil, err
 	}
@@ -421,7 +440,8 @@ func (w *Worker) removeOwn(ctx context.Context, r *bus.Request) (any, error) {
 // admin serves mesh.internal.catalog.admin for the operator (the services
 // key only): {agent_id, official: bool} sets official and answers {entry};
 // {agent_id, remove: true} removes the entry and answers {agent_id,
-// removed}.
+// removed}; {agent_id, restore: true} lifts an operator's removal and
+// answers {agent_id, restored, listed}.
 func (w *Worker) admin(ctx context.Context, r *bus.Request) (any, error) {
 	if err := w.svc.RequireServices(r); err != nil {
 		return nil, err
@@ -432,15 +452,18 @@ func (w *Worker) admin(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.New(errs.InvalidRequest, "give the agent's public key (U…, 56 characters)")
 	}
 	if q["remove"] == true {
-		removed, err := w.remove(ctx, agent)
+		removed, err := w.remove(ctx, agent, RemovedByOperator)
 		if err != nil {
 			return nil, err
 		}
 		return map[string]any{"agent_id": agent, "removed": removed}, nil
 	}
+	if q["restore"] == true {
+		return w.restore(ctx, agent)
+	}
 	on, ok := q["official"].(bool)
 	if !ok {
-		return nil, errs.New(errs.InvalidRequest, "say official: true or false, or remove: true")
+		return nil, errs.New(errs.InvalidRequest, "say official: true or false, remove: true or restore: true")
 	}
 	now := protocol.FormatTime(w.svc.Now())
 	rec, _, err := bus.CAS(ctx, w.usage, CatalogPrefix+agent, func(cur *catalogRecord, exists bool) (*catalogRecord, error) {
@@ -468,22 +491,76 @@ func (w *Worker) admin(ctx context.Context, r *bus.Request) (any, error) {
 // follows the registry asynchronously, so a registration it has not applied
 // yet (one made before the removal) must not list the agent afterwards.
 // Account closure removes entries right after it removes registrations.
-func (w *Worker) remove(ctx context.Context, agent string) (bool, error) {
+// by is who removes it: an operator's removal over an agent's own makes
+// the tombstone the operator's; an agent's never weakens the operator's.
+func (w *Worker) remove(ctx context.Context, agent, by string) (bool, error) {
 	now := protocol.FormatTime(w.svc.Now())
 	listed := false
 	_, _, err := bus.CAS(ctx, w.usage, CatalogPrefix+agent, func(cur *catalogRecord, exists bool) (*catalogRecord, error) {
 		listed = false
 		if exists && cur.removed() {
-			return nil, bus.ErrNoChange
+			if by != RemovedByOperator || cur.byOperator() {
+				return nil, bus.ErrNoChange
+			}
+			next := *cur
+			next.RemovedBy = RemovedByOperator
+			return &next, nil
 		}
 		var rev uint64
 		if exists {
 			listed, rev = true, cur.RegistryRev
 		}
-		return &catalogRecord{Entry: Entry{AgentID: agent}, RegistryRev: rev, RemovedAt: now}, nil
+		return &catalogRecord{Entry: Entry{AgentID: agent}, RegistryRev: rev, RemovedAt: now, RemovedBy: by}, nil
 	})
 	if err != nil {
 		return false, errs.OrUnavailable(err, "the catalog could not be written; try again")
 	}
 	return listed, nil
+}
+
+// restore lifts the operator's removal of agent: its current registration,
+// when public, is listed again at once; otherwise the tombstone becomes as
+// an agent's own, so its next registration lists it. restored is false when
+// no operator's removal was in place (restoring twice is quiet).
+func (w *Worker) restore(ctx context.Context, agent string) (any, error) {
+	var (
+		listed      *Entry
+		registryRev uint64
+	)
+	kv, err := w.registry.Get(ctx)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
+	}
+	if kv != nil {
+		e, err := kv.Get(ctx, agent)
+		switch {
+		case err == nil:
+			registryRev = e.Revision()
+			if en, _, ok := entryOf(agent, e.Value()); ok {
+				listed = &en
+			}
+		case !errors.Is(err, jetstream.ErrKeyNotFound):
+			return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
+		}
+	}
+	now := protocol.FormatTime(w.svc.Now())
+	restored := false
+	rec, _, err := bus.CAS(ctx, w.usage, CatalogPrefix+agent, func(cur *catalogRecord, exists bool) (*catalogRecord, error) {
+		restored = false
+		if !exists || !cur.byOperator() {
+			return nil, bus.ErrNoChange
+		}
+		restored = true
+		next := *cur
+		next.RemovedBy = RemovedByAgent
+		if listed != nil && registryRev >= cur.RegistryRev {
+			next = catalogRecord{Entry: *listed, RegistryRev: registryRev}
+			next.Available, next.ListedAt, next.UpdatedAt = true, now, now
+		}
+		return &next, nil
+	})
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the catalog could not be written; try again")
+	}
+	return map[string]any{"agent_id": agent, "restored": restored, "listed": rec != nil && !rec.removed()}, nil
 }

@@ -308,11 +308,104 @@ func TestCatalogRemovalBeforeTheRegistrationIsApplied(t *testing.T) {
 	if e, ok := byID(c, a); ok {
 		t.Fatalf("a registration older than the removal is listed: %+v", e)
 	}
+	// The operator's removal stays past a later registration, until the
+	// operator lifts it.
 	h.register(a, map[string]any{"name": "Back", "visibility": "public", "registered_at": protocol.FormatTime(time.Now().Add(time.Second))})
-	h.waitCatalog(map[string]any{}, "a registration after the removal", func(c catalog) bool {
+	h.sync(marker, "Marker 2")
+	if e, ok := byID(h.catalog(map[string]any{}), a); ok {
+		t.Fatalf("a registration after the operator's removal is listed: %+v", e)
+	}
+	if out, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "restore": true}); err != nil || out["restored"] != true || out["listed"] != true {
+		t.Fatalf("the operator lifting the removal: %v %v", out, err)
+	}
+	h.waitCatalog(map[string]any{}, "the registration after the restore", func(c catalog) bool {
 		e, ok := byID(c, a)
-		return ok && e.Name == "Back"
+		return ok && e.Name == "Back" && e.Available
 	})
+}
+
+// sync registers marker under a new name and waits for the catalog to
+// show it: every registry change written before it is applied by then.
+func (h *harness) sync(marker, name string) {
+	h.t.Helper()
+	h.register(marker, map[string]any{"name": name, "visibility": "public"})
+	h.waitCatalog(map[string]any{}, name, func(c catalog) bool {
+		e, ok := byID(c, marker)
+		return ok && e.Name == name
+	})
+}
+
+// An operator's removal sticks: the agent deregistering and registering
+// again (a fresh registered_at) does not list it, nor does its own removal
+// weaken it, until the operator restores it. An agent's own removal is
+// undone by its later registration, and the operator removing over it
+// makes it stick.
+func TestCatalogOperatorRemovalSticks(t *testing.T) {
+	h := start(t)
+	agent := bustest.Agent(t)
+	a, marker := agent.Public(), bustest.Agent(t).Public()
+	later := func() string { return protocol.FormatTime(time.Now().Add(time.Second)) }
+	h.register(a, map[string]any{"name": "Spam", "visibility": "public"})
+	h.waitCatalog(map[string]any{}, "the agent listed", func(c catalog) bool { _, ok := byID(c, a); return ok })
+
+	if out, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "remove": true}); err != nil || out["removed"] != true {
+		t.Fatalf("the operator's removal: %v %v", out, err)
+	}
+	var own map[string]any
+	if err := h.callAs(agent, protocol.SubjCatalogRemove, map[string]any{"agent_id": a}, &own); err != nil || own["removed"] != false {
+		t.Fatalf("the agent removing over the operator: %v %v", own, err)
+	}
+	h.deregister(a)
+	h.register(a, map[string]any{"name": "Spam again", "visibility": "public", "registered_at": later()})
+	h.sync(marker, "Marker 1")
+	if e, ok := byID(h.catalog(map[string]any{}), a); ok {
+		t.Fatalf("re-registering undid the operator's removal: %+v", e)
+	}
+	h.restart()
+	h.sync(marker, "Marker 2")
+	if e, ok := byID(h.catalog(map[string]any{}), a); ok {
+		t.Fatalf("a replay undid the operator's removal: %+v", e)
+	}
+
+	// Lifted with the agent deregistered: its next registration lists it.
+	h.deregister(a)
+	h.sync(marker, "Marker 3")
+	if out, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "restore": true}); err != nil || out["restored"] != true || out["listed"] != false {
+		t.Fatalf("restore with no registration: %v %v", out, err)
+	}
+	if out, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "restore": true}); err != nil || out["restored"] != false {
+		t.Fatalf("restoring twice: %v %v", out, err)
+	}
+	h.register(a, map[string]any{"name": "Welcome back", "visibility": "public", "registered_at": later()})
+	h.waitCatalog(map[string]any{}, "the registration after the restore", func(c catalog) bool {
+		e, ok := byID(c, a)
+		return ok && e.Name == "Welcome back"
+	})
+
+	// The agent's own removal: undone by its later registration.
+	if err := h.callAs(agent, protocol.SubjCatalogRemove, map[string]any{"agent_id": a}, &own); err != nil || own["removed"] != true {
+		t.Fatalf("the agent's own removal: %v %v", own, err)
+	}
+	h.deregister(a)
+	h.register(a, map[string]any{"name": "Mine again", "visibility": "public", "registered_at": later()})
+	h.waitCatalog(map[string]any{}, "the agent's registration after its own removal", func(c catalog) bool {
+		e, ok := byID(c, a)
+		return ok && e.Name == "Mine again"
+	})
+
+	// The operator over the agent's own removal: the operator's sticks.
+	if err := h.callAs(agent, protocol.SubjCatalogRemove, map[string]any{"agent_id": a}, &own); err != nil || own["removed"] != true {
+		t.Fatalf("the agent's own removal: %v %v", own, err)
+	}
+	if _, err := h.asServices(protocol.SubjCatalogAdmin, map[string]any{"agent_id": a, "remove": true}); err != nil {
+		t.Fatal(err)
+	}
+	h.deregister(a)
+	h.register(a, map[string]any{"name": "Sneaking back", "visibility": "public", "registered_at": later()})
+	h.sync(marker, "Marker 4")
+	if e, ok := byID(h.catalog(map[string]any{}), a); ok {
+		t.Fatalf("the operator's removal over the agent's was undone: %+v", e)
+	}
 }
 
 // Past what one direct get answers (1,024 keys), the catalog is read

@@ -60,8 +60,9 @@ const (
 	StepEndSessions = "end_sessions"
 	// StepPurgeAudit purges its agents' audit chains and their proofs.
 	StepPurgeAudit = "purge_audit"
-	// StepPurgeActivity erases its agents' activity timeline and usage
-	// counters, over the bus.
+	// StepPurgeActivity erases its agents' activity timeline, usage
+	// counters and feeds (MESH_FEED history, mesh_feeds latest values),
+	// over the bus.
 	StepPurgeActivity = "purge_activity"
 	// StepPurgeRecords deletes its remaining control-plane records: agents,
 	// apps, mints, keys, tokens, passkeys, connect requests, the actions

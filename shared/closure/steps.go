@@ -88,7 +88,7 @@ func (s *Service) run(ctx context.Context, step string, job Job) (result, error)
 		if err := s.erase(ctx, agents); err != nil {
 			return result{}, err
 		}
-		return result{note: fmt.Sprintf("Erased the activity timeline and usage counters of %s.", count(len(agents), "agent"))}, nil
+		return result{note: fmt.Sprintf("Erased the activity timeline, usage counters and feeds (history and latest values) of %s.", count(len(agents), "agent"))}, nil
 	case StepPurgeRecords:
 		n, err := s.cfg.Credentials.PurgeAccount(ctx, id, agents)
 		if err != nil {
@@ -218,8 +218,8 @@ func (s *Service) deregister(ctx context.Context, agents []string) (int, error) 
 	return removed, nil
 }
 
-// erase asks the activity worker to erase the agents' timeline and
-// counters (mesh.internal.guest.erase erases by key, whatever the key).
+// erase asks the activity worker to erase the agents' timeline, counters
+// and feeds (mesh.internal.guest.erase erases by key, whatever the key).
 func (s *Service) erase(ctx context.Context, agents []string) error {
 	for batch := range slices.Chunk(agents, busBatch) {
 		if _, err := s.call(ctx, protocol.SubjGuestErase, map[string]any{"keys": batch}); err != nil {

@@ -48,8 +48,9 @@ const (
 const (
 	// SubjCatalogRemove: {agent_id}, signed by that agent → {removed}.
 	SubjCatalogRemove = "mesh.catalog.remove"
-	// SubjCatalogAdmin: {agent_id, official?: bool, remove?: true}, signed
-	// by the services key → {entry} or {removed}.
+	// SubjCatalogAdmin: {agent_id, official?: bool, remove?: true,
+	// restore?: true}, signed by the services key → {entry}, {removed} or
+	// {restored, listed}.
 	SubjCatalogAdmin = "mesh.internal.catalog.admin"
 )
 
