@@ -24,7 +24,9 @@ type AuditConfig struct {
 	Authorities []audit.Authority
 	// Now is the anchor job's clock, when it must differ from the control
 	// plane's: a test anchors today by running the job as if tomorrow had
-	// begun. nil is Config.Now.
+	// begun. The local test-only authorities keep it too, so their stamps
+	// are from after the anchored date ended, as a verifier requires. nil
+	// is Config.Now.
 	Now func() time.Time
 }
 
@@ -52,7 +54,7 @@ func (m *Mesh) auditBackends(dataDir string, cfg Config) (api.Audit, error) {
 	}
 	out := api.Audit{Authorities: cfg.Audit.Authorities, ExportKey: exportKey, Now: cfg.Audit.Now}
 	if len(out.Authorities) == 0 {
-		if out.Authorities, err = m.startLocalAuthorities(dataDir); err != nil {
+		if out.Authorities, err = m.startLocalAuthorities(dataDir, cfg.Audit.Now); err != nil {
 			return api.Audit{}, err
 		}
 		out.TestOnly = true
@@ -62,14 +64,15 @@ func (m *Mesh) auditBackends(dataDir string, cfg Config) (api.Audit, error) {
 }
 
 // startLocalAuthorities serves the LocalAuthorities on loopback ports until
-// the mesh stops.
-func (m *Mesh) startLocalAuthorities(dataDir string) ([]audit.Authority, error) {
+// the mesh stops, on the anchor job's clock (time.Now when nil).
+func (m *Mesh) startLocalAuthorities(dataDir string, now func() time.Time) ([]audit.Authority, error) {
 	var out []audit.Authority
 	for _, name := range LocalAuthorities {
 		a, err := tsa.LoadOrCreate(filepath.Join(dataDir, TSADir, name), name)
 		if err != nil {
 			return nil, fmt.Errorf("devenv: test-only timestamp authority %s: %w", name, err)
 		}
+		a.Now = now
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
 		if err != nil {
 			return nil, fmt.Errorf("devenv: test-only timestamp authority %s: %w", name, err)

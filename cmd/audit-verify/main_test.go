@@ -50,7 +50,10 @@ func TestAuditVerify(t *testing.T) {
 		stderr string
 	}{
 		{"pinned", []string{"-key", f.Signer.Public(), "-roots", rootsFile, good}, 0, "verified: 3 chains, 11 rows (10 under a timestamped anchor), 2 anchors from 2026-03-01 to 2026-03-02 with 4 timestamps, 4 inclusion proofs\n", ""},
-		{"unpinned", []string{good}, 0, "note: the export key", ""},
+		{"pinned, each anchor's first stamp", []string{"-key", f.Signer.Public(), "-roots", rootsFile, good}, 0, "\nanchor 2026-03-01: first stamped 20", ""},
+		{"unpinned", []string{good}, 3, "self-consistent only (no -key/-roots pinned): 3 chains, 11 rows", ""},
+		{"unpinned, notes", []string{good}, 3, "note: the export key", ""},
+		{"key pinned, roots not", []string{"-key", f.Signer.Public(), good}, 3, "self-consistent only (no -key/-roots pinned)", ""},
 		{"changed row", []string{changed}, 1, "", "audit-verify: FAILED: chain link: chain " + f.Agents[0] + ": row 3 does not link to row 2"},
 		{"other key", []string{"-key", audittest.Agent(t), good}, 1, "", "not by the expected export key"},
 		{"other roots", []string{"-roots", otherRoot, good}, 1, "", "its root is not among the trusted roots"},

@@ -94,6 +94,7 @@ func newEnv(t *testing.T, withAuthorities bool) *env {
 	if withAuthorities {
 		e.auths = []*audittest.Authority{audittest.NewAuthority(t, "tsa-one"), audittest.NewAuthority(t, "tsa-two")}
 		for _, a := range e.auths {
+			a.Now = cfg.Now // they stamp after the anchored date ends, as real ones do
 			cfg.Authorities = append(cfg.Authorities, a.Config())
 		}
 	}

@@ -20,8 +20,11 @@ import (
 // the one that ends a request carries its runtime's audit headers
 // (protocol.HdrAudit*: the offering, the input's SHA-256, the duration),
 // which the signed answer itself cannot. For each such answer the copy
-// that took it appends one row to the responder's chain and one to the
-// requester's, each keyed by (role, peer, request id): the tap's queue
+// that took it appends one row, to the responder's chain only, naming the
+// requester as its peer, keyed by (role, peer, request id). The requester's
+// chain is not written: the answer's to and in_reply_to are the responder's
+// word alone, and a row there on that word would let any agent write
+// made-up rows into another agent's chain. The tap's queue
 // group gives a message to one copy, and the key makes an answer seen twice
 // (republished, replayed within the freshness window) one row, whichever
 // copy sees it (audit.Entry.Key).
@@ -143,8 +146,9 @@ func (w *Worker) auditAnswer(env *protocol.Envelope, hdr nats.Header) {
 }
 
 // auditEntries are the rows of an answer from env.From whose copy states
-// that it ends its request (hdr): the responder's, and the requester's
-// when it is an agent. Whatever the statement and the answer say, every
+// that it ends its request (hdr): one, in the responder's chain, naming
+// the requester (env.To) as its peer; never one in the requester's chain,
+// which env.To alone does not prove. Whatever the statement and the answer say, every
 // entry is one audit.Entry.Check accepts (FuzzAuditEntries), or there is
 // none.
 func auditEntries(env *protocol.Envelope, hdr nats.Header) []audit.Entry {
@@ -180,15 +184,7 @@ func auditEntries(env *protocol.Envelope, hdr nats.Header) []audit.Entry {
 	if auditText(env.TaskID, 128) {
 		e.TaskID = env.TaskID
 	}
-	entries := []audit.Entry{e}
-	if keys.IsUserPublicKey(peer) {
-		// The requester's row: the same exchange, from its side.
-		r := e
-		r.Agent, r.Role, r.Peer = peer, audit.RoleRequester, env.From
-		r.Key = audit.RoleRequester + ":" + env.From + ":" + requestID
-		entries = append(entries, r)
-	}
-	return entries
+	return []audit.Entry{e}
 }
 
 // writerOf is the writer an agent's entries go to.

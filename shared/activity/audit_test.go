@@ -77,8 +77,8 @@ func (h *harness) rows(agent string) []audit.Row {
 	return rows
 }
 
-// An answer whose copy states that it ends its request becomes one row in
-// the responder's chain and one in the requester's, with what the copy
+// An answer whose copy states that it ends its request becomes one row, in
+// the responder's chain, naming the requester as peer, with what the copy
 // states and what the signed answer says; the same answer again (a
 // republish, a replay) adds nothing; answers that do not end a request
 // (no audit headers) add nothing; a statement that cannot be a row's is
@@ -93,8 +93,8 @@ func TestAuditRowsOfAnswers(t *testing.T) {
 	// The accept and a progress answer carry no headers: no rows.
 	_, acc := response(t, bob, req, map[string]any{"status": protocol.StatusAccepted})
 	h.publish(protocol.OutboxSubject(b), acc, 2)
-	h.publishAnswer(b, data, auditHeader(req, "chat", "1520"), 2)
-	h.publishAnswer(b, data, auditHeader(req, "chat", "1520"), 2) // republished
+	h.publishAnswer(b, data, auditHeader(req, "chat", "1520"), 1)
+	h.publishAnswer(b, data, auditHeader(req, "chat", "1520"), 1) // republished
 
 	at, _ := protocol.ParseTime(ans.TS)
 	want := audit.Row{V: 1, Agent: b, Seq: 1, At: protocol.FormatTime(at), Role: audit.RoleResponder, Peer: a, Offering: "chat",
@@ -102,25 +102,24 @@ func TestAuditRowsOfAnswers(t *testing.T) {
 	if got := h.rows(b); len(got) != 1 || got[0] != want {
 		t.Fatalf("responder's chain %+v\nwant %+v", got, want)
 	}
-	want.Agent, want.Role, want.Peer = a, audit.RoleRequester, b
-	if got := h.rows(a); len(got) != 1 || got[0] != want {
-		t.Fatalf("requester's chain %+v\nwant %+v", got, want)
+	if got := h.rows(a); len(got) != 0 {
+		t.Fatalf("requester's chain %+v, want none", got)
 	}
-	if _, dups, _ := h.auditCounts(); dups != 2 {
-		t.Fatalf("%d duplicates, want the republished answer's two rows", dups)
+	if _, dups, _ := h.auditCounts(); dups != 1 {
+		t.Fatalf("%d duplicates, want the republished answer's row", dups)
 	}
 
 	// A refusal: the error code is the outcome. A task's terminal update:
 	// its task id. Statements that cannot be a row's: recorded empty.
 	req2, _ := request(t, alice, b)
 	_, refusal := response(t, bob, req2, errs.New(errs.OfferingNotFound, "no offering "+secret).BusPayload())
-	h.publishAnswer(b, refusal, auditHeader(req2, strings.Repeat("o", 300), "-4"), 2)
+	h.publishAnswer(b, refusal, auditHeader(req2, strings.Repeat("o", 300), "-4"), 1)
 	req3, _ := request(t, alice, b)
 	upd, _ := protocol.NewReply(req3, b, map[string]any{"status": "completed"})
 	upd.TaskID = "task-7"
 	bad := auditHeader(req3, "work", "12")
 	bad.Set(protocol.HdrAuditInput, "not-a-digest")
-	h.publishAnswer(b, sign(t, bob, upd), bad, 2)
+	h.publishAnswer(b, sign(t, bob, upd), bad, 1)
 	rows := h.rows(b)
 	if len(rows) != 3 {
 		t.Fatalf("%d rows", len(rows))
@@ -138,13 +137,13 @@ func TestAuditRowsOfAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	late.To, late.InReplyTo = a, req4.ID
-	h.publishAnswer(b, sign(t, bob, late), auditHeader(req4, "chat", "5"), 2)
-	if rows := h.rows(a); len(rows) != 4 || rows[3].RequestID != req4.ID || rows[3].Role != audit.RoleRequester {
-		t.Fatalf("requester's chain %+v", rows)
+	h.publishAnswer(b, sign(t, bob, late), auditHeader(req4, "chat", "5"), 1)
+	if rows := h.rows(b); len(rows) != 4 || rows[3].RequestID != req4.ID || rows[3].Role != audit.RoleResponder || rows[3].Peer != a {
+		t.Fatalf("responder's chain %+v", rows)
 	}
 
-	// An answer to someone who is not an agent (an app's key): the
-	// responder's row alone.
+	// An answer to someone who is not an agent (an app's key): the same,
+	// one row in the responder's chain.
 	app, err := keys.Generate[keys.NodeRole]()
 	if err != nil {
 		t.Fatal(err)
@@ -161,7 +160,7 @@ func TestAuditRowsOfAnswers(t *testing.T) {
 
 	// Headers on someone else's outbox, or a stale answer: no rows (each
 	// is dropped by the timeline's checks, which come first); the answer
-	// after them makes its two.
+	// after them makes its one, in alice's chain.
 	req6, _ := request(t, bob, a)
 	_, forged := response(t, alice, req6, map[string]any{"status": "completed"})
 	if err := h.nc.PublishMsg(&nats.Msg{Subject: protocol.OutboxSubject(b), Data: forged, Header: auditHeader(req6, "chat", "1")}); err != nil {
@@ -173,15 +172,15 @@ func TestAuditRowsOfAnswers(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, fine := response(t, alice, req6, map[string]any{"status": "completed"})
-	h.publishAnswer(a, fine, auditHeader(req6, "chat", "1"), 2)
-	if rb, ra := h.rows(b), h.rows(a); len(rb) != 6 || len(ra) != 5 || ra[4].Role != audit.RoleResponder || rb[5].Role != audit.RoleRequester {
-		t.Fatalf("after a misattributed and a stale answer: %d rows of the responder, %d of the requester", len(rb), len(ra))
+	h.publishAnswer(a, fine, auditHeader(req6, "chat", "1"), 1)
+	if rb, ra := h.rows(b), h.rows(a); len(rb) != 5 || len(ra) != 1 || ra[0].Role != audit.RoleResponder || ra[0].Peer != b {
+		t.Fatalf("after a misattributed and a stale answer: %d rows of bob, %d of alice", len(rb), len(ra))
 	}
 }
 
 // Answers to one responder from many requesters, spread over the three
-// copies' taps, each make exactly one row per party, and every chain
-// links.
+// copies' taps, each make exactly one row, in the responder's chain, and
+// every chain links.
 func TestAuditRowsThreeCopiesOnePerParty(t *testing.T) {
 	h := start(t)
 	bob := bustest.Agent(t)
@@ -204,7 +203,7 @@ func TestAuditRowsThreeCopiesOnePerParty(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	want := uint64(2 * 2 * per * len(requesters))
+	want := uint64(2 * per * len(requesters))
 	deadline := time.Now().Add(20 * time.Second)
 	for {
 		r, d, f := h.auditCounts()
@@ -223,8 +222,8 @@ func TestAuditRowsThreeCopiesOnePerParty(t *testing.T) {
 		t.Fatalf("responder: %d rows, want %d", len(rows), per*len(requesters))
 	}
 	for _, rq := range requesters {
-		if rows := h.rows(rq.Public()); len(rows) != per {
-			t.Fatalf("requester: %d rows, want %d", len(rows), per)
+		if rows := h.rows(rq.Public()); len(rows) != 0 {
+			t.Fatalf("requester: %d rows, want none", len(rows))
 		}
 	}
 	var copies int
@@ -234,4 +233,38 @@ func TestAuditRowsThreeCopiesOnePerParty(t *testing.T) {
 		}
 	}
 	t.Logf("rows appended by %d of %d copies", copies, len(h.workers))
+}
+
+// An agent that answers with another agent in to and request ids it made
+// up writes nothing into that agent's chain: its rows go to its own chain
+// only (the broker attributes the outbox), whatever the answer names.
+func TestAuditForgedAnswerWritesNoRowInAnotherChain(t *testing.T) {
+	h := start(t)
+	mallory, victim := bustest.Agent(t), bustest.Agent(t)
+	m, v := mallory.Public(), victim.Public()
+	for i := range 3 {
+		// A request the victim never sent: only its id and sender are used.
+		never, err := protocol.New(protocol.TypeRequest, v, map[string]any{"offering": "chat"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		never.ID = fmt.Sprintf("made-up-%d", i)
+		forged, data := response(t, mallory, never, map[string]any{"status": "completed"})
+		if forged.To != v || forged.InReplyTo != never.ID {
+			t.Fatalf("forged answer to %q in reply to %q", forged.To, forged.InReplyTo)
+		}
+		h.publishAnswer(m, data, auditHeader(never, "chat", "1"), 1)
+	}
+	if rows := h.rows(v); len(rows) != 0 {
+		t.Fatalf("the victim's chain has %d rows written on another agent's word: %+v", len(rows), rows)
+	}
+	rows := h.rows(m)
+	if len(rows) != 3 {
+		t.Fatalf("the answering agent's chain has %d rows, want 3", len(rows))
+	}
+	for _, r := range rows {
+		if r.Agent != m || r.Role != audit.RoleResponder || r.Peer != v {
+			t.Fatalf("row %+v: want the answering agent's, naming the other as peer", r)
+		}
+	}
 }

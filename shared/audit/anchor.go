@@ -326,12 +326,22 @@ func (a *Anchorer) stamp(ctx context.Context, rec *Anchor) (*Anchor, error) {
 	if hex.EncodeToString(digest) != rec.DocumentSHA256 {
 		return nil, fmt.Errorf("audit: the anchor of %s does not hash to its recorded document hash", rec.Date)
 	}
+	day, err := ParseDate(rec.Date)
+	if err != nil {
+		return nil, err
+	}
+	end := day.AddDate(0, 0, 1)
 	var got []Stamp
 	var failures []string
 	for _, au := range a.missing(rec) {
 		rctx, cancel := context.WithTimeout(ctx, a.cfg.RequestTimeout)
 		st, err := a.stamper.Request(rctx, au, digest)
 		cancel()
+		if err == nil && st.Time.Before(end) {
+			// A verifier refuses it (Check): the authority's clock says the
+			// date had not ended. Asked again on the next run.
+			err = fmt.Errorf("timestamp authority %s stamped the anchor of %s at %s, before the date ended", au.Name, rec.Date, st.Time.Format(time.RFC3339))
+		}
 		if err != nil {
 			a.cfg.Log.Warn("audit anchor not stamped", "date", rec.Date, "authority", au.Name, "err", err)
 			failures = append(failures, err.Error())

@@ -366,3 +366,43 @@ func TestAnchorResumed(t *testing.T) {
 		})
 	}
 }
+
+// An authority whose clock says the date has not ended yet gives a stamp
+// a verifier refuses: the anchorer does not keep it (the anchor stays
+// failed and the authority is asked again), and an export leaves out an
+// anchor stamped by fewer than MinAuthorities authorities, so it still
+// verifies.
+func TestAnchorRefusesAStampFromBeforeTheDateEnded(t *testing.T) {
+	chains, store := audittest.NewMemChains(), audit.NewMemAnchors()
+	now := time.Now().UTC()
+	date := now.Format(time.DateOnly)
+	agent := audittest.Agent(t)
+	if _, err := chains.Append(audittest.Entry(agent, 1), now); err != nil {
+		t.Fatal(err)
+	}
+	clk := &clock{t: now.Add(48 * time.Hour)}
+	early, onTime := newSwitchTSA(t, "tsa-early"), newSwitchTSA(t, "tsa-on-time")
+	early.a.Now = func() time.Time { return now } // today has not ended for it
+	onTime.a.Now = clk.Now
+	an, err := audit.NewAnchorer(audit.AnchorerConfig{Mesh: "test-mesh", Ledger: chains, Store: store,
+		Authorities: []audit.Authority{early.config(), onTime.config()}, Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := an.Anchor(t.Context(), date)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if a.Status != audit.StatusFailed || len(a.Stamps) != 1 || a.Stamps[0].Authority != "tsa-on-time" || !strings.Contains(a.LastError, "before the date ended") {
+		t.Fatalf("anchor %+v", a)
+	}
+	signer := bustest.Agent(t)
+	b, err := (&audit.Exporter{Mesh: "test-mesh", Chains: chains, Anchors: store, Signer: signer, Now: clk.Now}).Export(t.Context(), "acct", []string{agent})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := audit.Check(b, audit.Trust{Signer: signer.Public()})
+	if err != nil || s.Anchors != 0 || s.Proofs != 0 || s.Rows != 1 {
+		t.Fatalf("export of a once-stamped anchor: %+v, %v", s, err)
+	}
+}

@@ -76,8 +76,8 @@ func (e *Exporter) Export(ctx context.Context, account string, agents []string) 
 				}
 				anchors[p.Date] = a
 			}
-			if a == nil || len(a.Stamps) == 0 {
-				continue
+			if a == nil || len(a.Stamps) < MinAuthorities {
+				continue // not yet stamped enough to verify (Check): a later export carries it
 			}
 			in.Proofs = append(in.Proofs, p)
 		}
@@ -85,7 +85,7 @@ func (e *Exporter) Export(ctx context.Context, account string, agents []string) 
 	}
 	dates := make([]string, 0, len(anchors))
 	for d, a := range anchors {
-		if a != nil && len(a.Stamps) > 0 {
+		if a != nil && len(a.Stamps) >= MinAuthorities {
 			dates = append(dates, d)
 		}
 	}

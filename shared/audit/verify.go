@@ -8,6 +8,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"time"
 
 	"agentmesh.dev/mesh/shared/keys"
 )
@@ -24,6 +25,7 @@ var (
 	ErrAuthority         = errors.New("timestamp authority")
 	ErrAnchor            = errors.New("anchor")
 	ErrStamp             = errors.New("timestamp")
+	ErrStampTime         = errors.New("timestamp time")
 	ErrProof             = errors.New("inclusion proof")
 )
 
@@ -49,6 +51,15 @@ type Summary struct {
 	Proofs       int
 	// FirstAnchor and LastAnchor are the dates of the anchors.
 	FirstAnchor, LastAnchor string
+	// Stamped is each anchor's earliest stamp time, in the bundle's order:
+	// the rows under it existed by then, as its authorities say.
+	Stamped []AnchorStamped
+}
+
+// AnchorStamped is when an anchor was first stamped.
+type AnchorStamped struct {
+	Date     string
+	Earliest time.Time
 }
 
 // Verify checks every link of a bundle offline, trusting the keys it
@@ -89,9 +100,11 @@ func Check(b *Bundle, trust Trust) (Summary, error) {
 	docs := map[string]*Document{}
 	for i := range b.Anchors {
 		a := &b.Anchors[i]
-		if err := checkAnchor(a, b.Manifest.Mesh, auths); err != nil {
+		earliest, err := checkAnchor(a, b.Manifest.Mesh, auths)
+		if err != nil {
 			return s, err
 		}
+		s.Stamped = append(s.Stamped, AnchorStamped{Date: a.Document.Date, Earliest: earliest})
 		if docs[a.Document.Date] != nil {
 			return s, fmt.Errorf("%w: the anchor of %s is shipped twice", ErrAnchor, a.Document.Date)
 		}
@@ -237,37 +250,63 @@ func trusted(root *x509.Certificate, roots []*x509.Certificate) bool {
 	return false
 }
 
-// checkAnchor checks an anchor document and each of its stamps.
-func checkAnchor(a *BundleAnchor, mesh string, auths map[string]*Authority) error {
+// checkAnchor checks an anchor document and each of its stamps, and
+// returns the earliest stamp's time. An anchor needs stamps of
+// MinAuthorities distinct authorities (distinct roots and signing
+// certificates: one authority that lies must not be the whole proof), each
+// made at or after the end of the document's date (00:00 UTC the next
+// day), when the heads it commits to were final: a stamp from before then
+// would say the rows existed before the day they commit to had ended.
+func checkAnchor(a *BundleAnchor, mesh string, auths map[string]*Authority) (time.Time, error) {
 	d := &a.Document
-	if _, err := ParseDate(d.Date); err != nil || d.V != DocumentVersion || !IsHash(d.Root) {
-		return fmt.Errorf("%w: %q is not a version %d anchor document", ErrAnchor, d.Date, DocumentVersion)
+	day, err := ParseDate(d.Date)
+	if err != nil || d.V != DocumentVersion || !IsHash(d.Root) {
+		return time.Time{}, fmt.Errorf("%w: %q is not a version %d anchor document", ErrAnchor, d.Date, DocumentVersion)
 	}
 	if d.Mesh != mesh {
-		return fmt.Errorf("%w: the anchor of %s is of mesh %q, the export of mesh %q", ErrAnchor, d.Date, d.Mesh, mesh)
+		return time.Time{}, fmt.Errorf("%w: the anchor of %s is of mesh %q, the export of mesh %q", ErrAnchor, d.Date, d.Mesh, mesh)
 	}
-	if len(a.Stamps) == 0 {
-		return fmt.Errorf("%w: the anchor of %s carries no timestamp", ErrAnchor, d.Date)
+	if len(a.Stamps) < MinAuthorities {
+		return time.Time{}, fmt.Errorf("%w: the anchor of %s carries %d timestamps; it needs %d, of distinct authorities", ErrAnchor, d.Date, len(a.Stamps), MinAuthorities)
 	}
 	digest, err := d.Digest()
 	if err != nil {
-		return fmt.Errorf("%w: the anchor of %s: %v", ErrAnchor, d.Date, err)
+		return time.Time{}, fmt.Errorf("%w: the anchor of %s: %v", ErrAnchor, d.Date, err)
 	}
+	end := day.AddDate(0, 0, 1)
+	var earliest time.Time
+	roots, signers := map[string]bool{}, map[[sha256.Size]byte]bool{}
 	for _, st := range a.Stamps {
 		au := auths[st.Authority]
 		if au == nil {
-			return fmt.Errorf("%w: the anchor of %s: a stamp names authority %s, which the bundle does not carry", ErrStamp, d.Date, st.Authority)
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s: a stamp names authority %s, which the bundle does not carry", ErrStamp, d.Date, st.Authority)
 		}
+		if roots[st.Authority] {
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s carries two stamps of authority %s; its stamps must be of %d distinct authorities", ErrAnchor, d.Date, au.Name, MinAuthorities)
+		}
+		roots[st.Authority] = true
 		check := TokenCheck{Digest: digest, Root: au.Root, Intermediates: au.Intermediates}
 		var ok bool
 		if check.Nonce, ok = parseNonce(st.Nonce); !ok {
-			return fmt.Errorf("%w: the anchor of %s, stamp by %s: the nonce is not a decimal integer", ErrStamp, d.Date, au.Name)
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s, stamp by %s: the nonce is not a decimal integer", ErrStamp, d.Date, au.Name)
 		}
-		if _, err := VerifyToken(st.Token, check); err != nil {
-			return fmt.Errorf("%w: the anchor of %s, stamp by %s: %w", ErrStamp, d.Date, au.Name, err)
+		info, err := VerifyToken(st.Token, check)
+		if err != nil {
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s, stamp by %s: %w", ErrStamp, d.Date, au.Name, err)
+		}
+		signer := sha256.Sum256(info.Signer.Raw)
+		if signers[signer] {
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s: the stamp by %s is signed by the same certificate as another stamp; its stamps must be of %d distinct authorities", ErrAnchor, d.Date, au.Name, MinAuthorities)
+		}
+		signers[signer] = true
+		if info.Time.Before(end) {
+			return time.Time{}, fmt.Errorf("%w: the anchor of %s, stamp by %s: stamped at %s, before the date ended (%s)", ErrStampTime, d.Date, au.Name, info.Time.UTC().Format(time.RFC3339), end.Format(time.RFC3339))
+		}
+		if earliest.IsZero() || info.Time.Before(earliest) {
+			earliest = info.Time.UTC()
 		}
 	}
-	return nil
+	return earliest, nil
 }
 
 // checkProof checks that a proof is about a shipped row and leads to its

@@ -1,6 +1,7 @@
 package audit_test
 
 import (
+	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
 	"encoding/hex"
@@ -10,8 +11,10 @@ import (
 	"math/big"
 	"os"
 	"path/filepath"
+	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/audit/audittest"
@@ -80,7 +83,16 @@ func TestVerifyBundle(t *testing.T) {
 			b.Anchors[0].Stamps[0].Token = tokenFrom(t, f.Authorities[0].Authority, digest, nonce, false)
 		}, want: audit.ErrTokenNoCertificate, says: "carries no certificate"},
 		{name: "an anchor without stamps", mutate: func(b *audit.Bundle) { b.Anchors[0].Stamps = nil },
-			want: audit.ErrAnchor, says: "carries no timestamp"},
+			want: audit.ErrAnchor, says: "carries 0 timestamps; it needs 2, of distinct authorities"},
+		{name: "an anchor with one stamp", mutate: func(b *audit.Bundle) { b.Anchors[0].Stamps = b.Anchors[0].Stamps[:1] },
+			want: audit.ErrAnchor, says: "carries 1 timestamps; it needs 2, of distinct authorities"},
+		{name: "an anchor with one authority's stamp twice", mutate: func(b *audit.Bundle) { b.Anchors[0].Stamps[1] = b.Anchors[0].Stamps[0] },
+			want: audit.ErrAnchor, says: "carries two stamps of authority"},
+		{name: "an anchor stamped before its date ended", mutate: func(b *audit.Bundle) {
+			// Tomorrow's anchor, stamped now by both authorities: each token
+			// is valid, but made before the heads of that date were final.
+			restamp(t, f, &b.Anchors[1], time.Now().UTC().AddDate(0, 0, 1).Format(time.DateOnly))
+		}, want: audit.ErrStampTime, says: "before the date ended"},
 		{name: "the manifest re-signed with another key", mutate: func(b *audit.Bundle) {
 			msg, _ := json.Marshal(b.Manifest) // any bytes: the signature is another key's
 			b.Signature = base64.RawURLEncoding.EncodeToString(otherKey.Sign(msg))
@@ -138,6 +150,26 @@ func TestVerifyBundle(t *testing.T) {
 	}
 }
 
+// restamp moves an anchor document to date and has the fixture's
+// authorities stamp it again, each with its stamp's nonce.
+func restamp(t testing.TB, f *audittest.Fixture, a *audit.BundleAnchor, date string) {
+	t.Helper()
+	a.Document.Date = date
+	digest, err := a.Document.Digest()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range a.Stamps {
+		st := &a.Stamps[i]
+		nonce, _ := new(big.Int).SetString(st.Nonce, 10)
+		for _, au := range f.Authorities {
+			if sum := sha256.Sum256(au.Root().Raw); hex.EncodeToString(sum[:]) == st.Authority {
+				st.Token = tokenFrom(t, au.Authority, digest, nonce, true)
+			}
+		}
+	}
+}
+
 func TestVerifySummary(t *testing.T) {
 	f := audittest.NewFixture(t)
 	s, err := audit.Check(f.Bundle, f.Trust)
@@ -147,8 +179,19 @@ func TestVerifySummary(t *testing.T) {
 	// 5 + 3 + 3 rows; every row but the third chain's last is under an
 	// anchor; Date1 proves two heads, Date2 two more (the second chain did
 	// not move, so its Date1 proof stands).
+	// Each anchor's earliest stamp: at or after the end of its date.
+	if len(s.Stamped) != 2 || s.Stamped[0].Date != audittest.Date1 || s.Stamped[1].Date != audittest.Date2 {
+		t.Fatalf("stamped %+v", s.Stamped)
+	}
+	for _, st := range s.Stamped {
+		day, _ := audit.ParseDate(st.Date)
+		if st.Earliest.Before(day.AddDate(0, 0, 1)) {
+			t.Fatalf("anchor of %s: earliest stamp %s", st.Date, st.Earliest)
+		}
+	}
+	s.Stamped = nil
 	want := audit.Summary{Chains: 3, Rows: 11, AnchoredRows: 10, Anchors: 2, Stamps: 4, Proofs: 4, FirstAnchor: audittest.Date1, LastAnchor: audittest.Date2}
-	if s != want {
+	if !reflect.DeepEqual(s, want) {
 		t.Fatalf("summary %+v, want %+v", s, want)
 	}
 	if f.Bundle.Manifest.Account != "acct-fixture" || f.Bundle.Manifest.Mesh != audittest.Mesh {

@@ -30,7 +30,10 @@ type Closed struct {
 // agents again), each of its agents is tombstoned with
 // ReasonAccountClosed, its apps are marked revoked, and every credential
 // key that carried one of its agents, and every app key, is revoked at the
-// broker, which closes their live connections. It is DisableAccount plus
+// broker, which closes their live connections. The keys are the agents'
+// host records (the last maxHostKeys of each) and every unexpired mint
+// record of the account or carrying one of its agents, so no credential
+// minted for it stays live however many were minted. It is DisableAccount plus
 // the tombstones, and safe to run again.
 func (s *Service) CloseAccount(ctx context.Context, accountID string) (Closed, error) {
 	var now time.Time
@@ -63,6 +66,11 @@ func (s *Service) CloseAccount(ctx context.Context, accountID string) (Closed, e
 		for _, ap := range apps {
 			revoke = append(revoke, ap.Key)
 		}
+		live, err := liveMintKeys(tx, accountID, out.Agents, now)
+		if err != nil {
+			return err
+		}
+		revoke = append(revoke, live...)
 		slices.Sort(revoke)
 		revoke = slices.Compact(revoke)
 		if err := recordRevocations(tx, revoke, now); err != nil {
@@ -99,6 +107,35 @@ func (s *Service) CloseAccount(ctx context.Context, accountID string) (Closed, e
 	out.Revoked = len(revoke)
 	s.log.Info("account closing: credentials revoked", "account", accountID, "agents", len(out.Agents), "credentials_revoked", len(revoke))
 	return out, s.revoke(ctx, revoke, now)
+}
+
+// liveMintKeys are the keys of the unexpired mints (no expiry, or one after
+// now) recorded for the account, or carrying one of its agents: node and
+// job credentials can be minted for agents no account owned yet, and their
+// records then name no account.
+func liveMintKeys(tx store.Tx, accountID string, agents []string, now time.Time) ([]string, error) {
+	var mints []Mint
+	if err := tx.Query(CollMints, store.Where("account_id", accountID), &mints); err != nil {
+		return nil, err
+	}
+	for _, kind := range []string{"node", "job"} {
+		var more []Mint
+		if err := tx.Query(CollMints, store.Where("kind", kind), &more); err != nil {
+			return nil, err
+		}
+		for _, m := range more {
+			if m.AccountID == "" && slices.ContainsFunc(m.Agents, func(a string) bool { return slices.Contains(agents, a) }) {
+				mints = append(mints, m)
+			}
+		}
+	}
+	var out []string
+	for _, m := range mints {
+		if m.Key != "" && (m.ExpiresAt == 0 || m.ExpiresAt > ms(now)) {
+			out = append(out, m.Key)
+		}
+	}
+	return out, nil
 }
 
 // PurgeAccount deletes the credential records of a closed account: its

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/errs"
@@ -112,4 +113,73 @@ func mintedKey(t *testing.T, st store.Store, kind string) string {
 		t.Fatalf("mints of kind %s: %v %v", kind, ms, err)
 	}
 	return ms[0].Key
+}
+
+// Closure revokes every unexpired credential minted for the account or
+// its agents, not only the last maxHostKeys keys each agent's host record
+// remembers: here more node credentials than that carried the agent, and
+// one node credential was minted for it before any account owned it (its
+// mint record names no account). An expired mint's key is left alone.
+func TestCloseAccountRevokesEveryLiveMint(t *testing.T) {
+	ctx := context.Background()
+	svc, cs, rv := newTestService(t)
+	ob, err := mail.NewOutbox(filepath.Join(t.TempDir(), "outbox"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	acc := account.New(account.Config{Store: cs, Mail: ob})
+	a, _, err := acc.CreateAccount(ctx, "ana@example.org")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cs.RunTx(ctx, func(tx store.Tx) error {
+		return tx.Update(account.CollAccounts, a.ID, map[string]any{"verified": true})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	agent := mustGen[keys.AgentRole](t)
+	// Before the account owns the agent: a node credential for it.
+	early := mustGen[keys.NodeRole](t)
+	if _, err := svc.NodeCredential(ctx, nodeRequest(t, early, agent)); err != nil {
+		t.Fatal(err)
+	}
+	g, err := acc.AdminMintAgentKey(ctx, a.ID, "coder")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := svc.Bootstrap(ctx, BootstrapRequest{Token: g.Token, AgentID: agent.Public(), Proof: protocol.SignBootstrap(agent, g.Token)}); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{early.Public(), mintedKey(t, cs, "bootstrap")}
+	for range maxHostKeys + 3 {
+		node := mustGen[keys.NodeRole](t)
+		if _, err := svc.NodeCredential(ctx, nodeRequest(t, node, agent)); err != nil {
+			t.Fatal(err)
+		}
+		want = append(want, node.Public())
+	}
+	expired := mustGen[keys.NodeRole](t).Public()
+	if err := cs.RunTx(ctx, func(tx store.Tx) error {
+		return tx.Create(CollMints, "expired", Mint{ID: "expired", Kind: "node", Key: expired, Agents: []string{agent.Public()}, AccountID: a.ID,
+			IssuedAt: ms(time.Now().Add(-2 * time.Hour)), ExpiresAt: ms(time.Now().Add(-time.Hour))})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var hs hosts
+	if err := store.Get(ctx, cs, CollHosts, agent.Public(), &hs); err != nil || len(hs.Keys) != maxHostKeys {
+		t.Fatalf("host record: %d keys, %v", len(hs.Keys), err)
+	}
+
+	closed, err := svc.CloseAccount(ctx, a.ID)
+	if err != nil || closed.Revoked != len(want) {
+		t.Fatalf("closed %+v, %v; want %d revoked", closed, err, len(want))
+	}
+	for _, k := range want {
+		if !slices.Contains(rv.keys, k) {
+			t.Errorf("%s was not revoked at the broker", k)
+		}
+	}
+	if slices.Contains(rv.keys, expired) {
+		t.Error("an expired credential's key was revoked")
+	}
 }
