@@ -5,38 +5,17 @@ import (
 	"strings"
 	"time"
 
+	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
-// Item is a work-board item (upstream-notes §8).
-type Item struct {
-	ItemID         string   `json:"item_id"`
-	RoomID         string   `json:"room_id"`
-	Title          string   `json:"title"`
-	Detail         string   `json:"detail,omitempty"`
-	Offering       string   `json:"offering,omitempty"`
-	PostedBy       string   `json:"posted_by"`
-	PostedAt       string   `json:"posted_at"`
-	LeaseMS        int64    `json:"lease_ms"`
-	State          string   `json:"state"` // open | claimed | done | withdrawn
-	ClaimedBy      string   `json:"claimed_by,omitempty"`
-	ClaimedAt      string   `json:"claimed_at,omitempty"`
-	LeaseExpiresAt string   `json:"lease_expires_at,omitempty"`
-	TaskID         string   `json:"task_id,omitempty"`
-	DoneAt         string   `json:"done_at,omitempty"`
-	ResultNote     string   `json:"result_note,omitempty"`
-	Artifacts      []string `json:"artifacts,omitempty"`
-	Claims         []Claim  `json:"claims,omitempty"`
-	LeaseLapsed    bool     `json:"lease_lapsed,omitempty"`
-}
+// Item is a work-board item (upstream-notes §8): the board service's own
+// type, so the client reads exactly what the service answers.
+type Item = board.Item
 
-// Claim is one past claim of an item.
-type Claim struct {
-	By      string `json:"by"`
-	At      string `json:"at"`
-	Outcome string `json:"outcome"` // expired | abandoned | done
-}
+// Claim is one past claim of an item (outcome expired, abandoned or done).
+type Claim = board.Claim
 
 // Board is a room's board as listed: oldest first, with counts.
 type Board struct {
