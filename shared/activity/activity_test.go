@@ -350,7 +350,7 @@ func TestCatalogWithoutRegistry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if string(rep.Payload) != `{"entries":[],"total":0}` {
+	if string(rep.Payload) != `{"entries":[],"next":null,"total":0}` {
 		t.Fatalf("catalog without registry: %s", rep.Payload)
 	}
 	rep, err = bus.Call(ctx, bustest.Client(t, m), m.ServicesKey(), protocol.SubjActivityList, protocol.TypeRequest, "", map[string]any{})

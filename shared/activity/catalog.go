@@ -1,7 +1,9 @@
 package activity
 
 import (
+	"bytes"
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -286,11 +288,21 @@ func (w *Worker) view(r catalogRecord) Entry {
 // ---------------------------------------------------------------------------
 // mesh.catalog.list
 
-// listCatalog answers {official?, categories?, available?} with {entries,
-// total}: every entry in the catalog (none before the first public
-// registration), sorted by name then id. official and available filter on
-// those flags; categories keeps entries carrying any of the given tags
-// (case-insensitive).
+// Catalog paging: a page holds at most limit entries and at most
+// catalogPageBytes of their JSON, so a catalog of thousands of long
+// manifests never answers past the transport's maximum payload (1 MiB).
+const (
+	DefaultCatalogLimit = 100
+	MaxCatalogLimit     = 500
+	catalogPageBytes    = 512 << 10
+)
+
+// listCatalog answers {official?, categories?, available?, limit?, after?}
+// with {entries, total, next}: a page of the catalog (none before the first
+// public registration), sorted by name then id. official and available
+// filter on those flags; categories keeps entries carrying any of the given
+// tags (case-insensitive). total counts every entry the filters keep; next
+// is the cursor to pass as after for the following page, null on the last.
 func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
 	q := r.Object()
 	wantOfficial, err := boolFilter(q, "official")
@@ -315,6 +327,10 @@ func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
 	default:
 		return nil, errs.New(errs.InvalidQuery, "categories must be a list of strings")
 	}
+	limit, after, err := catalogPage(q)
+	if err != nil {
+		return nil, err
+	}
 	recs, err := w.catalogRecords(ctx)
 	if err != nil {
 		return nil, errs.OrUnavailable(err, "the catalog could not be read; try again")
@@ -330,13 +346,96 @@ func (w *Worker) listCatalog(ctx context.Context, r *bus.Request) (any, error) {
 		}
 		entries = append(entries, e)
 	}
-	slices.SortFunc(entries, func(a, b Entry) int {
-		if c := strings.Compare(a.Name, b.Name); c != 0 {
-			return c
+	slices.SortFunc(entries, compareEntries)
+	page, next, err := pageEntries(entries, after, limit)
+	if err != nil {
+		return nil, err
+	}
+	return map[string]any{"entries": page, "total": len(entries), "next": next}, nil
+}
+
+// compareEntries orders the catalog: by name, then id.
+func compareEntries(a, b Entry) int {
+	if c := strings.Compare(a.Name, b.Name); c != 0 {
+		return c
+	}
+	return strings.Compare(a.AgentID, b.AgentID)
+}
+
+// catalogPage reads limit (default DefaultCatalogLimit, capped at
+// MaxCatalogLimit) and after (a cursor this service gave) from q.
+func catalogPage(q map[string]any) (int, *Entry, error) {
+	limit := DefaultCatalogLimit
+	switch v := q["limit"].(type) {
+	case nil:
+	case float64:
+		if v < 1 || v != float64(int64(v)) {
+			return 0, nil, errs.Newf(errs.InvalidQuery, "limit must be a positive integer (at most %d)", MaxCatalogLimit)
 		}
-		return strings.Compare(a.AgentID, b.AgentID)
-	})
-	return map[string]any{"entries": entries, "total": len(entries)}, nil
+		limit = int(min(v, MaxCatalogLimit))
+	default:
+		return 0, nil, errs.Newf(errs.InvalidQuery, "limit must be a positive integer (at most %d)", MaxCatalogLimit)
+	}
+	switch v := q["after"].(type) {
+	case nil:
+		return limit, nil, nil
+	case string:
+		if after, ok := decodeCursor(v); ok {
+			return limit, &after, nil
+		}
+	}
+	return 0, nil, errs.New(errs.InvalidQuery, "after is not a cursor this service gave: pass back next as it came")
+}
+
+// A cursor is the name and id of the last entry of a page, NUL-separated
+// and base64url-encoded: opaque to callers, and a key in the listing's
+// order however the catalog changes between pages.
+func encodeCursor(e Entry) string {
+	return base64.RawURLEncoding.EncodeToString([]byte(e.Name + "\x00" + e.AgentID))
+}
+
+func decodeCursor(s string) (Entry, bool) {
+	if s == "" || len(s) > 4096 {
+		return Entry{}, false
+	}
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return Entry{}, false
+	}
+	i := bytes.LastIndexByte(b, 0)
+	if i < 0 || i == len(b)-1 {
+		return Entry{}, false
+	}
+	return Entry{Name: string(b[:i]), AgentID: string(b[i+1:])}, true
+}
+
+// pageEntries is the page of sorted entries after the cursor: at most
+// limit entries and at most catalogPageBytes of their JSON (always one,
+// however long, so paging moves on), and the cursor of its last entry when
+// more follow (nil on the last page).
+func pageEntries(entries []Entry, after *Entry, limit int) ([]Entry, *string, error) {
+	start := 0
+	if after != nil {
+		start, _ = slices.BinarySearchFunc(entries, *after, compareEntries)
+		if start < len(entries) && compareEntries(entries[start], *after) == 0 {
+			start++
+		}
+	}
+	page := []Entry{}
+	size := 0
+	for _, e := range entries[start:] {
+		b, err := json.Marshal(e)
+		if err != nil {
+			return nil, nil, fmt.Errorf("activity: catalog page: %w", err)
+		}
+		if len(page) == limit || len(page) > 0 && size+len(b)+1 > catalogPageBytes {
+			next := encodeCursor(page[len(page)-1])
+			return page, &next, nil
+		}
+		size += len(b) + 1
+		page = append(page, e)
+	}
+	return page, nil, nil
 }
 
 func boolFilter(q map[string]any, name string) (*bool, error) {

@@ -425,9 +425,11 @@ func TestCatalogLargerThanOneBatch(t *testing.T) {
 		ids[k.Public()] = true
 		h.register(k.Public(), map[string]any{"name": "bulk", "visibility": "public", "offerings": offerings})
 	}
-	c := h.waitCatalog(map[string]any{}, fmt.Sprintf("%d entries", n), func(c catalog) bool { return c.Total == n })
-	for _, e := range c.Entries {
-		delete(ids, e.AgentID)
+	h.waitCatalog(map[string]any{}, fmt.Sprintf("%d entries", n), func(c catalog) bool { return c.Total == n })
+	for _, p := range h.pages(map[string]any{"limit": float64(activity.MaxCatalogLimit)}) {
+		for _, e := range p.Entries {
+			delete(ids, e.AgentID)
+		}
 	}
 	if len(ids) != 0 {
 		t.Fatalf("%d agents missing", len(ids))
