@@ -3,7 +3,10 @@ package registry
 import (
 	"cmp"
 	"context"
+	"encoding/base64"
 	"encoding/json"
+	"fmt"
+	"maps"
 	"slices"
 
 	"agentmesh.dev/mesh/shared/bus"
@@ -224,15 +227,30 @@ type nodeEntry struct {
 	Heartbeat    *beatReport `json:"heartbeat,omitempty"`
 }
 
-// nodesList serves mesh.registry.nodes.list: every node hosting a
-// registration, with its hosted-agent count (all registrations), the ids of
+// Node listing paging: a page holds at most limit nodes and at most
+// nodesPageBytes of their JSON, so thousands of nodes hosting many public
+// agents never answer past the transport's maximum payload (1 MiB).
+const (
+	DefaultNodesLimit = 100
+	MaxNodesLimit     = 500
+	nodesPageBytes    = 512 << 10
+)
+
+// nodesList serves mesh.registry.nodes.list {limit?, after?} with {nodes,
+// total, next}: a page of the nodes hosting a registration, sorted by node
+// key, each with its hosted-agent count (all registrations), the ids of
 // its public agents, the node profile its registrations declare, and its
-// presence. A node's agents may declare different profiles (each
-// registration carries its own copy): each member is taken from the most
-// recently updated registration that declares it, and the trust tier is
-// sandbox when any registration is.
+// presence. total counts every node; next is the cursor to pass as after
+// for the following page, null on the last. A node's agents may declare
+// different profiles (each registration carries its own copy): each member
+// is taken from the most recently updated registration that declares it,
+// and the trust tier is sandbox when any registration is.
 func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 	if err := wantType(r, protocol.TypeDiscover); err != nil {
+		return nil, err
+	}
+	limit, after, err := nodesPage(r.Payload)
+	if err != nil {
 		return nil, err
 	}
 	recs, err := w.records(ctx)
@@ -270,9 +288,18 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 			e.Device = rec.device()
 		}
 	}
+	ids := slices.Sorted(maps.Keys(byNode))
+	// Presence is read for the page's nodes only.
 	p := newPresence(w)
-	nodes := make([]*nodeEntry, 0, len(byNode))
-	for _, e := range byNode {
+	nodes := []*nodeEntry{}
+	var next *string
+	size := 0
+	for _, id := range ids[sortedAfter(ids, after):] {
+		if len(nodes) == limit {
+			next = nodeCursor(nodes[len(nodes)-1].Node)
+			break
+		}
+		e := byNode[id]
 		st, err := p.node(ctx, e.Node)
 		if err != nil {
 			return nil, errs.OrUnavailable(err, "presence could not be read; try again")
@@ -282,10 +309,71 @@ func (w *Worker) nodesList(ctx context.Context, r *bus.Request) (any, error) {
 			e.Heartbeat = &b
 		}
 		slices.Sort(e.Agents)
+		b, err := json.Marshal(e)
+		if err != nil {
+			return nil, fmt.Errorf("registry: nodes page: %w", err)
+		}
+		// Always one node, however long, so paging moves on.
+		if len(nodes) > 0 && size+len(b)+1 > nodesPageBytes {
+			next = nodeCursor(nodes[len(nodes)-1].Node)
+			break
+		}
+		size += len(b) + 1
 		nodes = append(nodes, e)
 	}
-	slices.SortFunc(nodes, func(a, b *nodeEntry) int { return cmp.Compare(a.Node, b.Node) })
-	return map[string]any{"nodes": nodes, "total": len(nodes)}, nil
+	return map[string]any{"nodes": nodes, "total": len(ids), "next": next}, nil
+}
+
+// nodesPage reads limit (default DefaultNodesLimit, capped at
+// MaxNodesLimit) and after (a cursor this service gave) from the payload.
+func nodesPage(payload any) (int, string, error) {
+	if payload == nil {
+		return DefaultNodesLimit, "", nil
+	}
+	m, ok := payload.(map[string]any)
+	if !ok {
+		return 0, "", badQuery("the nodes list payload must be an object of {limit, after}")
+	}
+	limit := DefaultNodesLimit
+	switch v := m["limit"].(type) {
+	case nil:
+	case float64:
+		if v < 1 || v != float64(int64(v)) {
+			return 0, "", badQuery("limit must be a positive integer (at most %d)", MaxNodesLimit)
+		}
+		limit = int(min(v, MaxNodesLimit))
+	default:
+		return 0, "", badQuery("limit must be a positive integer (at most %d)", MaxNodesLimit)
+	}
+	switch v := m["after"].(type) {
+	case nil:
+		return limit, "", nil
+	case string:
+		if b, err := base64.RawURLEncoding.DecodeString(v); err == nil && len(b) > 0 && len(v) <= 512 {
+			return limit, string(b), nil
+		}
+	}
+	return 0, "", badQuery("after is not a cursor this service gave: pass back next as it came")
+}
+
+// nodeCursor is the cursor after a node: its key, base64url-encoded, so
+// callers treat it as opaque.
+func nodeCursor(node string) *string {
+	s := base64.RawURLEncoding.EncodeToString([]byte(node))
+	return &s
+}
+
+// sortedAfter is the index of the first of the sorted ids past after ("":
+// the first).
+func sortedAfter(ids []string, after string) int {
+	if after == "" {
+		return 0
+	}
+	i, found := slices.BinarySearch(ids, after)
+	if found {
+		i++
+	}
+	return i
 }
 
 // records reads every registration in one pass over the bucket.
