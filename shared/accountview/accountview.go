@@ -225,16 +225,15 @@ func (s *Service) Subscriptions(ctx context.Context, accountID string) ([]map[st
 	if len(subs.Agents) == 0 {
 		return []map[string]any{}, nil
 	}
-	cat, err := s.call(ctx, protocol.SubjCatalogList, map[string]any{})
-	if err != nil {
-		return nil, err
-	}
 	entries := map[string]any{}
-	for _, e := range asList(cat["entries"]) {
-		m, _ := e.(map[string]any)
+	err := eachCatalogEntry(ctx, s.call, func(m map[string]any) bool {
 		if id, _ := m["agent_id"].(string); id != "" {
 			entries[id] = m
 		}
+		return true
+	})
+	if err != nil {
+		return nil, err
 	}
 	out := make([]map[string]any, 0, len(subs.Agents))
 	for _, sub := range subs.Agents {
@@ -249,14 +248,13 @@ func (s *Service) Subscribe(ctx context.Context, accountID, agentID string) erro
 	if err := credential.CheckAgentID(agentID, "agent_id"); err != nil {
 		return err
 	}
-	cat, err := s.call(ctx, protocol.SubjCatalogList, map[string]any{})
+	listed := false
+	err := eachCatalogEntry(ctx, s.call, func(m map[string]any) bool {
+		listed = m["agent_id"] == agentID
+		return !listed
+	})
 	if err != nil {
 		return err
-	}
-	listed := false
-	for _, e := range asList(cat["entries"]) {
-		m, _ := e.(map[string]any)
-		listed = listed || m["agent_id"] == agentID
 	}
 	if !listed {
 		return errs.New(errs.NotFound, "that agent is not in the catalog")
@@ -300,6 +298,39 @@ func (s *Service) now() time.Time {
 		return s.Now()
 	}
 	return time.Now()
+}
+
+// catalogPageLimit is the page size asked of mesh.catalog.list: its
+// maximum, so a large catalog takes few calls.
+const catalogPageLimit = 500
+
+// maxCatalogPages bounds the pages read, against a listing whose cursor
+// never ends.
+const maxCatalogPages = 10_000
+
+// eachCatalogEntry calls fn with every catalog entry, page by page
+// (mesh.catalog.list answers a page and the cursor of the next), until fn
+// returns false or the last page.
+func eachCatalogEntry(ctx context.Context, call func(context.Context, string, any) (map[string]any, error), fn func(map[string]any) bool) error {
+	q := map[string]any{"limit": catalogPageLimit}
+	for range maxCatalogPages {
+		cat, err := call(ctx, protocol.SubjCatalogList, q)
+		if err != nil {
+			return err
+		}
+		for _, e := range asList(cat["entries"]) {
+			m, _ := e.(map[string]any)
+			if m != nil && !fn(m) {
+				return nil
+			}
+		}
+		next, _ := cat["next"].(string)
+		if next == "" {
+			return nil
+		}
+		q = map[string]any{"limit": catalogPageLimit, "after": next}
+	}
+	return errs.New(errs.Unavailable, "the catalog listing did not end; retry shortly")
 }
 
 func asList(v any) []any {
