@@ -500,6 +500,9 @@ func TestDiscoverGetNodes(t *testing.T) {
 		"offerings":  []any{map[string]any{"id": "summarize", "name": "Summarize", "tags": []any{"text"}}},
 		"trust_tier": "verified", "availability_class": "always_on", "reachability": "direct",
 	}))
+	// b's registration must be the newer one (updated_at has millisecond
+	// precision, and a tie falls to the agent ids, which are random).
+	time.Sleep(2 * time.Millisecond)
 	f.mustRegister(b, manifest(t, b, n1, month, map[string]any{
 		"name": "beta", "capabilities": []any{"chat"}, "tags": []any{"en"},
 		"skills": []any{map[string]any{"id": "translate", "name": "Translate"}}, "offerings": nil,
