@@ -62,6 +62,12 @@ func newFakeMesh(t *testing.T) *fakeMesh {
 			t.Fatal(err)
 		}
 	}
+	// The endpoints' subscriptions reach the broker before any client asks
+	// (without the flush a loaded machine answered the first request with
+	// no responders).
+	if err := svc.NC.Flush(); err != nil {
+		t.Fatal(err)
+	}
 	return f
 }
 
