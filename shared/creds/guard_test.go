@@ -106,6 +106,8 @@ func TestNodePermissionsAreSpecSet(t *testing.T) {
 		"mesh.artifacts.usage", "mesh.artifacts.put.begin", "mesh.artifacts.put.commit", "mesh.artifacts.link",
 		"mesh.board.post", "mesh.board.list", "mesh.board.claim", "mesh.board.complete", "mesh.board.abandon",
 		"mesh.board.withdraw",
+		"mesh.agreements.file", "mesh.agreements.list", "mesh.agreements.revoke",
+		"mesh.credits.balance", "mesh.credits.history", "mesh.commerce.admit",
 		"_INBOX.>", "_MESH_INBOX.>", "_MESH_RELAY.>",
 	}
 	for _, x := range []string{a, b} {

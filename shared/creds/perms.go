@@ -95,6 +95,8 @@ const (
 	roomsPrefix     = "mesh.rooms."
 	artifactsPrefix = "mesh.artifacts."
 	boardPrefix     = "mesh.board."
+	agreementPrefix = "mesh.agreements."
+	creditPrefix    = "mesh.credits."
 )
 
 // The namespaces every guarded credential is denied in both directions (spec
@@ -394,6 +396,9 @@ func nodeLike(agents []string, r Replies, registry []string, full bool) Permissi
 		pub = appendVerbs(pub, roomsPrefix, protocol.RoomVerbs)
 		pub = appendVerbs(pub, artifactsPrefix, protocol.ArtifactVerbs)
 		pub = appendVerbs(pub, boardPrefix, protocol.BoardVerbs)
+		pub = appendVerbs(pub, agreementPrefix, protocol.AgreementVerbs)
+		pub = appendVerbs(pub, creditPrefix, protocol.CreditVerbs)
+		pub = append(pub, protocol.SubjCommerceAdmit)
 	}
 	pub = append(pub, replyPublish()...)
 	pub = slices.Grow(pub, 3*len(agents))

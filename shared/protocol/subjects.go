@@ -62,7 +62,18 @@ var (
 		"usage", "admit", "credential", "expel", "leave", "note", "notes", "dossier"}
 	ArtifactVerbs = []string{"put", "fetch", "stat", "remove", "usage", "put.begin", "put.commit", "link"}
 	BoardVerbs    = []string{"post", "list", "claim", "complete", "abandon", "withdraw"}
+	// AgreementVerbs are the agreements service's (docs/commerce.md): an
+	// owner-signed agreement filed, listed (by its seller or its owner's
+	// agents) and revoked; CreditVerbs the clearing service's.
+	AgreementVerbs = []string{"file", "list", "revoke"}
+	CreditVerbs    = []string{"balance", "history"}
 )
+
+// SubjCommerceAdmit is the seller node's question at admission, before the
+// accept: may this requester have this offering (SKU and agreement, an
+// engagement's volume)? Answered by the agreements service with the
+// refusal to send, or admitted.
+const SubjCommerceAdmit = "mesh.commerce.admit"
 
 // Per-agent and per-task subjects.
 func InboxSubject(agent string) string        { return "mesh.agent." + agent + ".inbox" }
@@ -172,6 +183,10 @@ func ValidToken(s string) bool { return subjectToken.MatchString(s) }
 func RoomVerbSubject(verb string) string     { return "mesh.rooms." + verb }
 func BoardVerbSubject(verb string) string    { return "mesh.board." + verb }
 func ArtifactVerbSubject(verb string) string { return "mesh.artifacts." + verb }
+
+// Commerce (docs/commerce.md).
+func AgreementVerbSubject(verb string) string { return "mesh.agreements." + verb }
+func CreditVerbSubject(verb string) string    { return "mesh.credits." + verb }
 
 // RoomEventSubject is a room's live traffic on one channel (capability and
 // sealed rooms); subscribe RoomEventSubject(room, "*") for every channel.
