@@ -93,6 +93,20 @@ type EngagementTerms struct {
 	Price json.RawMessage `json:"price,omitempty"`
 }
 
+// Balance is the value under BalancePrefix+<owner key>: the owner's credits
+// in micro-credits (currency XCR), written by the clearing service with a
+// compare-and-set; the agreements service reads it at admission to refuse
+// with INSUFFICIENT_FUNDS before work the balance cannot pay for.
+type Balance struct {
+	Credits   int64     `json:"credits"`
+	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Credits is the currency of the mesh's own clearing: private-use ISO 4217
+// X-code XCR, 1,000,000 micro-credits to the credit. Credits are spent
+// inside the mesh only: no withdrawal, payout or settlement to money.
+const Credits = "XCR"
+
 // Volume is an engagement's volume clause: requests per clock hour and per
 // UTC day (0: no limit on that window).
 type Volume struct {
