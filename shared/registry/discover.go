@@ -29,6 +29,7 @@ type query struct {
 	offering          string
 	tags              []string
 	node              string
+	owner             string
 	availability      string
 	trustTier         string
 	availabilityClass string
@@ -84,6 +85,7 @@ func parseQuery(payload any) (query, error) {
 		list("tags", &q.tags),
 		str("offering_id", &q.offering),
 		str("node", &q.node),
+		str("owner", &q.owner),
 		str("availability", &q.availability),
 		str("trust_tier", &q.trustTier),
 		str("availability_class", &q.availabilityClass),
@@ -101,6 +103,9 @@ func parseQuery(payload any) (query, error) {
 	if q.node != "" && !keys.IsUserPublicKey(q.node) {
 		return q, badQuery("node must be a node public key")
 	}
+	if q.owner != "" && !keys.IsUserPublicKey(q.owner) {
+		return q, badQuery("owner must be an owner public key")
+	}
 	if q.availability != "" && !availabilityFilters[q.availability] {
 		return q, badQuery("availability must be one of %v", sortedKeys(availabilityFilters))
 	}
@@ -117,6 +122,9 @@ func parseQuery(payload any) (query, error) {
 // matches reports whether rec passes every filter but availability.
 func (q query) matches(rec record) bool {
 	if q.node != "" && rec.nodeID() != q.node {
+		return false
+	}
+	if q.owner != "" && rec.owner() != q.owner {
 		return false
 	}
 	if q.trustTier != "" && rec.profile("trust_tier") != q.trustTier {

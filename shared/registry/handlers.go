@@ -63,6 +63,9 @@ func (w *Worker) register(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.OrUnavailable(err, "the registry could not check the guest leases; try again")
 	}
 	m.file(bound || guest || m.declaresSandbox())
+	if err := m.sellable(); err != nil {
+		return nil, err
+	}
 	var created, moved bool
 	var prevNode string
 	_, changed, err := bus.CAS(ctx, w.kv, m.id, func(cur *record, exists bool) (*record, error) {

@@ -5,6 +5,7 @@ import (
 	"strings"
 	"time"
 
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -86,6 +87,7 @@ type manifest struct {
 	node    string
 	vouch   protocol.Vouch
 	sandbox bool
+	skus    []commerce.SKU
 }
 
 func invalid(format string, args ...any) error {
@@ -95,8 +97,10 @@ func invalid(format string, args ...any) error {
 // parseManifest checks a register payload sent by from at now and builds
 // the record to store: shape (INVALID_MANIFEST), id == from
 // (IDENTITY_MISMATCH), then the vouch (its signature: IDENTITY_MISMATCH;
-// its validity window, expired included: UNAUTHORIZED). Whether it is
-// sandbox is decided after, by the caller (file).
+// its validity window, expired included: UNAUTHORIZED), then the owner
+// attestation and the SKUs (INVALID_MANIFEST, commerce.go). Whether it is
+// sandbox is decided after, by the caller (file), and so is whether a
+// sandbox may publish its SKUs (sellable).
 func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 	m, ok := payload.(map[string]any)
 	if !ok {
@@ -185,14 +189,23 @@ func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 		return nil, err
 	}
 	expires, _ := protocol.ParseTime(v.ExpiresAt) // Verify parsed it
+	owner, err := parseOwner(m, id, nodeID, now)
+	if err != nil {
+		return nil, err
+	}
+	skus, err := parseSKUs(m, record(m))
+	if err != nil {
+		return nil, err
+	}
 
 	rec := record(maps.Clone(m))
+	rec[MemberOwner] = owner
 	rec["endpoint"] = protocol.InboxSubject(id)
 	rec["vouch_expires_at"] = protocol.FormatTime(expires)
 	rec["updated_at"] = protocol.FormatTime(now)
 	delete(rec, "availability") // a live stamp, never stored
 	delete(rec, "registered_at")
-	return &manifest{rec: rec, id: id, node: nodeID, vouch: v}, nil
+	return &manifest{rec: rec, id: id, node: nodeID, vouch: v, skus: skus}, nil
 }
 
 // declaresSandbox: the manifest or its node profile says trust_tier
@@ -216,6 +229,19 @@ func (m *manifest) file(sandbox bool) {
 	m.rec["visibility"] = vis
 	m.rec["sandbox"] = sandbox
 	m.sandbox = sandbox
+}
+
+// sellable refuses a sandbox registration that publishes a paid SKU: a
+// guest's lease ends and its key is nobody's, so nobody could answer for
+// what it charged. Free SKUs state terms only and stay allowed.
+func (m *manifest) sellable() error {
+	if !m.sandbox {
+		return nil
+	}
+	if id := m.paidSKU(); id != "" {
+		return invalid("SKU %s is paid, and a sandbox (guest) registration may not sell: publish it from an account's node, or make it free", id)
+	}
+	return nil
 }
 
 func optString(m map[string]any, k string) error {
