@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -75,6 +76,17 @@ type AgentConfig struct {
 	// answers OFFERING_NOT_FOUND. adapter/rooms.Store.AcceptInvite
 	// remembers the room.
 	RoomInvite func(ctx context.Context, c *Call) (any, error)
+	// Owner is the key of the person or account the agent belongs to.
+	// When set, every registration carries owner and owner_attestation,
+	// a vouch-shaped statement it signs for the vouch's own lifetime and
+	// renews with it; without it the registry records the node as the
+	// owner (docs/commerce.md "SKUs in the manifest and the owner of an
+	// agent"). Agreements to the agent's SKUs are made with this key.
+	Owner keys.Signer
+	// SKUs are what the agent sells (manifest skus), published as they
+	// were parsed: every offering one names must be one of Offerings, and a
+	// sandbox agent may publish only free ones.
+	SKUs []commerce.SKU
 }
 
 // OfferingRoomsInvite is the reserved offering of room invites: the runtime
@@ -272,6 +284,9 @@ func checkAgentConfig(cfg AgentConfig) error {
 		}
 		seen[o.ID] = true
 	}
+	if err := checkSKUs(cfg, seen); err != nil {
+		return err
+	}
 	switch cfg.Visibility {
 	case "", "public", "unlisted", "private":
 	default:
@@ -284,6 +299,43 @@ func checkAgentConfig(cfg AgentConfig) error {
 	}
 	return nil
 }
+
+// checkSKUs refuses, before anything is on the wire, what the registry
+// would: SKUs that do not read as a manifest's skus (duplicate ids,
+// ambiguous coverage), a SKU naming an offering the agent does not declare,
+// and a paid SKU on a sandbox agent.
+func checkSKUs(cfg AgentConfig, offered map[string]bool) error {
+	if len(cfg.SKUs) == 0 {
+		return nil
+	}
+	if _, err := commerce.SKUsFromValue(skuValues(cfg.SKUs)); err != nil {
+		return fmt.Errorf("node: %w", err)
+	}
+	for _, s := range cfg.SKUs {
+		for _, o := range s.Covers.Offerings {
+			if !offered[o] {
+				return fmt.Errorf("node: SKU %s covers offering %q, which the agent does not declare", s.ID, o)
+			}
+		}
+		if cfg.Sandbox && s.Price.Paid() {
+			return fmt.Errorf("node: SKU %s is paid, and a sandbox (guest) agent may not sell; register it with an agent key of your own", s.ID)
+		}
+	}
+	return nil
+}
+
+// skuValues is the manifest's skus member: each SKU as published.
+func skuValues(skus []commerce.SKU) []any {
+	out := make([]any, len(skus))
+	for i, s := range skus {
+		out[i] = s.Value()
+	}
+	return out
+}
+
+// SKUs are the SKUs the agent publishes (AgentConfig.SKUs); none means
+// every offering is free and no admission round trip is owed.
+func (a *Agent) SKUs() []commerce.SKU { return a.cfg.SKUs }
 
 // ID is the agent's public key.
 func (a *Agent) ID() string { return a.id }
@@ -385,8 +437,31 @@ func (a *Agent) registerSubject() string {
 	return protocol.SubjRegister
 }
 
-// buildManifest is the register payload (docs/bus.md "Manifest").
-func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
+// ownerAttestation is the owner's statement that it owns the agent, for
+// exactly the vouch's lifetime: it is made afresh with every vouch, so it
+// is renewed at two thirds of its life with it. Nil without an owner key.
+func (a *Agent) ownerAttestation(v protocol.Vouch) (*protocol.Vouch, error) {
+	if a.cfg.Owner == nil {
+		return nil, nil
+	}
+	issued, err := protocol.ParseTime(v.IssuedAt)
+	if err != nil {
+		return nil, err
+	}
+	expires, err := protocol.ParseTime(v.ExpiresAt)
+	if err != nil {
+		return nil, err
+	}
+	att, err := protocol.NewVouch(a.cfg.Owner, a.id, issued, expires)
+	if err != nil {
+		return nil, fmt.Errorf("node: owner attestation: %w", err)
+	}
+	return &att, nil
+}
+
+// buildManifest is the register payload (docs/bus.md "Manifest"): v is the
+// node's vouch, owner the owner's attestation (nil: none).
+func (a *Agent) buildManifest(v protocol.Vouch, owner *protocol.Vouch) map[string]any {
 	offerings := make([]any, 0, len(a.cfg.Offerings))
 	for _, o := range a.cfg.Offerings {
 		m := map[string]any{"id": o.ID, "name": o.Name}
@@ -446,6 +521,13 @@ func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	if len(a.cfg.Meta) > 0 {
 		m["meta"] = a.cfg.Meta
 	}
+	if owner != nil {
+		m["owner"] = owner.Node
+		m["owner_attestation"] = *owner
+	}
+	if len(a.cfg.SKUs) > 0 {
+		m["skus"] = skuValues(a.cfg.SKUs)
+	}
 	return m
 }
 
@@ -462,7 +544,11 @@ func (a *Agent) register(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	manifest := a.buildManifest(v)
+	owner, err := a.ownerAttestation(v)
+	if err != nil {
+		return err
+	}
+	manifest := a.buildManifest(v, owner)
 	ctx, cancel := context.WithTimeout(ctx, a.n.cfg.RequestTimeout)
 	defer cancel()
 	rep, err := bus.Call(ctx, a.n.nc, a.key, a.registerSubject(), protocol.TypeRegister, "", manifest)
