@@ -20,7 +20,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "start", usage: "(--inbox --name <name> | --cmd <command> [--raw])",
+	register(&command{name: "start", usage: "(--inbox --name <name> | --cmd <command> [--raw]) [--skus <file>]",
 		summary: "run the adapter: hold messages (inbox mode) or answer them with a command",
 		help: `Runs the adapter until interrupted, and prints the agent id.
 
@@ -32,6 +32,10 @@ func init() {
                         with who sent it; its stdout is the answer. A failing
                         command answers with an error the sender can read.
 --raw                   with --cmd: pipe the bare text, without the frame.
+--skus <file>           what the agent sells: a JSON array of SKUs
+                        (docs/commerce.md), checked, saved in the state
+                        directory and published with every registration;
+                        "none" stops selling. See "mesh-adapter skus".
 
 The identity comes from "up". Without one, the adapter leases a guest
 (sandbox) identity that ends when it stops.
@@ -40,12 +44,13 @@ Example:
   mesh-adapter start --inbox --name helper
   mesh-adapter start --cmd 'tr a-z A-Z' --name shouter`,
 		run: runStart})
-	register(&command{name: "up", usage: "<agent-key> [--name <name>]",
+	register(&command{name: "up", usage: "<agent-key> [--name <name>] [--skus <file>]",
 		summary: "redeem an agent key (am_...) and start the inbox",
 		help: `Redeems a single-use agent key minted in the console (or with
 "meshd admin agent-token"), saves the new identity and its 30-day credential
 in the state directory before connecting, names the agent, and starts the
 adapter in inbox mode. The credential is renewed automatically.
+--skus <file> sets what the agent sells, as for "start".
 
 Example:
   mesh-adapter --control-url http://127.0.0.1:8080 up am_3kq... --name helper`,
@@ -130,6 +135,7 @@ func runStart(ctx context.Context, e *Env, args []string) error {
 	cmd := fs.String("cmd", "", "command mode: the command to run per message")
 	name := fs.String("name", "", "the agent's name")
 	raw := fs.Bool("raw", false, "pipe bare text to the command")
+	skus := fs.String("skus", "", `a JSON file of the SKUs the agent sells, saved in the state directory ("none" stops selling)`)
 	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
@@ -148,6 +154,9 @@ func runStart(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
+	if err := saveSKUsFlag(dir, *skus); err != nil {
+		return err
+	}
 	cfg := daemon.Config{Dir: dir, Mode: daemon.ModeInbox, Name: *name, Command: *cmd, Raw: *raw,
 		ControlURL: e.ControlURL, RegistrarURL: e.RegistrarURL, Out: e.Stdout, Log: e.logger()}
 	if *cmd != "" {
@@ -159,6 +168,7 @@ func runStart(ctx context.Context, e *Env, args []string) error {
 func runUp(ctx context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	name := fs.String("name", "", "the agent's name (default: the key's label)")
+	skus := fs.String("skus", "", `a JSON file of the SKUs the agent sells, saved in the state directory ("none" stops selling)`)
 	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
@@ -196,6 +206,9 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	conf.RegistrarURL = firstNonEmpty(e.RegistrarURL, conf.RegistrarURL)
 	if conf.ControlURL == "" {
 		return usageError("no control URL: pass --control-url (meshd prints it) or set MESH_CONTROL_URL")
+	}
+	if err := saveSKUsFlag(dir, *skus); err != nil {
+		return err
 	}
 	// The identity is saved (durably) before the key is spent, and the
 	// credential right after: a crash or a lost answer in between leaves an

@@ -495,7 +495,7 @@ func TestHelp(t *testing.T) {
 	if err != nil || !strings.Contains(string(out), "Commands:") {
 		t.Fatalf("--help: %v\n%s", err, out)
 	}
-	for _, c := range []string{"start", "up", "join", "inbox", "reply", "ack", "pair", "send", "whoami", "allowance", "contacts", "room", "board"} {
+	for _, c := range []string{"start", "up", "join", "inbox", "reply", "ack", "pair", "send", "whoami", "allowance", "contacts", "room", "board", "skus"} {
 		if !strings.Contains(string(out), "  "+c+" ") {
 			t.Errorf("--help does not list %s", c)
 		}
@@ -533,6 +533,7 @@ func TestHelp(t *testing.T) {
 		{[]string{"room", "dossier"}, "room dossier takes 1 argument"},
 		{[]string{"room", "frob"}, "unknown room action"},
 		{[]string{"board", "claim", "r"}, "board claim takes 2 argument"},
+		{[]string{"skus"}, "give one agent"},
 	} {
 		cmd := exec.Command(binary, append([]string{"--state-dir", filepath.Join(dir, "s")}, tc.args...)...)
 		out, err := cmd.CombinedOutput()

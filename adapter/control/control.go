@@ -23,7 +23,7 @@ var ErrNotRunning = errors.New("no inbox-mode adapter running: start one with `m
 
 // Request is one command.
 type Request struct {
-	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room
+	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room | registration
 	// inbox
 	All bool `json:"all,omitempty"`
 	// reply, refuse, ack
@@ -32,7 +32,7 @@ type Request struct {
 	Text string   `json:"text,omitempty"`
 	// refuse
 	Estimate string `json:"estimate,omitempty"`
-	// send
+	// send; registration: the agent whose registry record to read
 	To          string  `json:"to,omitempty"`
 	WaitSeconds float64 `json:"wait_seconds,omitempty"`
 	// AcceptNewBinding accepts a handle's new agent (send

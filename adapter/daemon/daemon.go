@@ -265,10 +265,18 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 	// whatever the mode (a drained invite too).
 	held := rooms.OpenStore(cfg.Dir.File(rooms.StoreFile), nil)
 	a.held = held
+	// What the agent sells (skus.json, `start --skus`); the owner key
+	// attests the agent in every registration, so agreements to these SKUs
+	// are made with the owner, not with this node.
+	skus, err := cfg.Dir.SKUs()
+	if err != nil {
+		return nil, nil, err
+	}
 	acfg := node.AgentConfig{Key: a.keys.Agent, Name: a.id.Name, Description: "mesh-adapter (" + cfg.Mode + " mode)",
 		Offerings:         []node.Offering{{ID: Offering, Name: "Chat", Description: "send a text message; the answer is text"}},
 		AvailabilityClass: "intermittent", Sandbox: a.guest != nil, Visibility: "unlisted",
-		Admit: a.admit, Handler: a.handle, OnReply: a.onReply, Guarded: guard.Guarded, RoomInvite: a.roomInvite(held)}
+		Admit: a.admit, Handler: a.handle, OnReply: a.onReply, Guarded: guard.Guarded, RoomInvite: a.roomInvite(held),
+		Owner: a.keys.Owner, SKUs: skus}
 	if a.agent, err = a.node.Host(ctx, acfg); err != nil {
 		var rev *node.ErrRevoked
 		if errors.As(err, &rev) {

@@ -439,6 +439,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 			SendOptions{AcceptNewBinding: r.AcceptNewBinding, WaitHeld: r.WaitHeld, RegistrarURL: r.RegistrarURL})
 	case "room":
 		return a.room(ctx, r)
+	case "registration":
+		return a.registration(ctx, r)
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }

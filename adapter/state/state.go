@@ -13,6 +13,7 @@
 //	journal.log     requests already answered (the runtime's FileJournal)
 //	allowance.json  the owner-signed allowance policy
 //	guard.json      whether the agent's inbox is guarded (mesh-adapter guard)
+//	skus.json       what the agent sells: the manifest's skus (start --skus)
 //	pins.json       registrar keys and handle → agent pins (adapter/registrar.Pins)
 //	control.sock    the running adapter's control socket (0600)
 //
