@@ -15,7 +15,6 @@ import (
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/state"
 	"agentmesh.dev/mesh/shared/commerce"
-	"agentmesh.dev/mesh/shared/registry"
 )
 
 func init() {
@@ -64,7 +63,10 @@ func runSKUs(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	skus, err := registry.SKUsOf(rec)
+	var skus []commerce.SKU
+	if v := rec["skus"]; v != nil {
+		skus, err = commerce.SKUsFromValue(v)
+	}
 	if err != nil {
 		return fmt.Errorf("%s publishes SKUs this adapter cannot read: %w", pos[0], err)
 	}
@@ -94,7 +96,7 @@ func skuRows(skus []commerce.SKU) []skuRow {
 func printSKUs(w io.Writer, rec map[string]any, skus []commerce.SKU) {
 	id, _ := rec["id"].(string)
 	name, _ := rec["name"].(string)
-	fmt.Fprintf(w, "%s (%s), owner %s\n", name, id, registry.OwnerOf(rec))
+	fmt.Fprintf(w, "%s (%s), owner %s\n", name, id, ownerOf(rec))
 	if len(skus) == 0 {
 		fmt.Fprintln(w, "publishes no SKUs: every offering is free")
 		return
@@ -106,6 +108,18 @@ func printSKUs(w io.Writer, rec map[string]any, skus []commerce.SKU) {
 		fmt.Fprintf(w, "  provider  %s\n", providerInWords(s.Provider))
 		fmt.Fprintf(w, "  digest    %s\n", s.Digest())
 	}
+}
+
+// ownerOf is the record's owner, or its node for a record written before
+// the registry recorded owners (registry.OwnerOf; the adapter does not link
+// the registry).
+func ownerOf(rec map[string]any) string {
+	if o, _ := rec["owner"].(string); o != "" {
+		return o
+	}
+	node, _ := rec["node"].(map[string]any)
+	id, _ := node["id"].(string)
+	return id
 }
 
 func coversInWords(c commerce.Covers) string {
