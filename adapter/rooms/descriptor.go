@@ -147,13 +147,19 @@ func NewDescriptor(creator *keys.Agent, spec NewRoom, now time.Time) (Room, erro
 	return ParseRoom(raw)
 }
 
-// NewRoomID is base64url of 18 random bytes.
+// NewRoomID is base64url of 18 random bytes, never starting with '-': a
+// person types the id as a command's argument, and one in 64 ids would
+// otherwise read as a flag (mesh-adapter room say -Xb… "hi").
 func NewRoomID() (string, error) {
 	b := make([]byte, roomIDBytes)
-	if _, err := rand.Read(b); err != nil {
-		return "", fmt.Errorf("room id: %w", err)
+	for {
+		if _, err := rand.Read(b); err != nil {
+			return "", fmt.Errorf("room id: %w", err)
+		}
+		if id := base64.RawURLEncoding.EncodeToString(b); id[0] != '-' {
+			return id, nil
+		}
 	}
-	return base64.RawURLEncoding.EncodeToString(b), nil
 }
 
 // ParseRoom reads and verifies a descriptor: the JSON object, a JSON
