@@ -298,7 +298,7 @@ func Money(micro int64, currency string) string {
 
 type approvalSeller struct {
 	Agent, Name, Covers, Price, Provider, TermsURL, CheckoutURL, Digest, Command string
-	Paid                                                                          bool
+	Paid                                                                         bool
 }
 
 type approvalData struct {
@@ -380,7 +380,9 @@ func (s *Server) approvePage(w http.ResponseWriter, r *http.Request) {
 				CheckoutURL: sku.Provider.CheckoutURL, Digest: sku.Digest(), Command: AgreeCommand(agent, sku.ID), Paid: sku.Price.Paid()})
 		}
 	}
-	slices.SortFunc(d.Sellers, func(a, b approvalSeller) int { return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Agent, b.Agent)) })
+	slices.SortFunc(d.Sellers, func(a, b approvalSeller) int {
+		return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Agent, b.Agent))
+	})
 	if len(d.Sellers) == 0 {
 		if d.Seller != "" {
 			d.Note = "The agent " + d.Seller + " does not publish the SKU " + d.SKU + " now: it may have withdrawn or renamed it. Its current offers are on its offers page."
