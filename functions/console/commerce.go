@@ -322,7 +322,7 @@ func (s *Server) approvePage(w http.ResponseWriter, r *http.Request) {
 	ss, _ := s.current(r)
 	q := r.URL.Query()
 	d := &approvalData{SKU: q.Get("sku"), Seller: q.Get("seller")}
-	d.Example = Prefix + "agreements/approve?" + url.Values{"sku": {d.SKU}, "seller": {"<agent key or handle>"}}.Encode()
+	d.Example = Prefix + "agreements/approve?sku=" + url.QueryEscape(d.SKU) + "&seller=<agent key or handle>"
 	v := &view{Title: "Approve " + d.SKU, Nav: "agreements", sess: ss, Data: d}
 	if !commerce.ValidSKUID(d.SKU) {
 		v.Title = "Approve an agreement"

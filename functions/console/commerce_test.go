@@ -337,7 +337,7 @@ func TestConsoleApprovalPage(t *testing.T) {
 	}{
 		{"agreements/approve", 400, "This address names no SKU"},
 		{"agreements/approve?sku=Not_An_Id", 400, "This address names no SKU"},
-		{"agreements/approve?sku=nobody-sells", 404, "No public agent on this mesh publishes the SKU nobody-sells. If the seller is unlisted, name it: /console/agreements/approve?seller=%3Cagent+key+or+handle%3E&sku=nobody-sells"},
+		{"agreements/approve?sku=nobody-sells", 404, "No public agent on this mesh publishes the SKU nobody-sells. If the seller is unlisted, name it: /console/agreements/approve?sku=nobody-sells&seller=<agent key or handle>"},
 		{"agreements/approve?sku=caselaw-metered&seller=" + other, 404, "does not publish the SKU caselaw-metered now"},
 	} {
 		page := h.out.get(tc.path)
