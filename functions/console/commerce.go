@@ -403,9 +403,10 @@ type ownerRow struct {
 }
 
 type agreementRow struct {
-	Seller, SellerName, SKU, Digest, AgreedAt, ExpiresAt, RevokedAt, FiledAt string
+	Seller, SellerName, SKU, Digest, AgreedAt, ExpiresAt, RevokedAt string
 	// State is one of in-force, stale, expired, revoked, withdrawn,
-	// unreadable; Why says it in words.
+	// unknown (the seller's terms could not be read), unreadable; Why
+	// says it in words.
 	State, Why string
 	// Current is the seller's current digest when the agreement is stale;
 	// Approve the approval page for it.
@@ -523,7 +524,7 @@ func (s *Server) agreementRows(ctx context.Context, owners []ownerRow, record fu
 }
 
 func (s *Server) agreementRow(h HeldAgreement, now time.Time, record func(string) (map[string]any, error)) agreementRow {
-	row := agreementRow{Seller: h.Seller, SellerName: h.Seller, SKU: h.SKU, FiledAt: protocol.FormatTime(h.Record.FiledAt),
+	row := agreementRow{Seller: h.Seller, SellerName: h.Seller, SKU: h.SKU,
 		Approve: Prefix + "agreements/approve?" + url.Values{"sku": {h.SKU}, "seller": {h.Seller}}.Encode()}
 	if h.Record.RevokedAt != nil {
 		row.RevokedAt = protocol.FormatTime(*h.Record.RevokedAt)
