@@ -4,12 +4,16 @@
 // handles and start pairing through the registrar, grant the mesh a
 // Google Cloud project and deploy agents there (the Cloud page), download
 // the signed audit export and read the public anchors (the Records page),
-// and close the account (the Close account page).
+// close the account (the Close account page), and read a seller's offers,
+// the approval page of a paid SKU and the account's agreements and
+// engagements (commerce.go).
 //
-// It is one function group with one route, /console/ for every method: the
-// pages share their templates, static files, session cookie and CSRF
-// handling, so they are served by one Cloud Function ("Console") rather
-// than one per page, and meshd mounts the same handler on its mux. Like
+// It is one function group whose pages are one route, /console/ for every
+// method: the pages share their templates, static files, session cookie
+// and CSRF handling, so they are served by one Cloud Function ("Console")
+// rather than one per page, and meshd mounts the same handler on its mux.
+// The group's second row only forwards the approval address a refusal
+// names (commerce.ApprovalPath, outside /console/) to its page. Like
 // every group under functions/, it holds no business logic: each handler
 // reads a form, calls one method of shared/account (or of the registrar),
 // and renders a server-side html/template page. The only script is a small
@@ -20,8 +24,13 @@ package console
 
 import (
 	"net/http"
+	"net/url"
+	"strings"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/functions/api"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/httpx"
 )
 
@@ -33,6 +42,28 @@ const Prefix = "/console/"
 // checks (docs/console.md) and calls the account service for each page.
 var Routes = []api.Route{
 	{EntryPoint: "Console", Path: Prefix, HTML: true, Auth: api.Public, Handler: handler},
+	// The approval address an AGREEMENT_REQUIRED refusal names is
+	// commerce.ApprovalURL's: the console's origin and ApprovalPath, not
+	// under Prefix. It sends the person on to the console's page.
+	{EntryPoint: "ConsoleApproval", Method: http.MethodGet, Path: commerce.ApprovalPath, HTML: true, Auth: api.Public,
+		Standalone: true, Handler: func(*api.Deps) httpx.HandlerFunc { return approvalRedirect }},
+}
+
+// approvalRedirect answers commerce.ApprovalPath with the console's
+// approval page, keeping only the members that page reads.
+func approvalRedirect(w http.ResponseWriter, r *http.Request) error {
+	q, keep := r.URL.Query(), url.Values{}
+	for _, k := range []string{"sku", "seller"} {
+		if v := q.Get(k); v != "" {
+			keep.Set(k, v)
+		}
+	}
+	to := Prefix + strings.TrimPrefix(commerce.ApprovalPath, "/")
+	if len(keep) > 0 {
+		to += "?" + keep.Encode()
+	}
+	http.Redirect(w, r, to, http.StatusFound)
+	return nil
 }
 
 func handler(d *api.Deps) httpx.HandlerFunc {
@@ -45,6 +76,15 @@ func handler(d *api.Deps) httpx.HandlerFunc {
 	// would not compare equal to nil.
 	if d.Registrar != nil {
 		cfg.Registrar = NewRegistrar(d.Registrar)
+	}
+	// The commerce pages read the bus the way the account views do, with
+	// the control plane's services key; without a bus they say so.
+	if d.Bus != nil {
+		if js, err := jetstream.New(d.Bus.NC); err == nil {
+			cfg.Commerce = &BusCommerce{Bus: d.Bus, JS: js, Credentials: d.Credentials, Registrar: d.Registrar}
+		} else {
+			d.Log.Warn("console: no commerce pages", "err", err)
+		}
 	}
 	s := New(cfg)
 	return func(w http.ResponseWriter, r *http.Request) error {

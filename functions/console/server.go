@@ -16,6 +16,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/account"
 	"agentmesh.dev/mesh/shared/closure"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/httpx"
@@ -45,6 +46,12 @@ type Config struct {
 	// only one a form post may come from.
 	ConsoleURL string
 	Log        *slog.Logger
+	// Commerce serves the offers, approval and agreements pages; nil
+	// makes them say this console has no connection to the bus.
+	Commerce Commerce
+	// Engagements lists the account's engagements on the agreements
+	// page; nil makes that section say none can be listed here.
+	Engagements EngagementLister
 	// TrustedProxyHops is how many proxies append to X-Forwarded-For in
 	// front of the console (api.Deps.TrustedProxyHops): the sign-in form
 	// counts against the sign-up limits of the client's address.
@@ -67,6 +74,10 @@ type Server struct {
 	// mail server), for the sign-in code page; "" with a mail server.
 	outbox string
 	hops   int
+	// commerce reads the commerce pages' data and engagements lists
+	// engagements; nil: not on this instance.
+	commerce    Commerce
+	engagements EngagementLister
 }
 
 // Cookie names. The session cookie holds the account session token (ams_);
@@ -129,6 +140,7 @@ func parsePages() map[string]*template.Template {
 // New builds the console.
 func New(cfg Config) *Server {
 	s := &Server{acc: cfg.Accounts, reg: cfg.Registrar, grants: cfg.Grants, closure: cfg.Closure, client: cfg.Client, log: cfg.Log,
+		commerce: cfg.Commerce, engagements: cfg.Engagements,
 		mux: http.NewServeMux(), hops: cfg.TrustedProxyHops}
 	if s.client == nil {
 		s.client = &http.Client{Timeout: 30 * time.Second}
@@ -176,6 +188,9 @@ func New(cfg Config) *Server {
 	s.mux.HandleFunc("POST "+p+"/cloud/deploy", s.signedIn(s.deployAgent))
 	s.mux.HandleFunc("GET "+p+"/records", s.signedIn(s.recordsPage))
 	s.mux.HandleFunc("GET "+p+"/records/audit-export", s.signedIn(s.auditExport))
+	s.mux.HandleFunc("GET "+p+"/offers/{agent}", s.offersPage)
+	s.mux.HandleFunc("GET "+p+"/agreements", s.signedIn(s.agreementsPage))
+	s.mux.HandleFunc("GET "+p+commerce.ApprovalPath, s.approvePage)
 	s.mux.HandleFunc("GET "+p+"/close", s.signedIn(s.closePage))
 	s.mux.HandleFunc("POST "+p+"/close", s.signedIn(s.closeAccount))
 	s.mux.HandleFunc(p+"/", s.notFound)
