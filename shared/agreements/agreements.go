@@ -189,8 +189,10 @@ func (w *Worker) file(ctx context.Context, r *bus.Request) (any, error) {
 		}
 		prevAt, _ := protocol.ParseTime(prev.AgreedAt)
 		switch {
-		case cur.RevokedAt != nil && !agreed.After(*cur.RevokedAt):
-			return nil, errs.Newf(errs.Conflict, "an agreement to %s agreed at or before %s was revoked then; sign a new agreement", a.SKU, protocol.FormatTime(*cur.RevokedAt))
+		case cur.RevokedAt != nil && (prev.Sig == a.Sig || !agreed.After(prevAt) || !agreed.After(*cur.RevokedAt)):
+			// The revoked agreement itself, or one no later than it or
+			// than the revocation: a copy replayed, not a new approval.
+			return nil, errs.Newf(errs.Conflict, "the agreement to %s on file was revoked at %s; sign a new agreement (agreed after that)", a.SKU, protocol.FormatTime(*cur.RevokedAt))
 		case agreed.Before(prevAt):
 			return nil, errs.Newf(errs.Conflict, "a later agreement to %s (agreed at %s) is on file; an earlier one does not replace it", a.SKU, prev.AgreedAt)
 		case cur.RevokedAt == nil && prev.Sig == a.Sig:
