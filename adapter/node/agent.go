@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
@@ -75,6 +76,10 @@ type AgentConfig struct {
 	// answers OFFERING_NOT_FOUND. adapter/rooms.Store.AcceptInvite
 	// remembers the room.
 	RoomInvite func(ctx context.Context, c *Call) (any, error)
+	// SKUs are what the agent sells (docs/commerce.md), published in its
+	// manifest as skus. An agent with any SKU asks the agreements service
+	// at admission, before the accept, whether each request may proceed.
+	SKUs []commerce.SKU
 }
 
 // OfferingRoomsInvite is the reserved offering of room invites: the runtime
@@ -445,6 +450,13 @@ func (a *Agent) buildManifest(v protocol.Vouch) map[string]any {
 	}
 	if len(a.cfg.Meta) > 0 {
 		m["meta"] = a.cfg.Meta
+	}
+	if len(a.cfg.SKUs) > 0 {
+		skus := make([]any, 0, len(a.cfg.SKUs))
+		for _, s := range a.cfg.SKUs {
+			skus = append(skus, s.Value())
+		}
+		m["skus"] = skus
 	}
 	return m
 }
