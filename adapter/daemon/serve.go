@@ -439,6 +439,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 			SendOptions{AcceptNewBinding: r.AcceptNewBinding, WaitHeld: r.WaitHeld, RegistrarURL: r.RegistrarURL})
 	case "room":
 		return a.room(ctx, r)
+	case "commerce":
+		return a.commerce(ctx, r)
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
