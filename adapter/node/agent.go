@@ -108,6 +108,8 @@ type Agent struct {
 	copyMu   sync.Mutex
 	copies   map[*Call]acceptCopy
 	manifest map[string]any
+	// skus are the manifest's SKUs as registered, parsed once (commerceAdmit).
+	skus sells
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -496,8 +498,9 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 	issued, _ := protocol.ParseTime(v.IssuedAt)
 	expires, _ := protocol.ParseTime(v.ExpiresAt)
+	skus := manifestSKUs(manifest)
 	a.mu.Lock()
-	a.vouch, a.manifest = v, manifest
+	a.vouch, a.manifest, a.skus = v, manifest, skus
 	a.vs = vouchState{issued: issued, expires: expires, renewAt: twoThirds(issued, expires)}
 	if out.Sandbox {
 		a.sandbox = true

@@ -2,6 +2,7 @@ package node
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
@@ -14,19 +15,43 @@ import (
 // admission (mesh.commerce.admit), before the accept.
 const AdmitTimeout = 10 * time.Second
 
-// skus are the SKUs of the manifest last registered: the terms the registry
-// holds, and so the terms the agreements service decides by. nil when the
-// manifest publishes none.
-func (a *Agent) skus() []commerce.SKU {
-	raw, present := a.Manifest()["skus"]
+// sells is what a manifest publishes for sale: its SKUs, parsed as the
+// registry holds them (a round trip through JSON, whatever Go values built
+// the manifest), and whether it publishes any at all. A manifest whose
+// skus do not parse here still sells (the registry validated them), and
+// the node then takes every offering for paid when the service cannot be
+// asked.
+type sells struct {
+	any  bool
+	skus []commerce.SKU
+	ok   bool // skus parsed
+}
+
+func manifestSKUs(m map[string]any) sells {
+	raw, present := m["skus"]
 	if !present || raw == nil {
-		return nil
+		return sells{}
 	}
-	skus, err := commerce.SKUsFromValue(raw)
-	if err != nil || len(skus) == 0 {
-		return nil // the registry refuses a manifest whose SKUs do not validate
+	b, err := json.Marshal(raw)
+	if err != nil {
+		return sells{any: true}
 	}
-	return skus
+	v, err := protocol.ParseJSON(b)
+	if err != nil {
+		return sells{any: true}
+	}
+	if list, isList := v.([]any); isList && len(list) == 0 {
+		return sells{}
+	}
+	skus, err := commerce.SKUsFromValue(v)
+	return sells{any: true, skus: skus, ok: err == nil}
+}
+
+// registeredSKUs is what the manifest last registered sells.
+func (a *Agent) registeredSKUs() sells {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.skus
 }
 
 // commerceAdmit is admission by the terms the agent sells on (DESIGN §11,
@@ -38,8 +63,8 @@ func (a *Agent) skus() []commerce.SKU {
 // service cannot answer, a paid offering fails closed (UNAVAILABLE,
 // retryable) and a free one is admitted.
 func (a *Agent) commerceAdmit(c *Call) *errs.Error {
-	skus := a.skus()
-	if len(skus) == 0 {
+	sold := a.registeredSKUs()
+	if !sold.any {
 		return nil
 	}
 	q := map[string]any{"requester": c.Env.From, "offering": c.Offering, "request_id": c.Env.ID}
@@ -60,7 +85,7 @@ func (a *Agent) commerceAdmit(c *Call) *errs.Error {
 	default:
 		a.n.log.Warn("admission: the agreements service did not answer", "agent", a.id, "offering", c.Offering, "err", err)
 	}
-	if s, covered := commerce.For(skus, c.Offering); covered && s.Price.Paid() {
+	if s, covered := commerce.For(sold.skus, c.Offering); !sold.ok || covered && s.Price.Paid() {
 		return errs.Newf(errs.Unavailable, "%s is a paid offering and its terms cannot be checked right now (the mesh's agreements service did not answer); retry shortly", c.Offering).
 			WithRetryAfter(5000)
 	}
