@@ -160,7 +160,7 @@ func TestAdmissionMatrix(t *testing.T) {
 	}
 	owner := rec.Owner()
 	if owner != requesterNode.Public() {
-		t.Skipf("the requester's owner is %s, not its node: this runtime registers an attested owner, whose key the test does not hold", owner)
+		t.Fatalf("the requester registered with owner %s, not its node %s: give commerceAgent that owner and sign the agreements with its key", owner, requesterNode.Public())
 	}
 	var ownerKey keys.Signer = requesterNode
 	put(commerce.BalancePrefix+owner, commerce.Balance{Credits: 10_000_000, UpdatedAt: time.Now()})
@@ -198,14 +198,14 @@ func TestAdmissionMatrix(t *testing.T) {
 	answers := map[string][]*protocol.Envelope{} // by in_reply_to
 	collect := func(m *nats.Msg) {
 		e, err := protocol.Decode(m.Data)
-		if err != nil || e.Type != protocol.TypeRespond || e.From != seller.ID() {
+		if err != nil || e.Type != protocol.TypeRespond || (e.From != seller.ID() && e.From != requester.ID()) {
 			return
 		}
 		amu.Lock()
 		answers[e.InReplyTo] = append(answers[e.InReplyTo], e)
 		amu.Unlock()
 	}
-	for _, subject := range []string{protocol.InboxSubject(requester.ID()), "_INBOX.matrix.>"} {
+	for _, subject := range []string{protocol.InboxSubject(requester.ID()), protocol.InboxSubject(seller.ID()), "_INBOX.matrix.>"} {
 		sub, err := nc.Subscribe(subject, collect)
 		if err != nil {
 			t.Fatal(err)
@@ -215,25 +215,41 @@ func TestAdmissionMatrix(t *testing.T) {
 	if err := nc.Flush(); err != nil {
 		t.Fatal(err)
 	}
-	// send sends one signed request of the requester to the seller and
-	// waits for its terminal answer; it returns the request id and the
-	// answers in order.
-	send := func(name, offering string, budget *protocol.Budget) (string, []*protocol.Envelope) {
+	// The seller's questions to the agreements service, by who asks.
+	var qmu sync.Mutex
+	asked := map[string]int{}
+	qsub, err := nc.Subscribe(protocol.SubjCommerceAdmit, func(m *nats.Msg) {
+		if e, err := protocol.Decode(m.Data); err == nil {
+			qmu.Lock()
+			asked[e.From]++
+			qmu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = qsub.Unsubscribe() }()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// sendAs sends one signed request of from to to and waits for its
+	// terminal answer; it returns the request id and the answers in order.
+	sendAs := func(from *keys.Agent, to, name, offering string, budget *protocol.Budget) (string, []*protocol.Envelope) {
 		t.Helper()
-		env, err := protocol.New(protocol.TypeRequest, requesterKey.Public(), map[string]any{"offering": offering, "input": map[string]any{"case": name}})
+		env, err := protocol.New(protocol.TypeRequest, from.Public(), map[string]any{"offering": offering, "input": map[string]any{"case": name}})
 		if err != nil {
 			t.Fatal(err)
 		}
-		env.To = seller.ID()
+		env.To = to
 		env.Budget = budget
-		if err := env.Sign(requesterKey); err != nil {
+		if err := env.Sign(from); err != nil {
 			t.Fatal(err)
 		}
 		b, err := env.Marshal()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := nc.PublishRequest(protocol.InboxSubject(seller.ID()), "_INBOX.matrix."+env.ID, b); err != nil {
+		if err := nc.PublishRequest(protocol.InboxSubject(to), "_INBOX.matrix."+env.ID, b); err != nil {
 			t.Fatal(err)
 		}
 		deadline := time.Now().Add(20 * time.Second)
@@ -251,10 +267,34 @@ func TestAdmissionMatrix(t *testing.T) {
 		}
 	}
 
+	send := func(name, offering string, budget *protocol.Budget) (string, []*protocol.Envelope) {
+		t.Helper()
+		return sendAs(requesterKey, seller.ID(), name, offering, budget)
+	}
+
+	// The seller asks once per request; an agent that sells nothing never
+	// asks (it is asked here while the service runs).
+	askedCheck := func(want int) {
+		t.Helper()
+		if _, out := sendAs(sellerKey, requester.ID(), "an agent without SKUs", "free", nil); bus.ErrorOf(out[len(out)-1]) != nil {
+			t.Errorf("the agent without SKUs: %v", describe(out))
+		}
+		count := func(k string) int { qmu.Lock(); defer qmu.Unlock(); return asked[k] }
+		for deadline := time.Now().Add(10 * time.Second); count(seller.ID()) < want && time.Now().Before(deadline); {
+			time.Sleep(10 * time.Millisecond) // each subscription delivers on its own goroutine
+		}
+		if count(seller.ID()) != want || count(requester.ID()) != 0 {
+			t.Errorf("questions: the seller %d for %d requests, the agent without SKUs %d", count(seller.ID()), want, count(requester.ID()))
+		}
+	}
+
 	digest := flatXCR(t, price).Digest()
 	consoleApprove := strings.TrimSuffix(c.m.URLs().Console, "/") + commerce.ApprovalPath + "?sku=paid-flat"
 	now := time.Now()
 	var refusedIDs []string
+	// answeredBefore is how many requests the seller took while the service
+	// ran: every case before the last two.
+	var answeredBefore int
 	cases := []struct {
 		name     string
 		offering string
@@ -342,6 +382,10 @@ func TestAdmissionMatrix(t *testing.T) {
 			}
 		}},
 		{name: "service unreachable, free", offering: "free", setup: func() {
+			askedCheck(answeredBefore)
+			// Nothing answers the question from now on (the count's
+			// subscription would be a responder that never answers).
+			_ = qsub.Unsubscribe()
 			for _, w := range c.m.Workers().Agreements {
 				_ = w.Stop()
 			}
@@ -352,6 +396,7 @@ func TestAdmissionMatrix(t *testing.T) {
 			}
 		}},
 	}
+	answeredBefore = len(cases) - 2
 	for _, tc := range cases {
 		if tc.setup != nil {
 			tc.setup()
