@@ -61,7 +61,7 @@ func (c *cp) commerceAgent(acct, name string, skus []commerce.SKU, handler node.
 		handler = func(_ context.Context, call *node.Call) error { return call.Reply(map[string]any{"ok": true}) }
 	}
 	a, err := n.Host(c.t.Context(), node.AgentConfig{Key: k, Name: name, Handler: handler, SKUs: skus,
-		Offerings: []node.Offering{{ID: "free"}, {ID: "paid"}}, AvailabilityClass: "always_on"})
+		Offerings: []node.Offering{{ID: "free"}, {ID: "paid"}, {ID: "metered"}}, AvailabilityClass: "always_on"})
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -72,6 +72,16 @@ func flatXCR(t *testing.T, amount int64) commerce.SKU {
 	t.Helper()
 	s, err := commerce.ParseSKU([]byte(`{"sku":"paid-flat","covers":{"offerings":["paid"]},"price":{"model":"flat","currency":"XCR","amount_micro":` +
 		strings.TrimSpace(jsonNumber(amount)) + `},"provider":{"id":"internal"}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// perUnitXCR prices offering "metered" per 1,000 tokens_out.
+func perUnitXCR(t *testing.T) commerce.SKU {
+	t.Helper()
+	s, err := commerce.ParseSKU([]byte(`{"sku":"metered-tokens","covers":{"offerings":["metered"]},"price":{"model":"per_unit","currency":"XCR","meter":"tokens_out","per":1000,"amount_micro":1500},"provider":{"id":"internal"}}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -123,7 +133,7 @@ func TestAdmissionMatrix(t *testing.T) {
 	price := int64(250000)
 	var sellerKey *keys.Agent
 	var sellerNode *keys.Node
-	seller.Agent, sellerKey, sellerNode = c.commerceAgent(acct, "seller", []commerce.SKU{flatXCR(t, price)}, handler)
+	seller.Agent, sellerKey, sellerNode = c.commerceAgent(acct, "seller", []commerce.SKU{flatXCR(t, price), perUnitXCR(t)}, handler)
 	other, _, _ := c.commerceAgent(acct, "other-seller", []commerce.SKU{flatXCR(t, price)}, nil)
 	requester, requesterKey, requesterNode := c.commerceAgent(acct, "requester", nil, nil)
 
@@ -314,6 +324,19 @@ func TestAdmissionMatrix(t *testing.T) {
 				t.Errorf("details %v (retryable %v)", e.Details, e.Retryable)
 			}
 		}},
+		{name: "per_unit without agreement", offering: "metered", code: errs.AgreementRequired, check: func(e *errs.Error) {
+			if e.Details["sku"] != "metered-tokens" || e.Details["sku_digest"] != perUnitXCR(t).Digest() || e.Details["price_credits"] != float64(1500) ||
+				e.Details["approval_url"] != strings.TrimSuffix(c.m.URLs().Console, "/")+commerce.ApprovalPath+"?sku=metered-tokens" {
+				t.Errorf("per_unit details %v", e.Details)
+			}
+		}},
+		{name: "per_unit with agreement", offering: "metered", setup: func() {
+			a := commerce.Agreement{SellerAgent: seller.ID(), SKU: "metered-tokens", SKUDigest: perUnitXCR(t).Digest(), AgreedAt: protocol.FormatTime(now)}
+			if err := commerce.Sign(&a, ownerKey); err != nil {
+				t.Fatal(err)
+			}
+			file(a)
+		}},
 		{name: "agreement for another seller", offering: "paid", code: errs.AgreementRequired,
 			setup: func() { file(sign(other.ID(), digest, now, "")) }},
 		{name: "expired agreement", offering: "paid", code: errs.AgreementRequired, setup: func() {
@@ -353,7 +376,7 @@ func TestAdmissionMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 			a, err := seller.Node().Host(t.Context(), node.AgentConfig{Key: sellerKey, Name: "seller", Handler: handler,
-				SKUs: []commerce.SKU{flatXCR(t, price*2)}, Offerings: []node.Offering{{ID: "free"}, {ID: "paid"}}, AvailabilityClass: "always_on"})
+				SKUs: []commerce.SKU{flatXCR(t, price*2), perUnitXCR(t)}, Offerings: []node.Offering{{ID: "free"}, {ID: "paid"}, {ID: "metered"}}, AvailabilityClass: "always_on"})
 			if err != nil {
 				t.Fatal(err)
 			}
