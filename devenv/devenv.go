@@ -18,6 +18,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/jwt/v2"
@@ -197,6 +198,9 @@ type Mesh struct {
 	// roomOwners is the rooms worker's registrar, set once the control
 	// plane has built it.
 	roomOwners *registrarOwners
+	// console is the console's URL (a string) once the HTTP listener is
+	// up: the agreements worker's approval URLs point there.
+	console atomic.Value
 
 	// control is the control plane (store, services, routes).
 	control *Control
@@ -373,6 +377,7 @@ func (m *Mesh) startHTTP(dataDir string, cfg Config) error {
 	// The console is served as localhost: WebAuthn needs a domain, and
 	// browsers treat http://localhost as a secure context.
 	m.urls.Console = strings.Replace(base, "127.0.0.1", "localhost", 1) + "/console/"
+	m.console.Store(m.urls.Console)
 
 	m.mux.HandleFunc("GET /healthz", m.handleHealthz)
 	if err := m.startControlPlane(dataDir, cfg, base); err != nil {

@@ -7,6 +7,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/agreements"
 	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/feeds"
@@ -30,6 +31,8 @@ type Workers struct {
 	Activity  []*activity.Worker
 	Mailbox   []*mailbox.Worker
 	Rooms     []*rooms.Worker
+	// Agreements are the agreements service's copies.
+	Agreements []*agreements.Worker
 }
 
 // add files a started copy under its worker, for tests that reach into one.
@@ -51,6 +54,8 @@ func (w *Workers) add(s workers.Stopper) {
 		w.Mailbox = append(w.Mailbox, s)
 	case *rooms.Worker:
 		w.Rooms = append(w.Rooms, s)
+	case *agreements.Worker:
+		w.Agreements = append(w.Agreements, s)
 	}
 }
 
@@ -76,12 +81,16 @@ type WorkerConfig struct {
 	Artifacts artifacts.Config
 	// Rooms.Owners is the mesh's own registrar unless a test names another.
 	Rooms rooms.Config
+	// Agreements.ConsoleURL is the mesh's own console unless a test names
+	// another.
+	Agreements agreements.Config
 }
 
 // table is c as the workers table's configuration.
 func (c WorkerConfig) table() workers.Config {
 	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
-		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts, Rooms: c.Rooms}
+		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts, Rooms: c.Rooms,
+		Agreements: c.Agreements}
 }
 
 // Workers returns the running workers.
@@ -115,6 +124,11 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		wcfg.Rooms.Owners = m.roomOwners
 	}
 	wcfg.Rooms.Credentials = m.roomCredentials()
+	if wcfg.Agreements.ConsoleURL == "" && wcfg.Agreements.Console == nil {
+		// The console's URL is known once the HTTP listener is up, after
+		// the workers start.
+		wcfg.Agreements.Console = func() string { s, _ := m.console.Load().(string); return s }
+	}
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

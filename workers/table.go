@@ -14,6 +14,7 @@ import (
 
 	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/admission"
+	"agentmesh.dev/mesh/shared/agreements"
 	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
@@ -60,6 +61,12 @@ type Config struct {
 	// bucket (mesh_rooms).
 	Board     board.Config
 	Artifacts artifacts.Config
+	// Agreements.ConsoleURL is where approval URLs point: none by default
+	// (the refusal then names the bare approval path) until the deployer
+	// names the console, with --console-url or MESH_CONSOLE_URL for
+	// agreements-worker (the cloud's Terraform sets it); meshd gives its
+	// own console.
+	Agreements agreements.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -237,6 +244,19 @@ func Table() []Worker {
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob { return cfg.Artifacts.Limits.Knobs() },
 		},
+		{
+			Name:         agreements.Name,
+			Description:  "agreements to paid SKUs and admission at the seller's node: mesh.agreements.file, list, revoke; mesh.commerce.admit",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Agreements
+				c.Replicas = cfg.replicas(c.Replicas)
+				return agreements.Start(ctx, env, c)
+			},
+			Knobs:    func(cfg *Config) []ratelimit.Knob { return []ratelimit.Knob{consoleKnob(&cfg.Agreements.ConsoleURL)} },
+			CloudEnv: map[string]string{"MESH_CONSOLE_URL": "${local.control_url}/console/"},
+		},
 	}
 }
 
@@ -290,6 +310,22 @@ func registrarKnob(owners *rooms.Owners) ratelimit.Knob {
 				return err
 			}
 			*owners = o
+			return nil
+		}}
+}
+
+// consoleKnob names the console the agreements worker's approval URLs
+// point at (commerce.ApprovalURL): its base URL, such as
+// https://mesh.example.org/console/.
+func consoleKnob(url *string) ratelimit.Knob {
+	return ratelimit.Knob{Flag: "console-url", Env: "MESH_CONSOLE_URL", Default: *url,
+		Help: "the console whose /agreements/approve page approval URLs name, e.g. https://mesh.example.org/console/ (empty: the bare path)",
+		Set: func(s string) error {
+			s = strings.TrimSpace(s)
+			if s != "" && !strings.HasPrefix(s, "https://") && !strings.HasPrefix(s, "http://") {
+				return fmt.Errorf("%q is not an http(s) URL", s)
+			}
+			*url = s
 			return nil
 		}}
 }

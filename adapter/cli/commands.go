@@ -16,6 +16,7 @@ import (
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/inbox"
 	"agentmesh.dev/mesh/adapter/state"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/protocol"
 )
 
@@ -473,6 +474,8 @@ func runSend(ctx context.Context, e *Env, args []string) error {
 // message with its exit status.
 func sendOutcome(stdout io.Writer, to string, res *daemon.SendResult, wait float64, waited bool) error {
 	switch {
+	case res.Error != nil && res.Error.Code == errs.AgreementRequired:
+		return &exitError{code: exitAnswerError, err: errors.New(daemon.AgreementRequiredLine(to, res.Error))}
 	case res.Error != nil:
 		return &exitError{code: exitAnswerError, err: fmt.Errorf("%s answered with an error: %s", to, daemon.OneLine(daemon.Describe(res.Error).Error()))}
 	case res.Queued && res.From == res.To:

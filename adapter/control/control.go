@@ -23,7 +23,7 @@ var ErrNotRunning = errors.New("no inbox-mode adapter running: start one with `m
 
 // Request is one command.
 type Request struct {
-	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room | registration
+	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room | registration | commerce
 	// inbox
 	All bool `json:"all,omitempty"`
 	// reply, refuse, ack
@@ -50,6 +50,9 @@ type Request struct {
 	// Room is a rooms or board command (adapter/rooms.Command), run by
 	// the running adapter's rooms client.
 	Room json.RawMessage `json:"room,omitempty"`
+	// Commerce is an agreements command (daemon.CommerceCommand): agree,
+	// revoke, list, run with the running adapter's owner key.
+	Commerce json.RawMessage `json:"commerce,omitempty"`
 }
 
 // Answer is the reply to a Request: OK with a result, or an error message.

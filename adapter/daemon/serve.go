@@ -441,6 +441,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		return a.room(ctx, r)
 	case "registration":
 		return a.registration(ctx, r)
+	case "commerce":
+		return a.commerce(ctx, r)
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }

@@ -86,6 +86,8 @@ type AgentConfig struct {
 	// SKUs are what the agent sells (manifest skus), published as they
 	// were parsed: every offering one names must be one of Offerings, and a
 	// sandbox agent may publish only free ones.
+	// An agent with any SKU asks the agreements service at admission,
+	// before the accept, whether each request may proceed.
 	SKUs []commerce.SKU
 }
 
@@ -115,6 +117,8 @@ type Agent struct {
 	copyMu   sync.Mutex
 	copies   map[*Call]acceptCopy
 	manifest map[string]any
+	// skus are the manifest's SKUs as registered, parsed once (commerceAdmit).
+	skus sells
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -570,8 +574,9 @@ func (a *Agent) register(ctx context.Context) error {
 	}
 	issued, _ := protocol.ParseTime(v.IssuedAt)
 	expires, _ := protocol.ParseTime(v.ExpiresAt)
+	skus := manifestSKUs(manifest)
 	a.mu.Lock()
-	a.vouch, a.manifest = v, manifest
+	a.vouch, a.manifest, a.skus = v, manifest, skus
 	a.vs = vouchState{issued: issued, expires: expires, renewAt: twoThirds(issued, expires)}
 	if out.Sandbox {
 		a.sandbox = true

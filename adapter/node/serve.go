@@ -707,12 +707,16 @@ func (a *Agent) runHandler(c *Call) (err error) {
 }
 
 // admit is admission before the accept: a deadline already past (under the
-// protocol's skew tolerance) cannot be met; then the agent's AdmitFunc.
+// protocol's skew tolerance) cannot be met; then the terms the agent sells
+// on (commerceAdmit); then the agent's AdmitFunc.
 func (a *Agent) admit(c *Call) (*HeldError, *errs.Error) {
 	if c.Budget != nil {
 		if d, ok := c.Budget.DeadlineTime(); ok && protocol.DeadlinePast(d, a.n.now()) {
 			return nil, protocol.DeadlineUnmeetable(a.n.now(), "the deadline has already passed")
 		}
+	}
+	if e := a.commerceAdmit(c); e != nil {
+		return nil, e
 	}
 	if a.cfg.Admit == nil {
 		return nil, nil
