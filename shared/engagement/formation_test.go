@@ -150,7 +150,10 @@ func TestFileProposalRefusals(t *testing.T) {
 }
 
 type keyed struct {
-	key  interface{ Public() string; Sign([]byte) []byte }
+	key interface {
+		Public() string
+		Sign([]byte) []byte
+	}
 	role string
 }
 
