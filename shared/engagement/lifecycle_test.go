@@ -89,7 +89,10 @@ func TestAmendments(t *testing.T) {
 		t.Fatalf("deny: %v", err)
 	}
 	// v3 again, withdrawn by its proposer.
-	v3b := amended(t, agreed, 3, func(d map[string]any) { d["scope"].(map[string]any)["offerings"] = []any{"summarize"}; d["ends_at"] = "2027-01-01T00:00:00Z" })
+	v3b := amended(t, agreed, 3, func(d map[string]any) {
+		d["scope"].(map[string]any)["offerings"] = []any{"summarize"}
+		d["ends_at"] = "2027-01-01T00:00:00Z"
+	})
 	if _, err := w.svc.Propose(ctx, w.sign(v3b, sow.RoleProvider, w.pOwner)); err != nil {
 		t.Fatal(err)
 	}
@@ -97,7 +100,10 @@ func TestAmendments(t *testing.T) {
 		t.Fatalf("withdraw: %v", err)
 	}
 	// v3 once more, left unanswered: it lapses when the window closes.
-	v3c := amended(t, agreed, 3, func(d map[string]any) { d["scope"].(map[string]any)["offerings"] = []any{"summarize"}; d["ends_at"] = "2027-02-01T00:00:00Z" })
+	v3c := amended(t, agreed, 3, func(d map[string]any) {
+		d["scope"].(map[string]any)["offerings"] = []any{"summarize"}
+		d["ends_at"] = "2027-02-01T00:00:00Z"
+	})
 	if _, err := w.svc.Propose(ctx, w.sign(v3c, sow.RoleClient, w.cOwner)); err != nil {
 		t.Fatal(err)
 	}
