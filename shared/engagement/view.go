@@ -1,11 +1,13 @@
 package engagement
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/shared/commerce"
@@ -129,8 +131,7 @@ func Clauses(d *sow.Document) []Clause {
 		if m, ok := v.(map[string]any); ok {
 			grade, _ = m["grade"].(string)
 		}
-		b, _ := json.MarshalIndent(v, "", "  ")
-		out = append(out, Clause{Path: path, Grade: grade, Value: string(b)})
+		out = append(out, Clause{Path: path, Grade: grade, Value: indent(v)})
 	}
 	for _, name := range clauseOrder {
 		v, ok := d.Value[name]
@@ -139,8 +140,7 @@ func Clauses(d *sow.Document) []Clause {
 		}
 		switch name {
 		case "inputs":
-			b, _ := json.MarshalIndent(v, "", "  ")
-			out = append(out, Clause{Path: name, Grade: string(sow.Enforced) + " (by definition, §5.3)", Value: string(b)})
+			out = append(out, Clause{Path: name, Grade: string(sow.Enforced) + " (by definition, §5.3)", Value: indent(v)})
 		case "confidentiality":
 			m, _ := v.(map[string]any)
 			for _, sub := range []string{"transport", "retention", "processors", "promises", "processed_in"} {
@@ -164,6 +164,17 @@ func Clauses(d *sow.Document) []Clause {
 		}
 	}
 	return out
+}
+
+// indent is v as indented JSON, without the encoder's HTML escaping (the
+// page escapes; the JSON answer carries it as a string).
+func indent(v any) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(b.String(), "\n")
 }
 
 // Engagement reads the public record of the engagement between client and
