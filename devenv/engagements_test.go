@@ -84,8 +84,8 @@ func (w *engWorld) template(id, offering string) map[string]any {
 		"volume":  map[string]any{"per_hour": 30, "grade": "enforced"},
 		"change_control": map[string]any{"review_window_days": 1,
 			"approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-		"termination": map[string]any{"convenience_notice_hours": 2, "grade": "enforced"},
-		"disputes":    map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
+		"termination":     map[string]any{"convenience_notice_hours": 2, "grade": "enforced"},
+		"disputes":        map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
 		"confidentiality": map[string]any{"promises": map[string]any{"no_training": true, "grade": "recorded"}},
 	}
 }
