@@ -126,8 +126,18 @@ func (s *Service) AddReview(ctx context.Context, raw []byte) (rev *StoredReview,
 		case !errors.Is(err, store.ErrNotFound):
 			return err
 		}
+		var rec Record
+		if err := tx.Get(CollRecords, r.ID, &rec); err != nil {
+			return err
+		}
+		if rec.ReviewCount >= MaxReviews {
+			return errs.Newf(errs.QuotaExceeded, "this engagement holds %d reviews, the most one record keeps", MaxReviews)
+		}
 		duplicate = false
-		return tx.Create(CollReviews, id, st)
+		if err := tx.Create(CollReviews, id, st); err != nil {
+			return err
+		}
+		return tx.Update(CollRecords, r.ID, map[string]any{"review_count": rec.ReviewCount + 1})
 	})
 	if err != nil {
 		return nil, false, storeErr(err)

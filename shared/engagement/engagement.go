@@ -36,6 +36,14 @@ const (
 	CollReviews = "engagement_reviews" // id: <record id>.<digest of the review's sig>
 )
 
+// Bounds of one engagement's record: its history (every proposal,
+// resolution and termination is an entry) and its reviews. They keep a
+// public read of the record bounded.
+const (
+	MaxEvents  = 1000
+	MaxReviews = 1000
+)
+
 // MaxSkew is how far a signed act's at may be from the service's clock.
 const MaxSkew = 15 * time.Minute
 
@@ -88,6 +96,8 @@ type Record struct {
 	Open        *Amendment        `json:"open,omitempty"`
 	Termination *TerminationEntry `json:"termination,omitempty"`
 	Seq         int               `json:"seq"`
+	// ReviewCount is how many reviews are stored.
+	ReviewCount int `json:"review_count"`
 	// MirrorPending is set when a change is recorded and cleared once its
 	// terms are on the bus (the mirror job retries it).
 	MirrorPending bool   `json:"mirror_pending"`

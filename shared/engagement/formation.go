@@ -168,6 +168,9 @@ func claimIndex(tx store.Tx, client, seller, id string, offerings []string, now 
 
 // appendEvent records e as the record's next history entry.
 func appendEvent(tx store.Tx, r *Record, e Event) error {
+	if r.Seq >= MaxEvents {
+		return errs.Newf(errs.QuotaExceeded, "this engagement's history holds %d entries, the most one record keeps; form a new engagement to go on", MaxEvents)
+	}
 	r.Seq++
 	e.Record, e.Seq = r.ID, r.Seq
 	return tx.Create(CollEvents, eventID(r.ID, r.Seq), e)

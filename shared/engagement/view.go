@@ -2,11 +2,13 @@ package engagement
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strings"
 	"time"
 
@@ -203,14 +205,20 @@ func (s *Service) Engagement(ctx context.Context, client, seller, offering strin
 		if err := tx.Get(CollRecords, e.Record, &r); err != nil {
 			return err
 		}
-		if err := tx.Query(CollEvents, store.Query{Where: []store.Eq{{Field: "record", Value: r.ID}}, OrderBy: "seq"}, &events); err != nil {
+		// Equality alone, ordered here: Firestore answers it from its
+		// single-field index, with no composite index to deploy.
+		if err := tx.Query(CollEvents, store.Where("record", r.ID), &events); err != nil {
 			return err
 		}
-		return tx.Query(CollReviews, store.Query{Where: []store.Eq{{Field: "record", Value: r.ID}}, OrderBy: "stored_at"}, &reviews)
+		return tx.Query(CollReviews, store.Where("record", r.ID), &reviews)
 	})
 	if err != nil {
 		return nil, storeErr(err)
 	}
+	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(reviews, func(a, b StoredReview) int {
+		return cmp.Or(cmp.Compare(a.StoredAt, b.StoredAt), cmp.Compare(a.Digest, b.Digest))
+	})
 	return r.view(offering, events, reviews, s.now())
 }
 
