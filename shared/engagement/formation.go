@@ -26,6 +26,12 @@ func rolesOf(d *sow.Document) []string {
 // not publish (§12.1: a validation error).
 func publishes(info AgentInfo, d *sow.Document) error {
 	for _, o := range d.Scope.Offerings {
+		if !protocol.ValidToken(o) {
+			// The terms are mirrored under a bus key with the offering as
+			// one of its tokens.
+			return errs.Newf(errs.InvalidRequest, "the scope names offering %q; this mesh keeps engagements only for offering ids of letters, digits, '-' and '_' (at most 128)", o).
+				WithDetail("offering", o)
+		}
 		if !slices.Contains(info.Offerings, o) {
 			return errs.Newf(errs.InvalidRequest, "the scope names offering %q, which the provider agent's registered manifest does not publish; a proposal may name only offerings the agent publishes (§12.1)", o).
 				WithDetail("offering", o)

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -88,11 +89,12 @@ func TestFormation(t *testing.T) {
 // only what this runtime enforces.
 func TestFileProposalRefusals(t *testing.T) {
 	for _, tc := range []struct {
-		name   string
-		change func(w *world, d map[string]any)
-		signer func(w *world) *keyed
-		code   errs.Code
-		detail string
+		name    string
+		change  func(w *world, d map[string]any)
+		signer  func(w *world) *keyed
+		code    errs.Code
+		detail  string
+		message string
 	}{
 		{name: "the client seat filled", change: func(w *world, d map[string]any) {
 			d["parties"].(map[string]any)["client"] = map[string]any{"agent": w.client.Public(), "owner": "C"}
@@ -103,6 +105,10 @@ func TestFileProposalRefusals(t *testing.T) {
 		{name: "an offering the provider does not publish", change: func(w *world, d map[string]any) {
 			d["scope"].(map[string]any)["offerings"] = []any{"summarize", "forge"}
 		}, code: errs.InvalidRequest},
+		{name: "an offering id that is no bus token", change: func(w *world, d map[string]any) {
+			w.dir.set(w.provider.Public(), engagement.AgentInfo{Owner: w.pOwner.Public(), Offerings: []string{"summarize.all"}})
+			d["scope"].(map[string]any)["offerings"] = []any{"summarize.all"}
+		}, code: errs.InvalidRequest, message: "letters, digits"},
 		{name: "price fixed_fee enforced", change: func(w *world, d map[string]any) {
 			d["price"] = map[string]any{"arrangement": "fixed_fee", "currency": "XCR", "rates": []any{map[string]any{"offering": "summarize", "per_task": 100}}, "grade": "enforced"}
 		}, code: errs.Forbidden, detail: "price"},
@@ -139,6 +145,9 @@ func TestFileProposalRefusals(t *testing.T) {
 			}
 			_, err := w.svc.FileProposal(context.Background(), w.sign(d, k.role, k.key))
 			refused(t, err, tc.code, tc.name)
+			if !strings.Contains(err.Error(), tc.message) {
+				t.Fatalf("refusal %q does not say %q", err, tc.message)
+			}
 			if tc.detail != "" {
 				got, _ := errs.As(err).Details["unenforceable"].([]string)
 				if !slices.Contains(got, tc.detail) {
