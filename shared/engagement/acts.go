@@ -1,13 +1,13 @@
 package engagement
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"slices"
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/protocol"
 	"agentmesh.dev/mesh/shared/sow"
 	"agentmesh.dev/mesh/shared/store"
 )
@@ -23,6 +23,17 @@ func (s *Service) actRecord(ctx context.Context, a *Act, now time.Time) (*Record
 		return nil, errs.Newf(errs.InvalidRequest, "offering %q is not in this engagement's scope", a.Offering)
 	}
 	return r, skew(a.At, now)
+}
+
+// sameAct reports whether the signed act kept as raw carries sig: the same
+// signed object, however it was spaced when sent again.
+func sameAct(raw []byte, sig string) bool {
+	v, err := protocol.ParseJSON(raw)
+	if err != nil {
+		return false
+	}
+	m, _ := v.(map[string]any)
+	return m != nil && m["sig"] == sig
 }
 
 // Terminate records a signed termination notice (§5.9) by either seat's
@@ -42,8 +53,8 @@ func (s *Service) Terminate(ctx context.Context, raw []byte) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
-	if ex := r.Termination; ex != nil && bytes.Equal(ex.Notice, raw) {
-		return s.mirrorAfter(ctx, r)
+	if ex := r.Termination; ex != nil && sameAct(ex.Notice, t.Sig) {
+		return s.mirrorAfter(ctx, r) // the same signed notice again
 	}
 	role := r.seatOf(t.By)
 	if role == "" {
@@ -67,7 +78,7 @@ func (s *Service) Terminate(ctx context.Context, raw []byte) (*Record, error) {
 		RecordedAt: stamp(now), EffectiveAt: stamp(effective)}
 	rec, err := s.update(ctx, r.ID, func(tx store.Tx, rec *Record) error {
 		if ex := rec.Termination; ex != nil {
-			if bytes.Equal(ex.Notice, raw) {
+			if sameAct(ex.Notice, t.Sig) {
 				return errSame
 			}
 			if !t.ForCause || ex.ForCause || !now.Before(parseStamp(ex.EffectiveAt)) {

@@ -165,7 +165,7 @@ func TestTermination(t *testing.T) {
 		if err != nil || rec.Termination == nil || rec.Termination.EffectiveAt != "2026-09-02T12:00:00.000000000Z" {
 			t.Fatalf("terminate: %v %+v", err, rec)
 		}
-		if _, err := w.svc.Terminate(ctx, notice); err != nil {
+		if _, err := w.svc.Terminate(ctx, append([]byte("\n"), notice...)); err != nil {
 			t.Fatalf("the same notice again: %v", err)
 		}
 		key := commerce.EngagementKey(w.provider.Public(), w.client.Public(), "summarize")

@@ -12,7 +12,6 @@ import (
 	"strings"
 	"time"
 
-	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/sow"
@@ -278,6 +277,3 @@ func (r *Record) view(offering string, events []Event, reviews []StoredReview, n
 	}
 	return v, nil
 }
-
-// TermsOf derives the mirrored terms of a formed record (tests and tools).
-func TermsOf(r *Record) (*commerce.EngagementTerms, error) { return r.terms() }
