@@ -27,6 +27,7 @@ const MirrorEvery = 5 * time.Minute
 // Routes is the group's route table.
 var Routes = []api.Route{
 	{EntryPoint: "EngageProposal", Method: http.MethodPost, Path: "/v1/engage/proposals", Auth: api.Public, Handler: svc(fileProposal)},
+	{EntryPoint: "EngageProposalWithdraw", Method: http.MethodPost, Path: "/v1/engage/proposals/withdraw", Auth: api.Public, Handler: svc(withdrawProposal)},
 	{EntryPoint: "EngageCountersign", Method: http.MethodPost, Path: "/v1/engage/countersign", Auth: api.Public, Handler: svc(countersign)},
 	{EntryPoint: "EngageSign", Method: http.MethodPost, Path: "/v1/engage/sign", Auth: api.Public, Handler: document(signInstance)},
 	{EntryPoint: "EngageAmend", Method: http.MethodPost, Path: "/v1/engage/amend", Auth: api.Public, Handler: document(propose)},
@@ -125,9 +126,31 @@ func fileProposal(s *engagement.Service, w http.ResponseWriter, r *http.Request)
 	if err != nil {
 		return err
 	}
-	httpx.WriteJSON(w, http.StatusOK, map[string]any{"ok": true, "sow_id": o.SowID, "provider": o.Provider, "filed_at": o.FiledAt,
-		"directed": o.Directed, "countersign": "POST /v1/engage/countersign with the completed instance signed by the client seat's owner"})
+	return offerAnswer(w, o)
+}
+
+func offerAnswer(w http.ResponseWriter, o *engagement.Offer) error {
+	out := map[string]any{"ok": true, "sow_id": o.SowID, "provider": o.Provider, "filed_at": o.FiledAt, "directed": o.Directed}
+	if o.WithdrawnAt != "" {
+		out["withdrawn_at"] = o.WithdrawnAt
+	} else {
+		out["countersign"] = "POST /v1/engage/countersign with the completed instance signed by the client seat's owner"
+	}
+	httpx.WriteJSON(w, http.StatusOK, out)
 	return nil
+}
+
+// withdrawProposal withdraws a standing proposal (a signed withdrawal).
+func withdrawProposal(s *engagement.Service, w http.ResponseWriter, r *http.Request) error {
+	var raw json.RawMessage
+	if err := httpx.Decode(w, r, &raw, httpx.DecodeOptions{MaxBytes: engagement.MaxActBytes}); err != nil {
+		return err
+	}
+	o, err := s.WithdrawProposal(r.Context(), raw)
+	if err != nil {
+		return err
+	}
+	return offerAnswer(w, o)
 }
 
 func countersign(s *engagement.Service, w http.ResponseWriter, r *http.Request) error {

@@ -68,6 +68,10 @@ type Offer struct {
 	Directed bool   `json:"directed"`
 	// SpentBy is the record a directed proposal was spent on.
 	SpentBy string `json:"spent_by,omitempty"`
+	// Withdrawn is the signed withdrawal, kept (the offer is archived,
+	// not deleted); WithdrawnAt when it was recorded.
+	Withdrawn   []byte `json:"withdrawn,omitempty"`
+	WithdrawnAt string `json:"withdrawn_at,omitempty"`
 }
 
 // Record is one engagement.

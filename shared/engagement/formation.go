@@ -221,6 +221,9 @@ func (s *Service) Countersign(ctx context.Context, raw []byte, asserted []string
 	if err != nil {
 		return nil, errs.Wrap(errs.InternalError, "the standing proposal on file no longer reads", err)
 	}
+	if offer.WithdrawnAt != "" {
+		return nil, errs.Newf(errs.Conflict, "standing proposal %s was withdrawn at %s; nothing forms under it (§12.1)", d.ID, offer.WithdrawnAt)
+	}
 	if !sameTerms(template, d) {
 		return nil, errs.Newf(errs.InvalidRequest, "the countersigned instance changes terms of standing proposal %s; a countersign fills the client seat and the term and keeps everything else as offered (§12.1)", d.ID)
 	}
@@ -399,6 +402,9 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		if err := tx.Get(CollOffers, offerID(provider, d.ID), &offer); err != nil {
 			return err
 		}
+		if offer.WithdrawnAt != "" {
+			return errs.Newf(errs.Conflict, "standing proposal %s was withdrawn at %s; nothing forms under it (§12.1)", d.ID, offer.WithdrawnAt)
+		}
 		if offer.Directed && offer.SpentBy != "" && offer.SpentBy != id {
 			return errs.New(errs.Forbidden, "this directed offer was spent by a formation; a directed standing proposal forms once (§12.1.1)").WithDetail("restriction", "offered_to")
 		}
@@ -428,4 +434,46 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		return nil, storeErr(err)
 	}
 	return s.mirrorAfter(ctx, &rec)
+}
+
+// WithdrawProposal withdraws a standing proposal, signed by the owner key
+// that signed it (§12.1): prospective (formed engagements stand), for
+// everyone (a countersign awaiting the provider's signature no longer
+// forms), archived (the offer is kept, marked). The same withdrawal again
+// answers the same.
+func (s *Service) WithdrawProposal(ctx context.Context, raw []byte) (*Offer, error) {
+	w, err := ParseProposalWithdrawal(raw)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	if err := skew(w.At, now); err != nil {
+		return nil, err
+	}
+	var offer Offer
+	err = s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
+		offer = Offer{}
+		switch err := tx.Get(CollOffers, offerID(w.Provider, w.SowID), &offer); {
+		case errors.Is(err, store.ErrNotFound):
+			return errs.Newf(errs.NotFound, "no standing proposal %s of provider %s is on file", w.SowID, w.Provider)
+		case err != nil:
+			return err
+		}
+		d, err := sow.Parse(offer.Document)
+		if err != nil {
+			return errs.Wrap(errs.InternalError, "the standing proposal on file no longer reads", err)
+		}
+		if sig, _ := d.Signature(sow.RoleProvider); sig.Key != w.By {
+			return errs.New(errs.Forbidden, "a standing proposal is withdrawn by the owner key that signed it")
+		}
+		if offer.WithdrawnAt != "" {
+			return errSame
+		}
+		offer.Withdrawn, offer.WithdrawnAt = raw, stamp(now)
+		return tx.Set(CollOffers, offerID(w.Provider, w.SowID), &offer)
+	})
+	if err != nil && !errors.Is(err, errSame) {
+		return nil, storeErr(err)
+	}
+	return &offer, nil
 }

@@ -3,6 +3,7 @@ package engagement_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"slices"
 	"strings"
 	"testing"
@@ -11,6 +12,7 @@ import (
 	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/engagement"
 	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/sow"
 )
 
@@ -307,4 +309,44 @@ func TestSignRefusals(t *testing.T) {
 	refused(t, err, errs.InvalidRequest, "other bytes than countersigned")
 	_, err = w.svc.Sign(ctx, w.sign(clone(t, in), sow.RoleProvider, w.sOwner))
 	refused(t, err, errs.Forbidden, "signed by a stranger")
+}
+
+// A standing proposal withdrawn by the owner key that signed it forms
+// nothing more: neither a new countersign nor one awaiting the provider's
+// signature; the engagement formed before stands.
+func TestWithdrawProposal(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	tmpl := w.template()
+	w.form(tmpl)
+	// A second client countersigns; then the provider withdraws.
+	other, otherOwner := newKey(t), newKey(t)
+	w.dir.set(other.Public(), engagement.AgentInfo{Owner: otherOwner.Public()})
+	in := w.instance(tmpl)
+	in["parties"].(map[string]any)["client"] = map[string]any{"agent": other.Public(), "owner": "Other"}
+	if _, err := w.svc.Countersign(ctx, w.sign(in, sow.RoleClient, otherOwner), nil); err != nil {
+		t.Fatal(err)
+	}
+	withdrawal := func(k keyed) []byte {
+		obj := map[string]any{"v": 1, "provider": w.provider.Public(), "sow_id": "sow_test0000000001", "at": w.clock.Now().Format(time.RFC3339)}
+		if err := engagement.SignAct(engagement.TagWithdraw, obj, k.key.(*keys.Agent)); err != nil {
+			t.Fatal(err)
+		}
+		b, _ := json.Marshal(obj)
+		return b
+	}
+	_, err := w.svc.WithdrawProposal(ctx, withdrawal(keyed{key: w.sOwner}))
+	refused(t, err, errs.Forbidden, "withdrawn by a stranger")
+	o, err := w.svc.WithdrawProposal(ctx, withdrawal(keyed{key: w.pOwner}))
+	if err != nil || o.WithdrawnAt == "" {
+		t.Fatalf("withdraw: %v", err)
+	}
+	if _, err := w.svc.WithdrawProposal(ctx, withdrawal(keyed{key: w.pOwner})); err != nil {
+		t.Fatalf("withdrawn again: %v", err)
+	}
+	_, err = w.svc.Sign(ctx, w.sign(in, sow.RoleProvider, w.pOwner))
+	refused(t, err, errs.Conflict, "forming a withdrawn proposal")
+	if v := w.view(); !v.InForce {
+		t.Fatal("the engagement formed before the withdrawal no longer stands")
+	}
 }

@@ -38,3 +38,7 @@ func FuzzParseReview(f *testing.F) {
 func FuzzParseResolution(f *testing.F) {
 	fuzzAct(f, func(b []byte) error { _, err := engagement.ParseResolution(b); return err })
 }
+
+func FuzzParseProposalWithdrawal(f *testing.F) {
+	fuzzAct(f, func(b []byte) error { _, err := engagement.ParseProposalWithdrawal(b); return err })
+}

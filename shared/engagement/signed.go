@@ -21,6 +21,7 @@ const (
 	TagTerminate = "agent-sow-terminate-v1"
 	TagReview    = "agent-sow-review-v1"
 	TagAmendment = "agent-sow-amendment-v1"
+	TagWithdraw  = "agent-sow-proposal-withdraw-v1"
 )
 
 // Verdicts of a review (§15).
@@ -258,4 +259,62 @@ func SignAct(tag string, obj map[string]any, k keys.Signer) error {
 	}
 	obj["sig"] = sig
 	return nil
+}
+
+// ProposalWithdrawal is the provider owner's signed withdrawal of a
+// standing proposal (§12.1: prospective, archived, for everyone):
+//
+//	{v:1, provider, sow_id, by, at, sig}
+//
+// under TagWithdraw.
+type ProposalWithdrawal struct {
+	Raw      []byte
+	Provider string
+	SowID    string
+	By       string
+	At       time.Time
+	Sig      string
+}
+
+// ParseProposalWithdrawal reads and verifies a withdrawal.
+func ParseProposalWithdrawal(raw []byte) (*ProposalWithdrawal, error) {
+	const what = "proposal withdrawal"
+	if len(raw) > MaxActBytes {
+		return nil, errs.Newf(errs.PayloadTooLarge, "%s is %d bytes; at most %d", what, len(raw), MaxActBytes)
+	}
+	v, err := protocol.ParseJSON(raw)
+	if err != nil {
+		return nil, errs.Wrap(errs.InvalidRequest, what+" is not valid JSON", err)
+	}
+	m, ok := jsonv.Object(v)
+	if !ok {
+		return nil, badAct(what, "it is a JSON object")
+	}
+	if k, bad := jsonv.Unknown(m, "v", "provider", "sow_id", "by", "at", "sig"); bad {
+		return nil, badAct(what, "unknown member %q", k)
+	}
+	if n, ok := jsonv.PosInt(m["v"]); !ok || n != signedActVer {
+		return nil, badAct(what, "v must be 1")
+	}
+	w := &ProposalWithdrawal{Raw: raw}
+	if w.Provider, _ = m["provider"].(string); !keys.IsUserPublicKey(w.Provider) {
+		return nil, badAct(what, "provider is the provider agent's public key")
+	}
+	if w.SowID, _ = m["sow_id"].(string); w.SowID == "" || len(w.SowID) > 64 {
+		return nil, badAct(what, "sow_id is the standing proposal's id")
+	}
+	if w.By, _ = m["by"].(string); !keys.IsUserPublicKey(w.By) {
+		return nil, badAct(what, "by is the signing owner's public key")
+	}
+	at, _ := m["at"].(string)
+	if w.At, err = protocol.ParseTime(at); err != nil {
+		return nil, badAct(what, "at must be an RFC 3339 instant")
+	}
+	if w.Sig, _ = m["sig"].(string); w.Sig == "" {
+		return nil, badAct(what, "sig is required")
+	}
+	if err := protocol.VerifyObject(TagWithdraw, m, w.By, w.Sig, protocol.Base64URL); err != nil {
+		return nil, errs.Wrap(errs.IdentityMismatch, what+": the signature does not verify over \""+TagWithdraw+"\\n\" and the canonical JSON without sig, by the key in by", err)
+	}
+	return w, nil
 }
