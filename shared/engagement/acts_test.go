@@ -96,6 +96,21 @@ func TestActDecoders(t *testing.T) {
 			refused(t, err, tc.code, tc.name)
 		})
 	}
+	// The proposal withdrawal names the proposal only.
+	withdrawal := func(set map[string]any, tag string) error {
+		m := map[string]any{"v": 1, "provider": newKey(t).Public(), "sow_id": "sow_abc", "at": epoch.Format(time.RFC3339)}
+		for k, v := range set {
+			m[k] = v
+		}
+		_, err := engagement.ParseProposalWithdrawal(signed(tag, m, nil))
+		return err
+	}
+	if err := withdrawal(nil, engagement.TagWithdraw); err != nil {
+		t.Fatalf("a withdrawal: %v", err)
+	}
+	refused(t, withdrawal(nil, engagement.TagTerminate), errs.IdentityMismatch, "a withdrawal signed under another tag")
+	refused(t, withdrawal(map[string]any{"client": newKey(t).Public()}, engagement.TagWithdraw), errs.InvalidRequest, "a withdrawal with a client")
+	refused(t, withdrawal(map[string]any{"provider": "x"}, engagement.TagWithdraw), errs.InvalidRequest, "a withdrawal without a provider key")
 	if _, err := engagement.ParseReview(make([]byte, engagement.MaxActBytes+1)); errs.CodeOf(err) != errs.PayloadTooLarge {
 		t.Fatalf("an oversized act: %v", err)
 	}
