@@ -19,6 +19,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/credential"
+	"agentmesh.dev/mesh/shared/engagement"
 	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/guest"
@@ -60,6 +61,10 @@ type Deps struct {
 	// listing, the export, the account rows (never nil; what it lacks
 	// answers 501 or 503).
 	Audit *audit.Service
+	// Engagements is the engagement records (shared/engagement): the
+	// routes of functions/engagements. Its writes need the registry (the
+	// bus); without a bus connection they answer 501.
+	Engagements *engagement.Service
 }
 
 // Mount registers every row of table on mux behind the per-IP limit and

@@ -19,6 +19,7 @@ import (
 	"agentmesh.dev/mesh/shared/closure"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
+	"agentmesh.dev/mesh/shared/engagement"
 	"agentmesh.dev/mesh/shared/grant"
 	"agentmesh.dev/mesh/shared/guest"
 	"agentmesh.dev/mesh/shared/httpx"
@@ -200,6 +201,13 @@ func NewDeps(b Backends) (*Deps, error) {
 		Mesh: b.Mesh, IdleTTL: s.GuestIdleTTL, Limits: s.GuestLimits, Class: guestClass, Now: b.Now, Log: b.Log.With("service", "guest")})
 	d.Registrar = registrar.New(registrar.Config{Store: b.Store, Mail: b.Mail, Signer: b.RegistrarKey, URL: b.RegistrarURL,
 		Now: b.Now, Log: b.Log.With("service", "registrar")})
+	// Engagements read the registry and mirror their terms onto the bus,
+	// where the seller's node is answered at admission.
+	ecfg := engagement.Config{Store: b.Store, Now: b.Now, Log: b.Log.With("service", "engagement")}
+	if b.Bus != nil {
+		ecfg.Directory, ecfg.Terms = engagement.BusDirectory{NC: b.Bus.NC}, &engagement.BusTerms{JS: js}
+	}
+	d.Engagements = engagement.New(ecfg)
 	d.Closure, err = newClosure(b, d)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,7 @@ import (
 	"agentmesh.dev/mesh/functions/closure"
 	"agentmesh.dev/mesh/functions/console"
 	"agentmesh.dev/mesh/functions/credentials"
+	"agentmesh.dev/mesh/functions/engagements"
 	"agentmesh.dev/mesh/functions/grants"
 	"agentmesh.dev/mesh/functions/guest"
 	"agentmesh.dev/mesh/functions/health"
@@ -23,5 +24,5 @@ import (
 // All returns every row. The table is checked (api.Check) by this
 // package's tests; a malformed row never reaches a deployment.
 func All() []api.Route {
-	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, closure.Routes, console.Routes, rooms.Routes, audit.Routes)
+	return slices.Concat(health.Routes, accounts.Routes, credentials.Routes, guest.Routes, registrar.Routes, grants.Routes, closure.Routes, console.Routes, rooms.Routes, audit.Routes, engagements.Routes)
 }

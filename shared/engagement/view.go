@@ -1,0 +1,279 @@
+package engagement
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"slices"
+	"strings"
+	"time"
+
+	"agentmesh.dev/mesh/shared/errs"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/sow"
+	"agentmesh.dev/mesh/shared/store"
+)
+
+// View is the public engagement record (spec §2.12): the document as
+// signed, its state, its amendment history with denials and their
+// reasons, lapses and withdrawals, the termination block and the reviews.
+// Signed bytes are given as strings holding them exactly.
+type View struct {
+	Client   string `json:"client"`
+	Seller   string `json:"seller"`
+	Offering string `json:"offering"`
+	SowID    string `json:"sow_id"`
+	// State is the §7.1 state at the time of reading: standing_proposal
+	// while the instance awaits the provider's signature, then agreed,
+	// active, amendment_proposed, amended, lapsed or terminated.
+	State   string `json:"state"`
+	InForce bool   `json:"in_force"`
+	Version int64  `json:"version"`
+	// Document is the governing version exactly as signed ("" before
+	// formation); Requested the client's countersign awaiting the
+	// provider's instance signature.
+	Document       string        `json:"document,omitempty"`
+	DocumentSHA256 string        `json:"document_sha256,omitempty"`
+	Requested      string        `json:"requested,omitempty"`
+	Offerings      []string      `json:"offerings"`
+	StartsAt       string        `json:"starts_at,omitempty"`
+	EndsAt         string        `json:"ends_at,omitempty"`
+	FormedAt       string        `json:"formed_at,omitempty"`
+	Owners         Owners        `json:"owners"`
+	Clauses        []Clause      `json:"clauses"`
+	Open           *OpenView     `json:"open_amendment,omitempty"`
+	Amendments     []HistoryItem `json:"amendments"`
+	History        []HistoryItem `json:"history"`
+	Termination    *TermView     `json:"termination,omitempty"`
+	Reviews        []ReviewView  `json:"reviews"`
+	MirrorPending  bool          `json:"mirror_pending"`
+	// Language says whether this renderer knows the document's standard
+	// language version (§4.3); it knows none, so it shows the signed
+	// fields verbatim.
+	Language string `json:"language_note,omitempty"`
+}
+
+// Owners are the keys that signed the seats.
+type Owners struct {
+	Provider string `json:"provider"`
+	Client   string `json:"client"`
+}
+
+// Clause is one graded part of the document as rendered: its path, its
+// grade as signed, and its value as signed (canonical JSON).
+type Clause struct {
+	Path  string `json:"path"`
+	Grade string `json:"grade"`
+	Value string `json:"value"`
+}
+
+// OpenView is the open amendment proposal.
+type OpenView struct {
+	Version    int64  `json:"version"`
+	Proposer   string `json:"proposer"`
+	ProposedAt string `json:"proposed_at"`
+	LapsesAt   string `json:"lapses_at"`
+	Document   string `json:"document"`
+}
+
+// HistoryItem is one event of the record.
+type HistoryItem struct {
+	Kind    string `json:"kind"`
+	At      string `json:"at"`
+	Version int64  `json:"version,omitempty"`
+	Role    string `json:"role,omitempty"`
+	Key     string `json:"key,omitempty"`
+	Reason  string `json:"reason,omitempty"`
+	Signed  string `json:"signed,omitempty"`
+}
+
+// TermView is the termination block.
+type TermView struct {
+	ForCause    bool   `json:"for_cause"`
+	Reason      string `json:"reason,omitempty"`
+	By          string `json:"by"`
+	Role        string `json:"role"`
+	SignedAt    string `json:"signed_at"`
+	RecordedAt  string `json:"recorded_at"`
+	EffectiveAt string `json:"effective_at"`
+	// InNotice: terminated for convenience, the notice still running, the
+	// engagement still in force.
+	InNotice bool   `json:"in_notice"`
+	Notice   string `json:"notice"`
+}
+
+// ReviewView is one review.
+type ReviewView struct {
+	Verdict  string `json:"verdict"`
+	Reason   string `json:"reason,omitempty"`
+	TaskID   string `json:"task_id,omitempty"`
+	SignedAt string `json:"signed_at"`
+	StoredAt string `json:"stored_at"`
+	Digest   string `json:"digest"`
+	Review   string `json:"review"`
+}
+
+// clauseOrder is the order clauses are rendered in.
+var clauseOrder = []string{"parties", "scope", "inputs", "deliverables", "price", "volume", "change_control", "termination",
+	"disputes", "confidentiality", "reporting", "qualifications", "liability", "service_floors", "subcontracting"}
+
+// Clauses lists every graded part of d in rendering order, each with the
+// grade it was signed with: a renderer shows the grade wherever it shows
+// the clause (§3). Inputs carry no grade of their own and are enforced by
+// definition (§5.3); a split clause shows each sub-clause's own grade.
+func Clauses(d *sow.Document) []Clause {
+	var out []Clause
+	add := func(path string, v any) {
+		grade := ""
+		if m, ok := v.(map[string]any); ok {
+			grade, _ = m["grade"].(string)
+		}
+		out = append(out, Clause{Path: path, Grade: grade, Value: indent(v)})
+	}
+	for _, name := range clauseOrder {
+		v, ok := d.Value[name]
+		if !ok || v == nil {
+			continue
+		}
+		switch name {
+		case "inputs":
+			out = append(out, Clause{Path: name, Grade: string(sow.Enforced) + " (by definition, §5.3)", Value: indent(v)})
+		case "confidentiality":
+			m, _ := v.(map[string]any)
+			for _, sub := range []string{"transport", "retention", "processors", "promises", "processed_in"} {
+				if x, ok := m[sub]; ok {
+					add(name+"."+sub, x)
+				}
+			}
+		case "qualifications":
+			list, _ := v.([]any)
+			for _, q := range list {
+				id, _ := q.(map[string]any)["id"].(string)
+				add(name+"."+id, q)
+			}
+		case "parties":
+			add(name, v)
+			if m, _ := v.(map[string]any); m != nil && m["offered_to"] != nil {
+				add(name+".offered_to", m["offered_to"])
+			}
+		default:
+			add(name, v)
+		}
+	}
+	return out
+}
+
+// indent is v as indented JSON, without the encoder's HTML escaping (the
+// page escapes; the JSON answer carries it as a string).
+func indent(v any) string {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+	return strings.TrimSuffix(b.String(), "\n")
+}
+
+// Engagement reads the public record of the engagement between client and
+// seller for offering, settling first what the clock has decided.
+func (s *Service) Engagement(ctx context.Context, client, seller, offering string) (*View, error) {
+	notFound := errs.Newf(errs.NotFound, "no engagement between client %s and seller %s for offering %q is on record", client, seller, offering)
+	if !keys.IsUserPublicKey(client) || !keys.IsUserPublicKey(seller) || offering == "" || len(offering) > maxOffering {
+		return nil, notFound
+	}
+	var e indexEntry
+	if err := store.Get(ctx, s.cfg.Store, CollIndex, IndexID(client, seller, offering), &e); errors.Is(err, store.ErrNotFound) {
+		return nil, notFound
+	} else if err != nil {
+		return nil, storeErr(err)
+	}
+	if err := s.settle(ctx, e.Record); errors.Is(err, store.ErrNotFound) {
+		return nil, notFound
+	} else if err != nil {
+		return nil, storeErr(err)
+	}
+	var r Record
+	var events []Event
+	var reviews []StoredReview
+	err := s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
+		events, reviews = nil, nil
+		if err := tx.Get(CollRecords, e.Record, &r); err != nil {
+			return err
+		}
+		// Equality alone, ordered here: Firestore answers it from its
+		// single-field index, with no composite index to deploy.
+		if err := tx.Query(CollEvents, store.Where("record", r.ID), &events); err != nil {
+			return err
+		}
+		return tx.Query(CollReviews, store.Where("record", r.ID), &reviews)
+	})
+	if err != nil {
+		return nil, storeErr(err)
+	}
+	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	slices.SortFunc(reviews, func(a, b StoredReview) int {
+		return cmp.Or(cmp.Compare(a.StoredAt, b.StoredAt), cmp.Compare(a.Digest, b.Digest))
+	})
+	return r.view(offering, events, reviews, s.now())
+}
+
+func (r *Record) view(offering string, events []Event, reviews []StoredReview, now time.Time) (*View, error) {
+	v := &View{Client: r.Client, Seller: r.Seller, Offering: offering, SowID: r.SowID, Version: r.Version,
+		Offerings: r.Offerings, FormedAt: r.FormedAt, Owners: Owners{Provider: r.SellerOwner, Client: r.ClientOwner},
+		MirrorPending: r.MirrorPending, Amendments: []HistoryItem{}, History: []HistoryItem{}, Reviews: []ReviewView{}}
+	shown := r.Document
+	if r.Formed() {
+		v.Document = string(r.Document)
+		sum := sha256.Sum256(r.Document)
+		v.DocumentSHA256 = hex.EncodeToString(sum[:])
+	} else {
+		v.Requested, shown = string(r.Requested), r.Requested
+	}
+	d, err := sow.Parse(shown)
+	if err != nil {
+		return nil, errs.Wrap(errs.InternalError, "the engagement document on record no longer reads", err)
+	}
+	v.StartsAt, v.EndsAt, v.Clauses = d.StartsAt, d.EndsAt, Clauses(d)
+	if d.Language != nil {
+		v.Language = "this renderer does not know the standard language " + d.Language.ID + "; the signed fields are shown verbatim (§4.3)"
+	}
+	v.State = sow.StateStandingProposal
+	if r.Formed() {
+		v.State = d.Phase(now)
+		if t, err := r.terms(); err == nil {
+			v.InForce = t.InForce(now) && !t.Exhausted
+		}
+		switch {
+		case r.Termination != nil && !now.Before(parseStamp(r.Termination.EffectiveAt)):
+			v.State = sow.StateTerminated
+		case v.State == sow.StateActive && r.Open != nil:
+			v.State = sow.StateAmendmentProposed
+		case v.State == sow.StateActive && r.Version > 1:
+			v.State = sow.StateAmended
+		}
+	}
+	if o := r.Open; o != nil {
+		v.Open = &OpenView{Version: o.Version, Proposer: o.Role, ProposedAt: o.ProposedAt, LapsesAt: o.LapsesAt, Document: string(o.Document)}
+	}
+	for _, e := range events {
+		h := HistoryItem{Kind: e.Kind, At: e.At, Version: e.Version, Role: e.Role, Key: e.Key, Reason: e.Reason, Signed: string(e.Signed)}
+		v.History = append(v.History, h)
+		switch e.Kind {
+		case EventProposed, EventApproved, EventDenied, EventWithdrawn, EventLapsed:
+			v.Amendments = append(v.Amendments, h)
+		}
+	}
+	if t := r.Termination; t != nil {
+		v.Termination = &TermView{ForCause: t.ForCause, Reason: t.Reason, By: t.By, Role: t.Role, SignedAt: t.SignedAt, RecordedAt: t.RecordedAt,
+			EffectiveAt: t.EffectiveAt, InNotice: now.Before(parseStamp(t.EffectiveAt)), Notice: string(t.Notice)}
+	}
+	for _, rv := range reviews {
+		v.Reviews = append(v.Reviews, ReviewView{Verdict: rv.Verdict, Reason: rv.Reason, TaskID: rv.TaskID, SignedAt: rv.SignedAt,
+			StoredAt: rv.StoredAt, Digest: rv.Digest, Review: string(rv.Review)})
+	}
+	return v, nil
+}
