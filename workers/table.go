@@ -10,6 +10,7 @@ package workers
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 
 	"agentmesh.dev/mesh/shared/activity"
@@ -18,6 +19,7 @@ import (
 	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/clearing"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"
@@ -67,6 +69,11 @@ type Config struct {
 	// agreements-worker (the cloud's Terraform sets it); meshd gives its
 	// own console.
 	Agreements agreements.Config
+	// Clearing.MarkupPct is the markup of the resale path, in whole
+	// percent (CREDITS_PLATFORM_MARKUP_PCT, 10 in production; meshd passes
+	// its own). Clearing.Official, when empty, is Activity.Official: the
+	// clearing asks the catalog which agents are official.
+	Clearing clearing.Config
 }
 
 // replicas is n, or the table-wide Replicas when n is unset.
@@ -257,6 +264,28 @@ func Table() []Worker {
 			Knobs:    func(cfg *Config) []ratelimit.Knob { return []ratelimit.Knob{consoleKnob(&cfg.Agreements.ConsoleURL)} },
 			CloudEnv: map[string]string{"MESH_CONSOLE_URL": "${local.control_url}/console/"},
 		},
+		{
+			Name:         clearing.Name,
+			Description:  "credits: meters, rates and settles answers to paid internal SKUs (the resale markup included); mesh.internal.credits.grant, mesh.credits.balance, mesh.credits.history",
+			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
+			Production: Config{Replicas: ProductionReplicas, Clearing: clearing.Config{MarkupPct: clearing.DefaultMarkupPct,
+				SweepEvery: clearing.DefaultSweepEvery, Grace: clearing.DefaultGrace, Keep: clearing.DefaultKeep}},
+			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
+				c := cfg.Clearing
+				c.Replicas = cfg.replicas(c.Replicas)
+				if len(c.Official) == 0 {
+					c.Official = cfg.Activity.Official
+				}
+				return clearing.Start(ctx, env, c)
+			},
+			Knobs: func(cfg *Config) []ratelimit.Knob {
+				return []ratelimit.Knob{officialKnob(&cfg.Clearing.Official), markupKnob(&cfg.Clearing.MarkupPct)}
+			},
+			// The functions report the markup the clearing charges
+			// (/v1/capabilities): one value for both, the functions'
+			// CREDITS_PLATFORM_MARKUP_PCT (function_extra_env; 10 unset).
+			CloudEnv: map[string]string{"MESH_MARKUP_PCT": `${lookup(var.function_extra_env, "CREDITS_PLATFORM_MARKUP_PCT", "10")}`},
+		},
 	}
 }
 
@@ -326,6 +355,23 @@ func consoleKnob(url *string) ratelimit.Knob {
 				return fmt.Errorf("%q is not an http(s) URL", s)
 			}
 			*url = s
+			return nil
+		}}
+}
+
+// markupKnob sets the platform markup of the resale path: a whole
+// percentage. The cloud sets it from the control plane's own
+// CREDITS_PLATFORM_MARKUP_PCT, which /v1/capabilities reports, so both say
+// one thing (meshd passes its one value to both).
+func markupKnob(pct *int) ratelimit.Knob {
+	return ratelimit.Knob{Flag: "markup-pct", Env: "MESH_MARKUP_PCT", Default: strconv.Itoa(*pct),
+		Help: "the platform markup on the resale path (official catalog agents), in whole percent",
+		Set: func(s string) error {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 0 || n > 1000 {
+				return fmt.Errorf("the markup is a whole percentage from 0 to 1000, not %q", s)
+			}
+			*pct = n
 			return nil
 		}}
 }

@@ -100,6 +100,25 @@ func (r *catalogRecord) byOperator() bool {
 	return r.removed() && r.RemovedBy != RemovedByAgent
 }
 
+// CatalogOfficial reports whether raw, the value under CatalogPrefix+<agent>
+// in UsageBucket, marks its agent official: the operator's word when given,
+// else configured (the agent is in Config.Official); a removed entry is
+// official to nobody. The clearing reads it to tell the resale path
+// (shared/clearing), where the platform is the seller of record.
+func CatalogOfficial(raw []byte, configured bool) (bool, error) {
+	var r catalogRecord
+	if err := json.Unmarshal(raw, &r); err != nil {
+		return false, fmt.Errorf("catalog record: %w", err)
+	}
+	if r.removed() {
+		return false, nil
+	}
+	if r.OfficialSet != nil {
+		return *r.OfficialSet, nil
+	}
+	return configured, nil
+}
+
 // catalogRetry is how long a copy waits before binding the registry again
 // (it does not exist yet) or watching it again (the watch ended).
 const catalogRetry = 2 * time.Second

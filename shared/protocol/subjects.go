@@ -40,6 +40,10 @@ const (
 	// the agents of a closed account, whatever they are:
 	// {agents:[...]} → {removed:[...]}.
 	SubjRegistryRemove = "mesh.internal.registry.remove"
+	// SubjCreditsGrant asks the clearing to credit an owner's balance:
+	// {owner, credits, reason} → {owner, credits, balance}, the operator's
+	// only way to put credits into the mesh (meshd admin credits grant).
+	SubjCreditsGrant = "mesh.internal.credits.grant"
 )
 
 // The catalog's writes (docs/bus-admission-activity.md "Catalog"): an
