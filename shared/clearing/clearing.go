@@ -366,11 +366,11 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 		}
 		return err
 	}
-	if _, err := w.eng.run(ctx, rec); err != nil {
-		return err
+	_, last, err := w.eng.run(ctx, rec)
+	if last {
+		w.settled.Add(1)
 	}
-	w.settled.Add(1)
-	return nil
+	return err
 }
 
 // resume finishes the settlement under key when there is one; done
@@ -384,11 +384,11 @@ func (w *Worker) resume(ctx context.Context, key string) (done bool, err error) 
 	if s.State == StateSettled {
 		return true, nil
 	}
-	if _, err := w.eng.run(ctx, &s); err != nil {
-		return true, err
+	_, last, err := w.eng.run(ctx, &s)
+	if last {
+		w.settled.Add(1)
 	}
-	w.settled.Add(1)
-	return true, nil
+	return true, err
 }
 
 // requestTime is when the request was made, which the answer does not
@@ -548,13 +548,15 @@ func (w *Worker) sweep(ctx context.Context) {
 		switch {
 		case s.State != StateSettled && now.Sub(updated) >= w.cfg.Grace:
 			rctx, cancel := context.WithTimeout(ctx, runTimeout)
-			_, err := w.eng.run(rctx, s)
+			_, last, err := w.eng.run(rctx, s)
 			cancel()
 			if err != nil {
 				w.svc.Log.Warn("sweep: settlement still unfinished", "key", s.Key, "err", err)
 				continue
 			}
-			w.resumed.Add(1)
+			if last {
+				w.resumed.Add(1)
+			}
 		case s.State == StateSettled && !s.MarkersCleared && now.Sub(settled) >= MarkerKeep:
 			if err := w.eng.clearMarkers(ctx, s); err != nil {
 				w.svc.Log.Warn("sweep", "err", err)

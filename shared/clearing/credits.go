@@ -72,7 +72,7 @@ func (w *Worker) grant(ctx context.Context, r *bus.Request) (any, error) {
 			return nil, err
 		}
 	}
-	if _, err := w.eng.run(ctx, rec); err != nil {
+	if _, _, err := w.eng.run(ctx, rec); err != nil {
 		return nil, errs.OrUnavailable(err, "the grant is recorded but not yet credited; it will be shortly")
 	}
 	return w.balanceOf(ctx, owner)

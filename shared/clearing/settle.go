@@ -221,37 +221,42 @@ type engine struct {
 	crash func(s *Settlement) bool
 }
 
-// run takes s through its remaining steps to settled.
-func (e *engine) run(ctx context.Context, s *Settlement) (*Settlement, error) {
+// run takes s through its remaining steps to settled. last reports
+// whether this call made the last step (of copies running one settlement
+// at once, one does).
+func (e *engine) run(ctx context.Context, s *Settlement) (out *Settlement, last bool, err error) {
 	for s.State != StateSettled {
+		var changed bool
 		var err error
 		switch s.State {
 		case StateNew:
-			s, err = e.rate(ctx, s)
+			s, _, err = e.rate(ctx, s)
 		case StateRated:
-			s, err = e.charge(ctx, s)
+			s, _, err = e.charge(ctx, s)
 		case StateCharged:
-			s, err = e.credit(ctx, s)
+			s, _, err = e.credit(ctx, s)
 		case StateCredited:
-			s, err = e.record(ctx, s)
+			s, changed, err = e.record(ctx, s)
+			last = changed
 		default:
-			return s, fmt.Errorf("settlement %s: unknown state %q", s.Key, s.State)
+			return s, false, fmt.Errorf("settlement %s: unknown state %q", s.Key, s.State)
 		}
 		if err != nil {
-			return s, fmt.Errorf("settlement %s: %w", s.Key, err)
+			return s, false, fmt.Errorf("settlement %s: %w", s.Key, err)
 		}
 		if e.crash != nil && e.crash(s) {
-			return s, errCrash
+			return s, false, errCrash
 		}
 	}
-	return s, nil
+	return s, last, nil
 }
 
 // advance moves the record from s's state to next, applying edit, unless
-// another copy moved it already: the stored record is returned either way.
-func (e *engine) advance(ctx context.Context, s *Settlement, next string, edit func(*Settlement)) (*Settlement, error) {
+// another copy moved it already: the stored record is returned either way,
+// and changed says which.
+func (e *engine) advance(ctx context.Context, s *Settlement, next string, edit func(*Settlement)) (*Settlement, bool, error) {
 	from, now := s.State, protocol.FormatTime(e.now())
-	out, _, err := bus.CAS(ctx, e.kv, commerce.SettlementPrefix+s.Key, func(cur *Settlement, exists bool) (*Settlement, error) {
+	out, changed, err := bus.CAS(ctx, e.kv, commerce.SettlementPrefix+s.Key, func(cur *Settlement, exists bool) (*Settlement, error) {
 		if !exists {
 			return nil, errGone
 		}
@@ -269,23 +274,23 @@ func (e *engine) advance(ctx context.Context, s *Settlement, next string, edit f
 		return &n, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
-	return out, nil
+	return out, changed, nil
 }
 
 // rate adds the usage to the consumer owner's period aggregate and rates
 // the increment: the period's new total rated, minus what the period was
 // rated at before. Included allowances, packages and tiers are thereby
 // applied over the whole period, not per request.
-func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, error) {
+func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	v, err := protocol.ParseJSON(s.Price)
 	if err != nil {
-		return nil, fmt.Errorf("price: %w", err)
+		return nil, false, fmt.Errorf("price: %w", err)
 	}
 	price, err := commerce.PriceFromValue(v)
 	if err != nil {
-		return nil, fmt.Errorf("price: %w", err)
+		return nil, false, fmt.Errorf("price: %w", err)
 	}
 	meter, m := price.RatedMeter(), marker(s, roleAggregate)
 	q := s.Usage[meter]
@@ -318,11 +323,11 @@ func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, error) {
 		return &a, nil
 	})
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	split, err := SplitOf(incr, s.MarkupPct, s.Resale)
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	return e.advance(ctx, s, StateRated, func(n *Settlement) { n.Split = split })
 }
@@ -333,7 +338,7 @@ func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, error) {
 // short; this is what is left when two requests raced for the last
 // credits). The marker is written even when nothing is taken, so that two
 // copies cannot record two different amounts.
-func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, error) {
+func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	var charged int64
 	if s.Retail > 0 {
 		m, now := marker(s, roleDebit), e.now()
@@ -357,7 +362,7 @@ func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, error)
 			return &b, nil
 		})
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	toSeller, toPlatform, unpaid := s.Apportion(charged)
@@ -367,7 +372,7 @@ func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, error)
 }
 
 // credit pays the seller's owner and the platform their parts.
-func (e *engine) credit(ctx context.Context, s *Settlement) (*Settlement, error) {
+func (e *engine) credit(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	for _, c := range []struct {
 		owner, role string
 		amount      int64
@@ -376,7 +381,7 @@ func (e *engine) credit(ctx context.Context, s *Settlement) (*Settlement, error)
 			continue
 		}
 		if err := e.add(ctx, c.owner, marker(s, c.role), c.amount); err != nil {
-			return nil, err
+			return nil, false, err
 		}
 	}
 	return e.advance(ctx, s, StateCredited, nil)
@@ -410,7 +415,7 @@ func (e *engine) add(ctx context.Context, owner, m string, amount int64) error {
 
 // record writes the settlement's ledger rows (each created once) and
 // marks it settled.
-func (e *engine) record(ctx context.Context, s *Settlement) (*Settlement, error) {
+func (e *engine) record(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	at, err := protocol.ParseTime(s.CreatedAt)
 	if err != nil {
 		at = e.now()
@@ -445,10 +450,10 @@ func (e *engine) record(ctx context.Context, s *Settlement) (*Settlement, error)
 	for _, r := range rows {
 		b, err := json.Marshal(r.e)
 		if err != nil {
-			return nil, err
+			return nil, false, err
 		}
 		if _, err := e.kv.Create(ctx, ledgerKey(r.owner, at, r.role, s.Key), b); err != nil && !bus.IsConflict(err) {
-			return nil, fmt.Errorf("ledger: %w", err)
+			return nil, false, fmt.Errorf("ledger: %w", err)
 		}
 	}
 	return e.advance(ctx, s, StateSettled, nil)
