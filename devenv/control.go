@@ -92,7 +92,7 @@ func (m *Mesh) startControlPlane(dataDir string, cfg Config, base string) error 
 		Bus: caller, RegistrarKey: regKey, Now: cfg.Now,
 		Mesh:       credential.MeshInfo{Name: cfg.meshName(), Protocol: "0.3", TCP: tcpURLs, WS: wsURLs},
 		ControlURL: m.urls.Control, ConsoleURL: m.urls.Console, RegistrarURL: m.urls.Registrar,
-		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
+		Settings: api.Settings{NoExpiry: cfg.NoExpiry, MarkupPct: cfg.MarkupPct, ClearingService: !cfg.Workers.None, RateLimit: cfg.RateLimit, TrustedProxyHops: cfg.TrustedProxyHops,
 			BodyTimeout: cfg.BodyTimeout, GuestIdleTTL: cfg.GuestIdleTTL, GuestLimits: cfg.GuestLimits, AccountLimits: cfg.AccountLimits,
 			Unowned: cfg.Unowned, Classes: cfg.Classes},
 		Grants: cfg.Grants, Audit: auditCfg})

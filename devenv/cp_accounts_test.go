@@ -6,6 +6,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"agentmesh.dev/mesh/devenv"
 )
 
 func TestSignInByMailedCode(t *testing.T) {
@@ -144,11 +146,24 @@ func TestAPITokens(t *testing.T) {
 	}
 }
 
+// A mesh without its workers runs no clearing, and says that instead.
+func TestCapabilitiesWithoutWorkers(t *testing.T) {
+	c := startCP(t, func(cfg *devenv.Config) { cfg.Workers.None = true; cfg.MarkupPct = 15 })
+	st, out := c.do(http.MethodGet, "/v1/capabilities", nil, "")
+	if st != 200 || out["markup_pct"] != 15.0 || out["clearing_service"] != false || out["clearing"] != nil {
+		t.Fatalf("%d %v", st, out)
+	}
+}
+
 func TestCapabilities(t *testing.T) {
 	c := startCP(t)
 	st, out := c.do(http.MethodGet, "/v1/capabilities", nil, "")
-	if st != 200 || out["markup_pct"] != 10.0 || out["clearing_service"] != false {
+	// The mesh runs the clearing worker, and says so with its terms.
+	if st != 200 || out["markup_pct"] != 10.0 || out["clearing_service"] != true {
 		t.Fatalf("%d %v", st, out)
+	}
+	if cl, _ := out["clearing"].(map[string]any); cl["currency"] != "XCR" || cl["markup_pct"] != 10.0 || cl["payout"] != false || cl["resale_path"] == nil {
+		t.Fatalf("clearing: %v", out["clearing"])
 	}
 	if st, out := c.do(http.MethodGet, "/auth/status", nil, ""); st != 200 || out["available"] == nil || out["issued"] != 0.0 {
 		t.Errorf("auth/status: %d %v", st, out)

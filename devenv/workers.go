@@ -10,6 +10,7 @@ import (
 	"agentmesh.dev/mesh/shared/agreements"
 	"agentmesh.dev/mesh/shared/artifacts"
 	"agentmesh.dev/mesh/shared/bus"
+	"agentmesh.dev/mesh/shared/clearing"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/mailbox"
 	"agentmesh.dev/mesh/shared/presence"
@@ -33,6 +34,7 @@ type Workers struct {
 	Rooms     []*rooms.Worker
 	// Agreements are the agreements service's copies.
 	Agreements []*agreements.Worker
+	Clearing   []*clearing.Worker
 }
 
 // add files a started copy under its worker, for tests that reach into one.
@@ -56,6 +58,8 @@ func (w *Workers) add(s workers.Stopper) {
 		w.Rooms = append(w.Rooms, s)
 	case *agreements.Worker:
 		w.Agreements = append(w.Agreements, s)
+	case *clearing.Worker:
+		w.Clearing = append(w.Clearing, s)
 	}
 }
 
@@ -84,13 +88,16 @@ type WorkerConfig struct {
 	// Agreements.ConsoleURL is the mesh's own console unless a test names
 	// another.
 	Agreements agreements.Config
+	// Clearing.MarkupPct is always Config.MarkupPct: the markup the
+	// clearing charges is the one /v1/capabilities reports.
+	Clearing clearing.Config
 }
 
 // table is c as the workers table's configuration.
 func (c WorkerConfig) table() workers.Config {
 	return workers.Config{Replicas: c.Replicas, Registry: c.Registry, Presence: c.Presence, Feeds: c.Feeds, Tasks: c.Tasks,
 		Admission: c.Admission, Activity: c.Activity, Mailbox: c.Mailbox, Artifacts: c.Artifacts, Rooms: c.Rooms,
-		Agreements: c.Agreements}
+		Agreements: c.Agreements, Clearing: c.Clearing}
 }
 
 // Workers returns the running workers.
@@ -129,6 +136,7 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		// the workers start.
 		wcfg.Agreements.Console = func() string { s, _ := m.console.Load().(string); return s }
 	}
+	wcfg.Clearing.MarkupPct = cfg.MarkupPct
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

@@ -17,6 +17,7 @@ import (
 	"agentmesh.dev/mesh/shared/audit"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/closure"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/engagement"
@@ -111,8 +112,15 @@ type Grants struct {
 // Settings are the control plane's knobs: the same ones, with the same
 // defaults, in the cloud (environment variables) and in meshd (flags).
 type Settings struct {
-	NoExpiry         bool
-	MarkupPct        int
+	NoExpiry bool
+	// MarkupPct is the platform markup on the resale path
+	// (CREDITS_PLATFORM_MARKUP_PCT), the one the clearing charges.
+	MarkupPct int
+	// ClearingService says the clearing worker runs on this mesh's bus
+	// (shared/clearing): set by devenv when it runs the workers and by the
+	// cloud configuration, which deploys every row of the workers table.
+	// /v1/capabilities reports it as it is.
+	ClearingService  bool
 	RateLimit        int // per client address per minute
 	TrustedProxyHops int
 	BodyTimeout      time.Duration
@@ -222,7 +230,7 @@ func NewDeps(b Backends) (*Deps, error) {
 		idle = guest.DefaultIdleTTL
 	}
 	d.Capabilities = map[string]any{
-		"protocol": protocol.Version, "mesh": b.Mesh.Name, "markup_pct": s.MarkupPct, "clearing_service": false,
+		"protocol": protocol.Version, "mesh": b.Mesh.Name, "markup_pct": s.MarkupPct, "clearing_service": s.ClearingService,
 		"credentials":     []string{"guest", "bootstrap", "node", "app", "job"},
 		"node_credential": map[string]any{"minting": b.Trust != nil, "no_expiry": s.NoExpiry, "max_agents": credential.MaxRoster},
 		"guest":           map[string]any{"idle_ttl_seconds": int(idle / time.Second), "minting": b.Trust != nil},
@@ -232,12 +240,35 @@ func NewDeps(b Backends) (*Deps, error) {
 		"account_closure": d.Closure.Capabilities(),
 		"audit":           auditCapabilities(d.Audit),
 	}
+	if s.ClearingService {
+		d.Capabilities["clearing"] = clearingCapabilities(s.MarkupPct)
+	}
 	if b.Bus != nil {
 		// The key every bus worker signs with: their answers and events,
 		// and the rooms' dossiers (shared/rooms.VerifyDossier).
 		d.Capabilities["services_key"] = b.Bus.Key.Public()
 	}
 	return d, nil
+}
+
+// clearingCapabilities is what /v1/capabilities says of the clearing
+// (docs/commerce.md "Metering, rating, credits and the markup"): credits
+// (XCR, micro-credits) are spent inside the mesh only, a SKU of provider
+// internal priced in XCR is settled by it, and on the resale path the
+// caller pays the rate plus markup_pct while the seller's owner receives
+// the full rate.
+func clearingCapabilities(markupPct int) map[string]any {
+	return map[string]any{
+		"currency":      commerce.Credits,
+		"unit":          "micro-credits (1 credit = 1,000,000)",
+		"provider":      commerce.ProviderInternal,
+		"markup_pct":    markupPct,
+		"resale_path":   "official catalog agents: the platform is the seller of record; the caller pays the rate plus markup_pct (floored to the micro-credit), the seller's owner receives the full rate",
+		"own_sku":       "the buyer pays the declared price and the seller's owner receives all of it; the operator takes nothing",
+		"payout":        false,
+		"grants":        "operator only (meshd admin credits grant)",
+		"balance_verbs": []string{protocol.CreditVerbSubject("balance"), protocol.CreditVerbSubject("history")},
+	}
 }
 
 // auditCapabilities is what /v1/capabilities says of the audit records:

@@ -215,7 +215,9 @@ func Build(ctx context.Context, c Config, log *slog.Logger) (d *api.Deps, err er
 	b := api.Backends{Log: log, Store: st, Mail: smtp,
 		Mesh:       credential.MeshInfo{Name: c.MeshName, Protocol: "0.3", TCP: c.NATSURLs, WS: c.WSURLs},
 		ControlURL: c.ControlURL, ConsoleURL: c.ConsoleURL, RegistrarURL: c.RegistrarURL,
-		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
+		// The cloud deploys every row of the workers table, the clearing's
+		// included (terraform/workers.tf.json).
+		Settings: api.Settings{NoExpiry: c.NoExpiry, MarkupPct: c.MarkupPct, ClearingService: true, RateLimit: c.RateLimit, TrustedProxyHops: c.TrustedProxyHops,
 			GuestLimits: c.GuestLimits, AccountLimits: c.AccountLimits, Unowned: c.Unowned, Classes: c.Classes.Map()},
 		Grants: api.Grants{Deployer: c.Deployer}, Audit: api.Audit{Authorities: c.TimestampAuthorities}}
 	if c.NoKeys {
