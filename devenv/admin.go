@@ -40,6 +40,7 @@ const AdminSocket = "admin.sock"
 //	POST /admin/operator-credentials/{key}/revoke        → {ok}
 //	POST /admin/catalog/{agent}/official {official: on|off} → {entry}
 //	POST /admin/catalog/{agent}/remove                   → {agent_id, removed}
+//	POST /admin/credits/{owner}/grant    {credits, reason?} → {owner, credits, currency, updated_at}
 //
 // The same handler runs behind the socket of a running meshd and in-process
 // in the admin command when no meshd is running.
@@ -164,7 +165,42 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 		httpx.WriteJSON(w, http.StatusOK, out)
 		return nil
 	})
+	h("POST /admin/credits/{owner}/grant", func(w http.ResponseWriter, r *http.Request) error {
+		var b struct {
+			Credits int64  `json:"credits"`
+			Reason  string `json:"reason"`
+		}
+		if err := httpx.Decode(w, r, &b, httpx.DecodeOptions{Strict: true}); err != nil {
+			return err
+		}
+		payload := map[string]any{"owner": r.PathValue("owner"), "credits": b.Credits}
+		if b.Reason != "" {
+			payload["reason"] = b.Reason
+		}
+		out, err := busAdmin(r.Context(), c, protocol.SubjCreditsGrant, "credits", payload)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
 	return httpx.JSONErrors(mux, log)
+}
+
+// busAdmin asks a bus worker to act for the operator (subject, signed by
+// the services key). What lives on the bus cannot be changed on a stopped
+// mesh.
+func busAdmin(ctx context.Context, c *Control, subject, what string, payload map[string]any) (map[string]any, error) {
+	if c.Bus == nil {
+		return nil, errs.Newf(errs.Unavailable, "the %s live on the bus: start meshd on this data dir, then run the command again", what)
+	}
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	out, err := c.Bus.Call(ctx, subject, protocol.TypeRequest, payload)
+	if err != nil {
+		return nil, errs.OrUnavailable(err, "the "+what+" service did not answer; retry shortly")
+	}
+	return out, nil
 }
 
 // catalogAdmin asks the activity worker to change the catalog as the

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"agentmesh.dev/mesh/devenv"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/errs"
 )
 
@@ -202,6 +203,29 @@ Needs the running meshd (the catalog lives on the bus).`,
 		},
 	},
 	{
+		words: "credits grant", args: []string{"OWNER", "AMOUNT"}, flags: []string{"reason"},
+		summary: "credit an owner's balance with credits (XCR)",
+		help: `Credits owner OWNER (the owner's public key, U…: an agent's registered
+owner, as mesh-adapter credits prints it) with AMOUNT credits, such as 25 or
+2.5 (1 credit = 1,000,000 micro-credits). Credits are spent inside the mesh
+on paid SKUs; there is no withdrawal or payout. Each run grants again. Needs
+the running meshd (the balances live on the bus).
+  --reason R   why, shown in the owner's credit history (default "granted by the operator")`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			owner := a.pos[0]
+			// Checked by the command before it runs (creditsAmount).
+			micro, _ := commerce.ParseCredits(a.pos[1])
+			body := map[string]any{"credits": micro}
+			if r := a.flags["reason"]; r != "" {
+				body["reason"] = r
+			}
+			return "/admin/credits/" + owner + "/grant", body, func(r map[string]any) string {
+				bal, _ := r["credits"].(float64)
+				return fmt.Sprintf("granted %s credits to %s; its balance is %s credits", commerce.FormatCredits(micro), owner, commerce.FormatCredits(int64(bal)))
+			}
+		},
+	},
+	{
 		// Before "operator-credential": the first command whose words start
 		// the line is the one run.
 		words: "operator-credential revoke", args: []string{"KEY"},
@@ -318,6 +342,11 @@ func admin(ctx context.Context, args []string, env lookupEnv, stdout, stderr io.
 	for _, f := range cmd.required {
 		if strings.TrimSpace(a.flags[f]) == "" {
 			return usageErr(stderr, fmt.Sprintf("%s needs --%s %s", cmd.words, f, placeholders[f]), cmd.usage())
+		}
+	}
+	if cmd.words == "credits grant" {
+		if _, err := commerce.ParseCredits(a.pos[1]); err != nil {
+			return usageErr(stderr, err.Error(), cmd.usage())
 		}
 	}
 	if f, ok := a.flags["ttl"]; ok {

@@ -502,3 +502,43 @@ func TestAdminCatalog(t *testing.T) {
 		t.Errorf("catalog official on a stopped mesh: %v", err)
 	}
 }
+
+// The operator grants credits on a running meshd: the answer is the
+// balance after it, and each grant adds; a bad amount is a usage error;
+// on a stopped mesh it says the balances need the running meshd.
+func TestAdminCreditsGrant(t *testing.T) {
+	dataDir := filepath.Join(t.TempDir(), "mesh")
+	_, _, stop := runUntilReady(t, dataDir)
+	stopped := false
+	defer func() {
+		if !stopped {
+			stop()
+		}
+	}()
+	owner, err := keys.Generate[keys.AgentRole]()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, errOut, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "grant", owner.Public(), "2.5", "--reason", "welcome")
+	if err != nil || !strings.Contains(out, "granted 2.5 credits to "+owner.Public()+"; its balance is 2.5 credits") {
+		t.Fatalf("grant: %v %q %q", err, out, errOut)
+	}
+	if got := adminJSON(t, dataDir, "credits", "grant", owner.Public(), "0.5"); got["credits"] != 3_000_000.0 || got["currency"] != "XCR" {
+		t.Fatalf("second grant: %v", got)
+	}
+	for _, bad := range []string{"0", "-1", "1.0000001", "lots"} {
+		if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "grant", owner.Public(), bad); err == nil || !strings.Contains(err.Error(), "usage") && !strings.Contains(err.Error(), "amount") {
+			t.Errorf("grant %q: %v", bad, err)
+		}
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "grant", "not-a-key", "1"); err == nil {
+		t.Error("a grant to something that is not a key was made")
+	}
+	stopped = true
+	if err := stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "grant", owner.Public(), "1"); err == nil || !strings.Contains(err.Error(), "start meshd") {
+		t.Errorf("grant on a stopped mesh: %v", err)
+	}
+}
