@@ -443,6 +443,8 @@ func (a *adapter) serveControl(ctx context.Context, r control.Request) (any, err
 		return a.registration(ctx, r)
 	case "commerce":
 		return a.commerce(ctx, r)
+	case "credits":
+		return a.credits(ctx)
 	}
 	return nil, fmt.Errorf("unknown operation %q", r.Op)
 }
