@@ -2,8 +2,8 @@ package devenv_test
 
 import (
 	"context"
-	"errors"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"testing"
 	"time"
