@@ -185,7 +185,7 @@ func TestClearingEndToEnd(t *testing.T) {
 	eventually(t, "carol's answer seen by the clearing", func() bool {
 		var n uint64
 		for _, w := range c.m.Workers().Clearing {
-			n += w.Stats().Unpaid
+			n += w.Stats().NotCharged
 		}
 		return n == 1
 	})

@@ -93,7 +93,7 @@ type Config struct {
 type Stats struct {
 	Settled    uint64 // settlements this copy took to settled
 	Duplicates uint64 // answers whose settlement existed already
-	Unpaid     uint64 // answers to paid SKUs not charged: no agreement, no owner
+	NotCharged uint64 // answers to paid SKUs not charged: no agreement, no owner
 	Failed     uint64 // settlements left for the sweep after an error
 	Resumed    uint64 // unfinished settlements the sweep finished
 }
@@ -113,7 +113,7 @@ type Worker struct {
 	wg       sync.WaitGroup
 	once     sync.Once
 
-	settled, duplicates, unpaid, failed, resumed atomic.Uint64
+	settled, duplicates, notCharged, failed, resumed atomic.Uint64
 }
 
 // candidate is a tapped terminal answer that may be a sale.
@@ -219,7 +219,7 @@ func (w *Worker) Stop() error {
 
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
-	return Stats{Settled: w.settled.Load(), Duplicates: w.duplicates.Load(), Unpaid: w.unpaid.Load(),
+	return Stats{Settled: w.settled.Load(), Duplicates: w.duplicates.Load(), NotCharged: w.notCharged.Load(),
 		Failed: w.failed.Load(), Resumed: w.resumed.Load()}
 }
 
@@ -258,20 +258,34 @@ func (w *Worker) candidate(subject string, data []byte, hdr nats.Header) (candid
 	return candidate{data: data, env: env, offering: offering}, true
 }
 
+// settler runs the queued sales. At stop it first runs what is queued:
+// an answer taken from the tap and not yet recorded as a settlement is
+// known to this copy only.
 func (w *Worker) settler() {
 	defer w.wg.Done()
 	for {
 		select {
 		case <-w.done:
-			return
-		case c := <-w.queue:
-			ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
-			if err := w.settle(ctx, c); err != nil {
-				w.failed.Add(1)
-				w.svc.Log.Warn("settlement left for the sweep", "request", c.env.InReplyTo, "seller", c.env.From, "err", err)
+			for {
+				select {
+				case c := <-w.queue:
+					w.settleOne(c)
+				default:
+					return
+				}
 			}
-			cancel()
+		case c := <-w.queue:
+			w.settleOne(c)
 		}
+	}
+}
+
+func (w *Worker) settleOne(c candidate) {
+	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+	defer cancel()
+	if err := w.settle(ctx, c); err != nil {
+		w.failed.Add(1)
+		w.svc.Log.Warn("settlement left for the sweep", "request", c.env.InReplyTo, "seller", c.env.From, "err", err)
 	}
 }
 
@@ -316,7 +330,7 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 	}
 	consumerOwner := ownerOf(requester)
 	if sellerOwner == "" || consumerOwner == "" {
-		w.unpaid.Add(1)
+		w.notCharged.Add(1)
 		w.svc.Log.Info("paid answer not charged: an owner is unknown", "request", env.InReplyTo, "seller", env.From, "requester", env.To)
 		return nil
 	}
@@ -327,7 +341,7 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 	if !agreed {
 		// Admission should have refused it; rating is the second wall, and
 		// an answer without an agreement rates to zero (commerce.Rate).
-		w.unpaid.Add(1)
+		w.notCharged.Add(1)
 		w.svc.Log.Info("paid answer not charged: no covering agreement", "request", env.InReplyTo, "seller", env.From, "owner", consumerOwner, "sku", s.ID)
 		return nil
 	}

@@ -362,7 +362,7 @@ func TestNotChargedWithoutAgreementOrForFreeOrForeign(t *testing.T) {
 	h.copyOut(data2, hdr2)
 	id3, data3, hdr3 := h.answer("free") // no SKU covers it
 	h.copyOut(data3, hdr3)
-	waitFor(t, "the unagreed answer seen", func() bool { return h.workers[0].Stats().Unpaid == 1 })
+	waitFor(t, "the unagreed answer seen", func() bool { return h.workers[0].Stats().NotCharged == 1 })
 	// The tap takes copies in order: once a later one is settled, the
 	// three above were handled.
 	h.agree(flatSKU)
