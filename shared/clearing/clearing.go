@@ -227,7 +227,7 @@ func (w *Worker) Stats() Stats {
 // request, whose copy names the offering asked for, can be a sale. The
 // checks here are the cheap ones; the rest runs on the settlers.
 func (w *Worker) tap(msg *nats.Msg) {
-	c, ok := w.candidate(msg.Subject, msg.Data, msg.Header)
+	c, ok := candidateOf(msg.Subject, msg.Data, msg.Header, w.svc.Now())
 	if !ok {
 		return
 	}
@@ -237,7 +237,8 @@ func (w *Worker) tap(msg *nats.Msg) {
 	}
 }
 
-func (w *Worker) candidate(subject string, data []byte, hdr nats.Header) (candidate, bool) {
+// candidateOf is the candidate of one outbox copy, if it may be a sale.
+func candidateOf(subject string, data []byte, hdr nats.Header, now time.Time) (candidate, bool) {
 	if hdr == nil || hdr.Get(protocol.HdrAuditInput) == "" || len(data) > maxCandidateSize {
 		return candidate{}, false
 	}
@@ -252,7 +253,7 @@ func (w *Worker) candidate(subject string, data []byte, hdr nats.Header) (candid
 		!keys.IsUserPublicKey(env.To) || protocol.ResponseStatus(env) != "completed" {
 		return candidate{}, false
 	}
-	if protocol.CheckFreshness(env.TS, w.svc.Now(), protocol.SourceLive) != nil {
+	if protocol.CheckFreshness(env.TS, now, protocol.SourceLive) != nil {
 		return candidate{}, false
 	}
 	return candidate{data: data, env: env, offering: offering}, true

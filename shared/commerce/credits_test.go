@@ -24,3 +24,23 @@ func TestParseAndFormatCredits(t *testing.T) {
 		}
 	}
 }
+
+// FuzzParseCredits: an accepted amount is positive, in range, and written
+// back it reads the same.
+func FuzzParseCredits(f *testing.F) {
+	for _, s := range []string{"25", "2.5", "0.000001", "-1", "1e6", "9007199254.740991"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		n, err := commerce.ParseCredits(s)
+		if err != nil {
+			return
+		}
+		if n <= 0 || n > 1<<53-1 {
+			t.Fatalf("%q: %d", s, n)
+		}
+		if back, err := commerce.ParseCredits(commerce.FormatCredits(n)); err != nil || back != n {
+			t.Fatalf("%q: %d, written %q, read %d %v", s, n, commerce.FormatCredits(n), back, err)
+		}
+	})
+}
