@@ -53,6 +53,10 @@ func newKey(t *testing.T) *keys.Agent {
 // start runs copies of the worker at markup pct on a fresh bus, with a
 // seller (its owner attested in its record) selling the SKUs, and a buyer.
 func start(t *testing.T, copies, pct int, skus ...string) *harness {
+	return startWith(t, copies, Config{MarkupPct: pct, SweepEvery: time.Hour}, nil, skus...)
+}
+
+func startWith(t *testing.T, copies int, cfg Config, now func() time.Time, skus ...string) *harness {
 	t.Helper()
 	m := bustest.Start(t)
 	h := &harness{t: t, m: m, nc: bustest.Client(t, m), seller: newKey(t), buyer: newKey(t), sellerOwner: newKey(t), buyerOwn: newKey(t)}
@@ -81,7 +85,7 @@ func start(t *testing.T, copies, pct int, skus ...string) *harness {
 	// The buyer's record predates owners: its node's key is its owner.
 	h.put(h.reg, h.buyer.Public(), map[string]any{"id": h.buyer.Public(), "node": map[string]any{"id": h.buyerOwn.Public()}})
 	for i := range copies {
-		w, err := Start(ctx, bustest.Env(t, m, fmt.Sprintf("clearing-%d", i), nil), Config{MarkupPct: pct, SweepEvery: time.Hour})
+		w, err := Start(ctx, bustest.Env(t, m, fmt.Sprintf("clearing-%d", i), now), cfg)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -536,5 +540,60 @@ func TestGrantBalanceHistory(t *testing.T) {
 	sales, err := h.call(services, protocol.CreditVerbSubject("history"), map[string]any{"owner": h.sellerOwner.Public()})
 	if e, _ := sales["entries"].([]any); err != nil || len(e) != 1 || e[0].(map[string]any)["kind"] != EntrySale {
 		t.Fatalf("seller's owner's history: %v %v", sales, err)
+	}
+}
+
+// The sweep finishes a settlement a dead copy left (here: recorded, not a
+// step taken), clears its markers once they are MarkerKeep old, and
+// deletes the record after Keep, by the worker's clock.
+func TestSweepFinishesClearsAndForgets(t *testing.T) {
+	var mu sync.Mutex
+	clock := time.Now()
+	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
+	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
+	h := startWith(t, 2, Config{MarkupPct: 10, SweepEvery: 20 * time.Millisecond, Grace: time.Second, Keep: MinKeep}, now, flatSKU)
+	h.fund(h.buyerOwn.Public(), 5_000_000)
+	rec := h.newSale(true)
+	advance(2 * time.Second) // past the grace
+	key := commerce.SettlementPrefix + rec.Key
+	waitFor(t, "the sweep settling it", func() bool {
+		s, _, _ := bus.GetJSON[Settlement](t.Context(), h.kv, key)
+		return s.State == StateSettled
+	})
+	h.checkSale(rec.Key)
+	b, _, _ := bus.GetJSON[balance](t.Context(), h.kv, balanceKey(h.buyerOwn.Public()))
+	if len(b.Pending) != 1 {
+		t.Fatalf("the buyer's marker is gone before its time: %+v", b)
+	}
+	advance(MarkerKeep)
+	waitFor(t, "the markers cleared", func() bool {
+		s, _, _ := bus.GetJSON[Settlement](t.Context(), h.kv, key)
+		return s.MarkersCleared
+	})
+	for _, owner := range []string{h.buyerOwn.Public(), h.sellerOwner.Public(), PlatformOwner} {
+		if b, _, _ := bus.GetJSON[balance](t.Context(), h.kv, balanceKey(owner)); len(b.Pending) != 0 {
+			t.Fatalf("%s keeps markers: %+v", owner, b)
+		}
+	}
+	advance(MinKeep)
+	waitFor(t, "the record forgotten", func() bool {
+		_, found, _ := bus.GetJSON[Settlement](t.Context(), h.kv, key)
+		return !found
+	})
+	// What it moved stays moved, and its history stays.
+	h.checkBalances(3_900_000, 1_000_000, 100_000)
+	var resumed uint64
+	for _, w := range h.workers {
+		resumed += w.Stats().Resumed
+	}
+	if resumed != 1 {
+		t.Fatalf("resumed %d times", resumed)
+	}
+}
+
+func (h *harness) checkBalances(buyer, seller, platform int64) {
+	h.t.Helper()
+	if b, sb, p := h.credits(h.buyerOwn.Public()), h.credits(h.sellerOwner.Public()), h.credits(PlatformOwner); b != buyer || sb != seller || p != platform {
+		h.t.Fatalf("balances: buyer %d seller owner %d platform %d, want %d %d %d", b, sb, p, buyer, seller, platform)
 	}
 }

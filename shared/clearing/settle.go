@@ -226,17 +226,17 @@ type engine struct {
 // at once, one does).
 func (e *engine) run(ctx context.Context, s *Settlement) (out *Settlement, last bool, err error) {
 	for s.State != StateSettled {
+		var next *Settlement
 		var changed bool
-		var err error
 		switch s.State {
 		case StateNew:
-			s, _, err = e.rate(ctx, s)
+			next, _, err = e.rate(ctx, s)
 		case StateRated:
-			s, _, err = e.charge(ctx, s)
+			next, _, err = e.charge(ctx, s)
 		case StateCharged:
-			s, _, err = e.credit(ctx, s)
+			next, _, err = e.credit(ctx, s)
 		case StateCredited:
-			s, changed, err = e.record(ctx, s)
+			next, changed, err = e.record(ctx, s)
 			last = changed
 		default:
 			return s, false, fmt.Errorf("settlement %s: unknown state %q", s.Key, s.State)
@@ -244,6 +244,7 @@ func (e *engine) run(ctx context.Context, s *Settlement) (out *Settlement, last 
 		if err != nil {
 			return s, false, fmt.Errorf("settlement %s: %w", s.Key, err)
 		}
+		s = next
 		if e.crash != nil && e.crash(s) {
 			return s, false, errCrash
 		}
