@@ -41,6 +41,7 @@ const AdminSocket = "admin.sock"
 //	POST /admin/catalog/{agent}/official {official: on|off} → {entry}
 //	POST /admin/catalog/{agent}/remove                   → {agent_id, removed}
 //	POST /admin/credits/{owner}/grant    {credits, reason?} → {owner, credits, currency, updated_at}
+//	POST /admin/credits/{owner}/balance                   → {owner, credits, currency, updated_at}
 //
 // The same handler runs behind the socket of a running meshd and in-process
 // in the admin command when no meshd is running.
@@ -178,6 +179,14 @@ func AdminHandler(c *Control, log *slog.Logger) http.Handler {
 			payload["reason"] = b.Reason
 		}
 		out, err := busAdmin(r.Context(), c, protocol.SubjCreditsGrant, "credits", payload)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSON(w, http.StatusOK, out)
+		return nil
+	})
+	h("POST /admin/credits/{owner}/balance", func(w http.ResponseWriter, r *http.Request) error {
+		out, err := busAdmin(r.Context(), c, protocol.CreditVerbSubject("balance"), "credits", map[string]any{"owner": r.PathValue("owner")})
 		if err != nil {
 			return err
 		}

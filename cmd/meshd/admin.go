@@ -226,6 +226,20 @@ the running meshd (the balances live on the bus).
 		},
 	},
 	{
+		words: "credits balance", args: []string{"OWNER"},
+		summary: "show an owner's credits (or the platform's markup: OWNER platform)",
+		help: `Shows the credit balance of owner OWNER (its public key), or with
+OWNER "platform" what the platform kept as markup on the resale path. Needs
+the running meshd (the balances live on the bus).`,
+		call: func(a adminArgs) (string, map[string]any, func(map[string]any) string) {
+			owner := a.pos[0]
+			return "/admin/credits/" + owner + "/balance", map[string]any{}, func(r map[string]any) string {
+				bal, _ := r["credits"].(float64)
+				return fmt.Sprintf("%s has %s credits", owner, commerce.FormatCredits(int64(bal)))
+			}
+		},
+	},
+	{
 		// Before "operator-credential": the first command whose words start
 		// the line is the one run.
 		words: "operator-credential revoke", args: []string{"KEY"},

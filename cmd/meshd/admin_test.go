@@ -526,6 +526,12 @@ func TestAdminCreditsGrant(t *testing.T) {
 	if got := adminJSON(t, dataDir, "credits", "grant", owner.Public(), "0.5"); got["credits"] != 3_000_000.0 || got["currency"] != "XCR" {
 		t.Fatalf("second grant: %v", got)
 	}
+	if out, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "balance", owner.Public()); err != nil || !strings.Contains(out, owner.Public()+" has 3 credits") {
+		t.Fatalf("balance: %v %q", err, out)
+	}
+	if got := adminJSON(t, dataDir, "credits", "balance", "platform"); got["owner"] != "platform" || got["credits"] != 0.0 {
+		t.Fatalf("the platform's balance: %v", got)
+	}
 	for _, bad := range []string{"0", "-1", "1.0000001", "lots"} {
 		if _, _, err := runAdmin(t, "admin", "--data-dir", dataDir, "credits", "grant", owner.Public(), bad); err == nil || !strings.Contains(err.Error(), "usage") && !strings.Contains(err.Error(), "amount") {
 			t.Errorf("grant %q: %v", bad, err)

@@ -523,6 +523,12 @@ func TestGrantBalanceHistory(t *testing.T) {
 	if b, err := h.call(services, protocol.CreditVerbSubject("balance"), map[string]any{"owner": owner}); err != nil || b["credits"] != 1_500_000.0 {
 		t.Fatalf("services: %v %v", b, err)
 	}
+	if b, err := h.call(services, protocol.CreditVerbSubject("balance"), map[string]any{"owner": PlatformOwner}); err != nil || b["credits"] != 0.0 {
+		t.Fatalf("the platform's balance: %v %v", b, err)
+	}
+	if _, err := h.call(h.buyer, protocol.CreditVerbSubject("balance"), map[string]any{"owner": PlatformOwner}); errs.As(err).Code != errs.InvalidRequest {
+		t.Fatalf("an agent asked for the platform's balance: %v", err)
+	}
 	page, err := h.call(h.buyer, protocol.CreditVerbSubject("history"), map[string]any{"limit": 1})
 	if err != nil {
 		t.Fatal(err)

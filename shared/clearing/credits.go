@@ -100,15 +100,16 @@ func (w *Worker) balanceOf(ctx context.Context, owner string) (BalanceView, erro
 }
 
 // ownerFor decides whose credits a request may read: the services key any
-// owner's (it must name one); an agent its registered owner's (registry
+// owner's (it must name one; "platform" is the markup's balance); an agent its registered owner's (registry
 // record owner, else its node's key); an owner key its own.
 func (w *Worker) ownerFor(ctx context.Context, r *bus.Request) (string, error) {
 	asked, _ := r.Object()["owner"].(string)
-	if _, present := r.Object()["owner"]; present && !keys.IsUserPublicKey(asked) {
+	from := r.Env.From
+	services := from == w.svc.Key.Public()
+	if _, present := r.Object()["owner"]; present && !keys.IsUserPublicKey(asked) && !(services && asked == PlatformOwner) {
 		return "", errs.New(errs.InvalidRequest, "owner, when given, is an owner's public key (U…, 56 characters)")
 	}
-	from := r.Env.From
-	if from == w.svc.Key.Public() {
+	if services {
 		if asked == "" {
 			return "", errs.New(errs.InvalidRequest, "name the owner whose credits to read")
 		}
