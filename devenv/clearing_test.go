@@ -24,10 +24,10 @@ import (
 // mesh's own clearing.
 const sellingSKU = `{"sku":"chat-answers","covers":{"offerings":["chat"]},"price":{"model":"flat","currency":"XCR","amount_micro":1000000},"provider":{"id":"internal"}}`
 
-// ownedAgent is an agent of the account on its own node, and the node's
-// key: the agent's owner while the registry records no other (decision 1 of
-// issue 18: the owner defaults to the hosting node's key).
-func (c *cp) ownedAgent(acct, name string, handler node.Handler) (*node.Agent, *keys.Agent, *keys.Node) {
+// ownedAgent is an agent of the account on its own node, registered with
+// owner (attested: docs/commerce.md "SKUs in the manifest and the owner of
+// an agent"; nil leaves the node's key its owner) and selling skus.
+func (c *cp) ownedAgent(acct, name string, owner *keys.Agent, skus []commerce.SKU, handler node.Handler) (*node.Agent, *keys.Agent) {
 	c.t.Helper()
 	k := newAgent(c.t)
 	red, err := daemon.Bootstrap(c.t.Context(), c.base, c.agentKey(acct, name), k, nil)
@@ -47,12 +47,16 @@ func (c *cp) ownedAgent(acct, name string, handler node.Handler) (*node.Agent, *
 	if handler == nil {
 		handler = func(context.Context, *node.Call) error { return errors.New("this agent sells nothing") }
 	}
-	a, err := n.Host(c.t.Context(), node.AgentConfig{Key: k, Name: name, Handler: handler, Visibility: "public",
-		Offerings: []node.Offering{{ID: "chat"}}, AvailabilityClass: "always_on"})
+	cfg := node.AgentConfig{Key: k, Name: name, Handler: handler, Visibility: "public",
+		Offerings: []node.Offering{{ID: "chat"}}, AvailabilityClass: "always_on", SKUs: skus}
+	if owner != nil {
+		cfg.Owner = owner
+	}
+	a, err := n.Host(c.t.Context(), cfg)
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	return a, k, nk
+	return a, k
 }
 
 // Credits end to end, on a mesh with three copies of every worker: the
@@ -67,11 +71,17 @@ func (c *cp) ownedAgent(acct, name string, handler node.Handler) (*node.Agent, *
 func TestClearingEndToEnd(t *testing.T) {
 	c := startCP(t, func(cfg *devenv.Config) { cfg.Workers.Copies = 3 })
 	acct, _ := c.signIn("shop@example.org")
-	bob, _, bobOwner := c.ownedAgent(acct, "bob", func(ctx context.Context, call *node.Call) error {
+	sku, err := commerce.ParseSKU([]byte(sellingSKU))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bobOwner, aliceOwner := newAgent(t), newAgent(t)
+	// Bob publishes the SKU in his manifest, registered with his owner.
+	bob, _ := c.ownedAgent(acct, "bob", bobOwner, []commerce.SKU{sku}, func(ctx context.Context, call *node.Call) error {
 		return call.Reply(map[string]any{"text": "an answer worth a credit"})
 	})
-	alice, aliceKey, aliceOwner := c.ownedAgent(acct, "alice", nil)
-	carol, _, _ := c.ownedAgent(acct, "carol", nil)
+	alice, aliceKey := c.ownedAgent(acct, "alice", aliceOwner, nil, nil)
+	carol, _ := c.ownedAgent(acct, "carol", nil, nil, nil)
 
 	nc, err := c.m.ConnectService("clearing-test")
 	if err != nil {
@@ -83,30 +93,6 @@ func TestClearingEndToEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := t.Context()
-	// The seller publishes its SKU (the registry keeps the manifest's skus
-	// as sent; written here into its record the way registration stores it).
-	reg, err := js.KeyValue(ctx, clearing.RegistryBucket)
-	if err != nil {
-		t.Fatal(err)
-	}
-	skuValue, err := protocol.ParseJSON([]byte(sellingSKU))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, _, err := bus.CASBytes(ctx, reg, bob.ID(), func(cur []byte, exists bool) ([]byte, error) {
-		var rec map[string]any
-		if err := json.Unmarshal(cur, &rec); err != nil {
-			return nil, err
-		}
-		rec["skus"] = []any{skuValue}
-		return json.Marshal(rec)
-	}); err != nil {
-		t.Fatal(err)
-	}
-	sku, err := commerce.ParseSKU([]byte(sellingSKU))
-	if err != nil {
-		t.Fatal(err)
-	}
 
 	// The operator grants alice's owner 5 credits.
 	if st, out := c.adminPost("/admin/credits/"+aliceOwner.Public()+"/grant", map[string]any{"credits": 5_000_000, "reason": "welcome"}); st != 200 || out["credits"] != 5_000_000.0 {
@@ -176,21 +162,25 @@ func TestClearingEndToEnd(t *testing.T) {
 		t.Fatalf("after the resale: alice's owner %d, bob's owner %d, platform %d", a, b, p)
 	}
 
-	// Carol's owner holds no agreement: her answered request moves nothing
-	// (admission, where it runs, refuses it before any work).
+	// Carol's owner holds no agreement: where the seller's node asks
+	// admission she is refused before any work (AGREEMENT_REQUIRED);
+	// answered or refused, nothing moves.
 	res, err := carol.Request(ctx, bob.ID(), "chat", "a question", node.RequestOptions{})
-	if err != nil || res.Status != "completed" {
-		t.Fatalf("carol's request: %v %+v", err, res)
-	}
-	eventually(t, "carol's answer seen by the clearing", func() bool {
-		var n uint64
-		for _, w := range c.m.Workers().Clearing {
-			n += w.Stats().NotCharged
+	switch {
+	case err == nil && res.Status == "completed":
+		eventually(t, "carol's answer seen by the clearing", func() bool {
+			var n uint64
+			for _, w := range c.m.Workers().Clearing {
+				n += w.Stats().NotCharged
+			}
+			return n == 1
+		})
+		if _, found, _ := bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(res.RequestID)); found {
+			t.Fatal("carol's request was settled")
 		}
-		return n == 1
-	})
-	if _, found, _ := bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(res.RequestID)); found {
-		t.Fatal("carol's request was settled")
+	case err == nil && res.Error != nil && res.Error.Code == "AGREEMENT_REQUIRED":
+	default:
+		t.Fatalf("carol's request: %v %+v", err, res)
 	}
 	if a, b, p := credits(aliceOwner.Public()), credits(bobOwner.Public()), credits(clearing.PlatformOwner); a != 2_900_000 || b != 2_000_000 || p != 100_000 {
 		t.Fatalf("after carol's request: %d %d %d", a, b, p)
