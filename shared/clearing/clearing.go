@@ -106,6 +106,7 @@ type Worker struct {
 	kv       jetstream.KeyValue
 	registry bus.LazyBucket
 	usage    bus.LazyBucket
+	sellers  sellerCache
 	official map[string]bool
 	sub      *nats.Subscription
 	queue    chan candidate
@@ -301,15 +302,11 @@ type sale struct {
 // settlement when one exists.
 func (w *Worker) settle(ctx context.Context, c candidate) error {
 	env := c.env
-	seller, err := w.record(ctx, env.From)
-	if err != nil || seller == nil {
+	sel, err := w.sellers.get(ctx, env.From, w.svc.Now(), w.seller)
+	if err != nil || sel.owner == "" && sel.skus == nil {
 		return err
 	}
-	skus, err := skusOf(seller)
-	if err != nil {
-		w.svc.Log.Debug("seller's SKUs unreadable", "seller", env.From, "err", err)
-		return nil
-	}
+	skus := sel.skus
 	s, ok := commerce.For(skus, c.offering)
 	if !ok || !s.Price.Paid() || s.Provider.ID != commerce.ProviderInternal || s.Price.Currency != commerce.Credits {
 		return nil // free, or billed elsewhere
@@ -324,7 +321,7 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 		return nil
 	}
 	at := requestTime(env)
-	sellerOwner := ownerOf(seller)
+	sellerOwner := sel.owner
 	requester, err := w.record(ctx, env.To)
 	if err != nil {
 		return err
@@ -588,4 +585,68 @@ func (w *Worker) sweep(ctx context.Context) {
 			}
 		}
 	}
+}
+
+// seller is what the clearing needs of an answering agent's registration:
+// its SKUs and its owner (none of either when it is not registered).
+type seller struct {
+	skus  []commerce.SKU
+	owner string
+	at    time.Time
+}
+
+// seller reads agent's registration.
+func (w *Worker) seller(ctx context.Context, agent string) (seller, error) {
+	rec, err := w.record(ctx, agent)
+	if err != nil || rec == nil {
+		return seller{}, err
+	}
+	skus, err := skusOf(rec)
+	if err != nil {
+		// The registry checks SKUs at register; one it kept that does not
+		// read here sells nothing here.
+		w.svc.Log.Debug("seller's SKUs unreadable", "seller", agent, "err", err)
+		skus = nil
+	}
+	if skus == nil {
+		skus = []commerce.SKU{}
+	}
+	return seller{skus: skus, owner: ownerOf(rec)}, nil
+}
+
+// Every answered request of every agent is looked at, most of them free:
+// a seller's registration is kept for sellerTTL, so a busy agent costs the
+// clearing one registry read per sellerTTL, not one per answer. An answer
+// within it is rated on the terms of up to sellerTTL ago, which are the
+// terms the request was admitted under.
+const (
+	sellerTTL      = 2 * time.Second
+	maxSellerCache = 16_384
+)
+
+// sellerCache keeps sellers' registrations for sellerTTL.
+type sellerCache struct {
+	mu sync.Mutex
+	m  map[string]seller
+}
+
+func (c *sellerCache) get(ctx context.Context, agent string, now time.Time, load func(context.Context, string) (seller, error)) (seller, error) {
+	c.mu.Lock()
+	s, ok := c.m[agent]
+	c.mu.Unlock()
+	if ok && now.Sub(s.at) < sellerTTL && !now.Before(s.at) {
+		return s, nil
+	}
+	s, err := load(ctx, agent)
+	if err != nil {
+		return seller{}, err
+	}
+	s.at = now
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.m == nil || len(c.m) >= maxSellerCache {
+		c.m = map[string]seller{}
+	}
+	c.m[agent] = s
+	return s, nil
 }

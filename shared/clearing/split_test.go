@@ -1,6 +1,10 @@
 package clearing
 
-import "testing"
+import (
+	"context"
+	"testing"
+	"time"
+)
 
 func TestSplitOf(t *testing.T) {
 	for _, c := range []struct {
@@ -93,5 +97,30 @@ func TestUUIDv7Time(t *testing.T) {
 		if _, ok := uuidV7Time(bad); ok {
 			t.Errorf("%q is not a UUIDv7", bad)
 		}
+	}
+}
+
+func TestSellerCache(t *testing.T) {
+	var c sellerCache
+	loads := 0
+	load := func(context.Context, string) (seller, error) { loads++; return seller{owner: "o"}, nil }
+	t0 := time.Unix(1_000_000, 0)
+	for _, at := range []time.Time{t0, t0.Add(sellerTTL - time.Millisecond)} {
+		if s, err := c.get(context.Background(), "a", at, load); err != nil || s.owner != "o" {
+			t.Fatal(s, err)
+		}
+	}
+	if loads != 1 {
+		t.Fatalf("%d loads within the TTL", loads)
+	}
+	_, _ = c.get(context.Background(), "a", t0.Add(sellerTTL), load)
+	_, _ = c.get(context.Background(), "b", t0.Add(sellerTTL), load)
+	if loads != 3 {
+		t.Fatalf("%d loads: an expired entry and another agent are read again", loads)
+	}
+	// A clock that went back reads again rather than trust the entry.
+	_, _ = c.get(context.Background(), "a", t0, load)
+	if loads != 4 {
+		t.Fatalf("%d loads", loads)
 	}
 }
