@@ -249,8 +249,12 @@ func candidateOf(subject string, data []byte, hdr nats.Header, now time.Time) (c
 	if offering == "" || !ok || !ok2 || !keys.IsUserPublicKey(agent) {
 		return candidate{}, false
 	}
+	// The answer is a respond, or, to a protocol 0.3 requester answered
+	// late (a held request answered from the inbox), a request naming the
+	// original in in_reply_to (adapter/node heldAnswer): the audit headers
+	// mark both as the answer that ends the request.
 	env, err := protocol.DecodeBrokerAttributed(data)
-	if err != nil || env.From != agent || env.Type != protocol.TypeRespond || env.InReplyTo == "" ||
+	if err != nil || env.From != agent || (env.Type != protocol.TypeRespond && env.Type != protocol.TypeRequest) || env.InReplyTo == "" ||
 		!keys.IsUserPublicKey(env.To) || protocol.ResponseStatus(env) != "completed" {
 		return candidate{}, false
 	}
@@ -348,12 +352,14 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 		return err
 	}
 	usage := map[string]int64{metering.Requests: 1}
-	if r, err := metering.ReceiptFrom(env); err == nil {
+	if env.Type == protocol.TypeRespond { // a late answer as a request carries no receipt
+		r, err := metering.ReceiptFrom(env)
+		if err != nil {
+			w.svc.Log.Info("usage receipt ignored", "request", env.InReplyTo, "seller", env.From, "err", err)
+		}
 		for _, u := range r.Usage {
 			usage[u.Meter] = u.Quantity
 		}
-	} else {
-		w.svc.Log.Info("usage receipt ignored", "request", env.InReplyTo, "seller", env.From, "err", err)
 	}
 	price, err := json.Marshal(s.Value()["price"])
 	if err != nil {

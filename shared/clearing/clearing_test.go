@@ -603,3 +603,48 @@ func (h *harness) checkBalances(buyer, seller, platform int64) {
 		h.t.Fatalf("balances: buyer %d seller owner %d platform %d, want %d %d %d", b, sb, p, buyer, seller, platform)
 	}
 }
+
+// A protocol 0.3 requester answered late (a held request answered from
+// the inbox) gets the answer as a request naming the original: it is the
+// answer that ends the request, and it settles like a respond.
+func TestLateAnswerAsRequestSettles(t *testing.T) {
+	h := start(t, 1, 10, flatSKU)
+	h.agree(flatSKU)
+	h.fund(h.buyerOwn.Public(), 5_000_000)
+	req, err := protocol.New(protocol.TypeRequest, h.buyer.Public(), map[string]any{"offering": "answer", "input": "hi"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late, err := protocol.New(protocol.TypeRequest, h.seller.Public(), map[string]any{"offering": "answer", "input": "ok", "status": "completed"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	late.InReplyTo, late.To = req.ID, h.buyer.Public()
+	if err := late.Sign(h.seller); err != nil {
+		t.Fatal(err)
+	}
+	data, _ := late.Marshal()
+	hdr := nats.Header{}
+	hdr.Set(protocol.HdrAuditInput, protocol.InputSHA256(req))
+	hdr.Set(protocol.HdrAuditOffering, "answer")
+	h.copyOut(data, hdr)
+	if s := h.settled(req.ID); s.Charged != 1_000_000 || s.RespondID != late.ID {
+		t.Fatalf("settlement %+v", s)
+	}
+	h.checkBalances(4_000_000, 1_000_000, 0)
+	// Without the headers (not the answer that ends a request), or failed,
+	// nothing is settled: the next one's settlement shows they were passed.
+	failed, _ := protocol.New(protocol.TypeRequest, h.seller.Public(), map[string]any{"offering": "answer", "status": "failed"})
+	failed.InReplyTo, failed.To = protocol.NewID(), h.buyer.Public()
+	_ = failed.Sign(h.seller)
+	fb, _ := failed.Marshal()
+	h.copyOut(fb, hdr)
+	h.copyOut(data, nil)
+	id, d2, h2 := h.answer("answer")
+	h.copyOut(d2, h2)
+	h.settled(id)
+	h.checkBalances(3_000_000, 2_000_000, 0)
+	if _, found, _ := bus.GetJSON[Settlement](t.Context(), h.kv, SettlementKey(failed.InReplyTo)); found {
+		t.Fatal("a failed answer was settled")
+	}
+}
