@@ -23,7 +23,7 @@ var ErrNotRunning = errors.New("no inbox-mode adapter running: start one with `m
 
 // Request is one command.
 type Request struct {
-	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room | registration | commerce
+	Op string `json:"op"` // status | inbox | reply | refuse | ack | send | contacts | guard | unguard | room | registration | commerce | credits
 	// inbox
 	All bool `json:"all,omitempty"`
 	// reply, refuse, ack
