@@ -16,6 +16,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/clearing"
 	"agentmesh.dev/mesh/shared/commerce"
+	"agentmesh.dev/mesh/shared/errs"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
 )
@@ -99,7 +100,9 @@ func TestClearingEndToEnd(t *testing.T) {
 		t.Fatalf("grant: %d %v", st, out)
 	}
 
-	// Alice's owner signs the agreement to the SKU's current digest.
+	// Alice's owner signs the agreement to the SKU's current digest, and
+	// alice files it (mesh.agreements.file: the owner's signature inside is
+	// the authority).
 	a := commerce.Agreement{SellerAgent: bob.ID(), SKU: sku.ID, SKUDigest: sku.Digest(), AgreedAt: protocol.FormatTime(time.Now().Add(-time.Minute))}
 	if err := commerce.Sign(&a, aliceOwner); err != nil {
 		t.Fatal(err)
@@ -108,12 +111,11 @@ func TestClearingEndToEnd(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if _, err := bus.Call(ctx, alice.Node().Conn(), aliceKey, protocol.AgreementVerbSubject("file"), protocol.TypeRequest, "", json.RawMessage(signed)); err != nil {
+		t.Fatalf("file the agreement: %v", err)
+	}
 	kv, err := js.KeyValue(ctx, commerce.Bucket)
 	if err != nil {
-		t.Fatal(err)
-	}
-	rec, _ := json.Marshal(commerce.AgreementRecord{Agreement: signed, FiledAt: time.Now()})
-	if _, err := kv.Put(ctx, commerce.AgreementKey(bob.ID(), aliceOwner.Public(), sku.ID), rec); err != nil {
 		t.Fatal(err)
 	}
 
@@ -178,7 +180,7 @@ func TestClearingEndToEnd(t *testing.T) {
 		if _, found, _ := bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(res.RequestID)); found {
 			t.Fatal("carol's request was settled")
 		}
-	case err == nil && res.Error != nil && res.Error.Code == "AGREEMENT_REQUIRED":
+	case res != nil && res.Error != nil && res.Error.Code == errs.AgreementRequired:
 	default:
 		t.Fatalf("carol's request: %v %+v", err, res)
 	}
