@@ -21,6 +21,8 @@ import (
 //	vol.<seller>.<client>.<window>        a volume counter (compare-and-set)
 //	bal.<owner>                           a credit balance (clearing)
 //	set.<task or request id>              a settlement, once (clearing)
+//	agg.<owner>.<seller>.<digest>.<period> a period's rated usage (clearing)
+//	led.<owner>.<ms>-<role>-<settlement>  a credit history row (clearing)
 const Bucket = "mesh_commerce"
 
 // Key prefixes of Bucket.
