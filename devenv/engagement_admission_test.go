@@ -181,7 +181,8 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 
 	// The console lists it on the account's agreements page, linked to
 	// its public record.
-	page := consoleSignIn(t, c, "engaged@example.org").get("agreements")
+	console := consoleSignIn(t, c, "engaged@example.org")
+	page := console.get("agreements")
 	link := `href="/v1/engagements/` + client.Public() + `/` + pKey.Public() + `/summarize"`
 	if !strings.Contains(page, link) || !strings.Contains(page, sow1+" v1") {
 		t.Fatalf("the agreements page does not link the engagement (%s):\n%s", link, page)
@@ -231,6 +232,11 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 	rateLimited("the second client's third request", client2, sow2)
 	ew.terminate(sow2, client2, c2Owner, map[string]any{"for_cause": false})
 	rateLimited("the second client in notice", client2, sow2)
+	// The console names both states.
+	page = console.get("agreements")
+	if !strings.Contains(page, "active (notice of termination given)") || !strings.Contains(page, ">terminated<") {
+		t.Fatalf("the agreements page after the terminations:\n%s", page)
+	}
 	// The node's question, asked directly: the same refusal.
 	ask := func(what string) *errs.Error {
 		t.Helper()
