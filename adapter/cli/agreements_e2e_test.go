@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go/jetstream"
 
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/node"
@@ -51,8 +54,10 @@ func (w *world) seller(name string) (*node.Agent, commerce.SKU) {
 
 // A buyer's adapter meets a paid seller: send prints the refusal as one
 // line with the approval URL and the command; agree files an agreement to
-// the seller's current terms signed by the owner key; agreements lists it;
-// agree revoke revokes it.
+// the seller's current terms signed by the owner key (the owner the
+// registry holds for the buyer, by the adapter's attestation); agreements
+// lists it; the same send is then answered; agree revoke revokes it, and
+// the send is refused again.
 func TestAgreeAndAgreements(t *testing.T) {
 	w := newWorld(t)
 	seller, s := w.seller("shop")
@@ -108,9 +113,9 @@ func TestAgreeAndAgreements(t *testing.T) {
 		t.Fatalf("filed: %+v %v", a, err)
 	}
 
-	// agreements lists the owner's agreements when the registry names the
-	// owner key as the buyer's owner (the attested owner), and otherwise
-	// says which owner it does not take.
+	// The adapter registers the buyer with its owner's attestation: the
+	// registry's owner is the state's owner key, and agreements lists what
+	// it agreed.
 	rb, _, err := bus.LeaderGet(t.Context(), nc, agreements.RegistryBucket, buyerID)
 	if err != nil {
 		t.Fatal(err)
@@ -119,22 +124,38 @@ func TestAgreeAndAgreements(t *testing.T) {
 	if err := json.Unmarshal(rb, &reg); err != nil {
 		t.Fatal(err)
 	}
-	out, errOut, code = w.run(buyer, "agreements")
-	t.Logf("agreements (registry owner %s): %s%s", reg.Owner(), out, errOut)
-	switch {
-	case reg.Owner() == owner:
-		if code != 0 || !strings.HasPrefix(out, "active   whole-agent of agent "+seller.ID()+", digest "+s.Digest()) {
-			t.Fatalf("agreements: exit %d\n%s%s", code, out, errOut)
-		}
-	default:
-		if code != 1 || !strings.Contains(errOut, "does not take owner key "+owner+" as this agent's owner") {
-			t.Fatalf("agreements, the registry naming owner %s: exit %d\n%s%s", reg.Owner(), code, out, errOut)
-		}
+	if reg.Owner() != owner {
+		t.Fatalf("the registry names owner %s for the buyer, not the state's owner key %s", reg.Owner(), owner)
+	}
+	if out, errOut, code := w.run(buyer, "agreements"); code != 0 || !strings.HasPrefix(out, "active   whole-agent of agent "+seller.ID()+", digest "+s.Digest()) {
+		t.Fatalf("agreements: exit %d\n%s%s", code, out, errOut)
+	}
+
+	// Agreed, and with the credits the price needs, the same send is
+	// answered.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	kv, err := js.KeyValue(t.Context(), commerce.Bucket)
+	if err != nil {
+		t.Fatal(err)
+	}
+	bal, _ := json.Marshal(commerce.Balance{Credits: 10_000_000, UpdatedAt: time.Now()})
+	if _, err := kv.Put(t.Context(), commerce.BalancePrefix+owner, bal); err != nil {
+		t.Fatal(err)
+	}
+	if out, errOut, code := w.run(buyer, "send", seller.ID(), "do the paid thing", "--wait", "20"); code != 0 || !strings.Contains(out, "paid work") {
+		t.Fatalf("send once agreed: exit %d\n%s%s", code, out, errOut)
 	}
 
 	out = w.must(buyer, "agree", "revoke", seller.ID(), "whole-agent")
 	if !strings.HasPrefix(out, "revoked the agreement of owner "+owner+" to whole-agent of agent "+seller.ID()) {
 		t.Fatalf("revoke printed:\n%s", out)
+	}
+	// Revoked: refused again.
+	if _, errOut, code := w.run(buyer, "send", seller.ID(), "do the paid thing", "--wait", "20"); code != 4 || !strings.Contains(errOut, "AGREEMENT_REQUIRED: whole-agent") {
+		t.Fatalf("send after the revocation: exit %d\n%s", code, errOut)
 	}
 	if _, errOut, code := w.run(buyer, "agree", seller.ID(), "whole-agent", "--expires", "yesterday"); code != 2 || !strings.Contains(errOut, "--expires") {
 		t.Fatalf("a bad --expires: exit %d %s", code, errOut)

@@ -23,6 +23,7 @@
 package console
 
 import (
+	"context"
 	"net/http"
 	"net/url"
 	"strings"
@@ -31,6 +32,7 @@ import (
 
 	"agentmesh.dev/mesh/functions/api"
 	"agentmesh.dev/mesh/shared/commerce"
+	"agentmesh.dev/mesh/shared/engagement"
 	"agentmesh.dev/mesh/shared/httpx"
 )
 
@@ -86,9 +88,39 @@ func handler(d *api.Deps) httpx.HandlerFunc {
 			d.Log.Warn("console: no commerce pages", "err", err)
 		}
 	}
+	// The engagements section lists from the control plane's own store.
+	if d.Engagements != nil {
+		cfg.Engagements = EngagementStore{Service: d.Engagements}
+	}
 	s := New(cfg)
 	return func(w http.ResponseWriter, r *http.Request) error {
 		s.ServeHTTP(w, r)
 		return nil
 	}
+}
+
+// EngagementStore is the EngagementLister of a deployment: the control
+// plane's engagement service (shared/engagement), one row per offering the
+// engagement's record is reachable under, so each row links to its public
+// record.
+type EngagementStore struct{ Service *engagement.Service }
+
+// ListForAgents implements EngagementLister.
+func (e EngagementStore) ListForAgents(ctx context.Context, agents []string) ([]EngagementSummary, error) {
+	list, err := e.Service.ListForAgents(ctx, agents)
+	if err != nil {
+		return nil, err
+	}
+	var out []EngagementSummary
+	for _, s := range list {
+		state := strings.ReplaceAll(s.State, "_", " ")
+		if s.InNotice {
+			state += " (notice of termination given)"
+		}
+		for _, o := range s.Offerings {
+			out = append(out, EngagementSummary{SowID: s.SowID, Version: int(s.Version), Client: s.Client, Seller: s.Seller,
+				Offering: o, State: state, StartsAt: s.StartsAt, EndsAt: s.EndsAt})
+		}
+	}
+	return out, nil
 }

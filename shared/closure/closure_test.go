@@ -325,6 +325,7 @@ func TestPreviewAndOutstanding(t *testing.T) {
 		"projects/acme/locations/europe-west1/workerPools/mesh-scout",
 		"1 public anchor (2026-01-02)",
 		"rooms",
+		"Engagements your agents are party to stay on the public record: their signed documents, terminations and reviews",
 	} {
 		if !strings.Contains(keeps, want) {
 			t.Errorf("will not remove lacks %q:\n%s", want, keeps)

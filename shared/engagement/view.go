@@ -241,21 +241,7 @@ func (r *Record) view(offering string, events []Event, reviews []StoredReview, n
 	if d.Language != nil {
 		v.Language = "this renderer does not know the standard language " + d.Language.ID + "; the signed fields are shown verbatim (§4.3)"
 	}
-	v.State = sow.StateStandingProposal
-	if r.Formed() {
-		v.State = d.Phase(now)
-		if t, err := r.terms(); err == nil {
-			v.InForce = t.InForce(now) && !t.Exhausted
-		}
-		switch {
-		case r.Termination != nil && !now.Before(parseStamp(r.Termination.EffectiveAt)):
-			v.State = sow.StateTerminated
-		case v.State == sow.StateActive && r.Open != nil:
-			v.State = sow.StateAmendmentProposed
-		case v.State == sow.StateActive && r.Version > 1:
-			v.State = sow.StateAmended
-		}
-	}
+	v.State, v.InForce = r.state(d, now)
 	if o := r.Open; o != nil {
 		v.Open = &OpenView{Version: o.Version, Proposer: o.Role, ProposedAt: o.ProposedAt, LapsesAt: o.LapsesAt, Document: string(o.Document)}
 	}
@@ -276,4 +262,28 @@ func (r *Record) view(offering string, events []Event, reviews []StoredReview, n
 			StoredAt: rv.StoredAt, Digest: rv.Digest, Review: string(rv.Review)})
 	}
 	return v, nil
+}
+
+// state is the record's §7.1 state at now and whether it is in force; d is
+// its shown document (the governing version, or the instance awaiting the
+// provider's signature). An open amendment whose window has passed counts
+// as lapsed even before settle records it, so a listing that does not
+// settle names the same state the record will.
+func (r *Record) state(d *sow.Document, now time.Time) (string, bool) {
+	if !r.Formed() {
+		return sow.StateStandingProposal, false
+	}
+	state, inForce := d.Phase(now), false
+	if t, err := r.terms(); err == nil {
+		inForce = t.InForce(now) && !t.Exhausted
+	}
+	switch {
+	case r.Termination != nil && !now.Before(parseStamp(r.Termination.EffectiveAt)):
+		state = sow.StateTerminated
+	case state == sow.StateActive && r.Open != nil && now.Before(parseStamp(r.Open.LapsesAt)):
+		state = sow.StateAmendmentProposed
+	case state == sow.StateActive && r.Version > 1:
+		state = sow.StateAmended
+	}
+	return state, inForce
 }
