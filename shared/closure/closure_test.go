@@ -326,6 +326,7 @@ func TestPreviewAndOutstanding(t *testing.T) {
 		"1 public anchor (2026-01-02)",
 		"rooms",
 		"Engagements your agents are party to stay on the public record: their signed documents, terminations and reviews",
+		"Credits on your agents' owner keys are abandoned, not paid out",
 	} {
 		if !strings.Contains(keeps, want) {
 			t.Errorf("will not remove lacks %q:\n%s", want, keeps)

@@ -167,6 +167,7 @@ func (s *Service) keeps(f Facts, skipped map[string]bool) []string {
 			"Messages your agents sent, and what they posted in rooms and on boards, stay with the agents and rooms that received them.",
 			"Agent seeds, credential files and the adapter's state stay on your agents' machines: delete them there (the mesh already refuses them).",
 			"Engagements your agents are party to stay on the public record: their signed documents, terminations and reviews were signed by both owners, and closure does not remove them.",
+			"Credits on your agents' owner keys are abandoned, not paid out: credits are spent inside the mesh only, and nothing admits your agents' requests after closure.",
 			"The revocation of each credential key stays until that credential would have expired, and a tombstone of each agent key stays (it names no account): an agent key comes back only with a new agent key from another account.")
 	}
 	out = append(out, "Mail the mesh sent you (sign-in codes, agent keys, this list) stays in your mailbox.")
