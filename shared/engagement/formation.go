@@ -75,7 +75,7 @@ func (s *Service) FileProposal(ctx context.Context, raw []byte) (*Offer, error) 
 	if err := publishes(info, d); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: info.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: info.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	now := s.now()
@@ -269,7 +269,7 @@ func (s *Service) Countersign(ctx context.Context, raw []byte, asserted []string
 	if err := publishes(pinfo, d); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	id := RecordID(client, provider, d.ID)
@@ -354,10 +354,16 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		return nil, storeErr(err)
 	}
 	if pre.Formed() {
-		if bytes.Equal(pre.Document, raw) || pre.Version > 1 {
+		// The same instance signature again answers the record as it is;
+		// any other bytes (an older version included) change nothing.
+		if !bytes.Equal(pre.Document, raw) {
+			return nil, errs.Newf(errs.Conflict, "the engagement under %s is already formed, at version %d; read it for the governing document", d.ID, pre.Version).
+				WithDetail("version", pre.Version)
+		}
+		if pre.MirrorPending {
 			return s.mirrorAfter(ctx, &pre)
 		}
-		return nil, errs.Newf(errs.Conflict, "the engagement under %s is already formed", d.ID)
+		return &pre, nil
 	}
 	requested, err := sow.Parse(pre.Requested)
 	if err != nil {
@@ -380,7 +386,7 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 	if err := seatKey(psig, pinfo.Owner, "provider"); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	now := s.now()

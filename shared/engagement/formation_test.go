@@ -202,7 +202,7 @@ func TestCountersignRefusals(t *testing.T) {
 		qual  string
 	}{
 		{name: "a changed term", inst: func(w *world, d map[string]any) {
-			d["termination"] = map[string]any{"convenience_notice_hours": 0, "grade": "enforced"}
+			d["termination"] = map[string]any{"convenience_notice_hours": 0, "grade": "recorded"}
 		}, code: errs.InvalidRequest},
 		{name: "starts in the past", inst: func(w *world, d map[string]any) {
 			d["starts_at"] = epoch.Add(-24 * time.Hour).Format(time.RFC3339)

@@ -155,17 +155,18 @@ func newWorld(t *testing.T) *world {
 }
 
 // template is a standing proposal's value: every grade one this runtime
-// enforces (no volume: the provider publishes no SKU in newWorld).
+// enforces (no volume or scope graded enforced: the provider publishes no
+// SKU in newWorld).
 func (w *world) template() map[string]any {
 	return map[string]any{
 		"sow": "v1", "id": "sow_test0000000001", "version": 1, "starts_at": nil, "ends_at": nil,
 		"parties": map[string]any{
 			"provider": map[string]any{"agent": w.provider.Public(), "owner": "Provider Ltd"},
 			"client":   nil, "grade": "evidence"},
-		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "enforced"},
-		"price":          map[string]any{"arrangement": "no_charge", "grade": "enforced"},
+		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "evidence"},
+		"price":          map[string]any{"arrangement": "no_charge", "grade": "recorded"},
 		"change_control": map[string]any{"review_window_days": 7, "approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-		"termination":    map[string]any{"convenience_notice_hours": 24, "grade": "enforced"},
+		"termination":    map[string]any{"convenience_notice_hours": 24, "grade": "recorded"},
 		"disputes":       map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
 	}
 }
