@@ -2,9 +2,12 @@ package engagement_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -234,6 +237,9 @@ func (w *world) act(tag string, k keys.Signer, members map[string]any) []byte {
 	w.t.Helper()
 	obj := map[string]any{"v": 1, "client": w.client.Public(), "seller": w.provider.Public(), "offering": "summarize",
 		"sow_id": "sow_test0000000001", "at": w.clock.Now().Format(time.RFC3339)}
+	if _, set := members["proposal_sha256"]; tag == engagement.TagAmendment && !set {
+		obj["proposal_sha256"] = w.openDigest()
+	}
 	for k, v := range members {
 		if v == nil {
 			delete(obj, k)
@@ -249,6 +255,17 @@ func (w *world) act(tag string, k keys.Signer, members map[string]any) []byte {
 		w.t.Fatal(err)
 	}
 	return b
+}
+
+// openDigest is the hex SHA-256 of the open proposal's bytes, what a
+// resolution binds itself to (zeros when none is open).
+func (w *world) openDigest() string {
+	v, err := w.svc.Engagement(context.Background(), w.client.Public(), w.provider.Public(), "summarize")
+	if err != nil || v.Open == nil {
+		return strings.Repeat("0", 64)
+	}
+	sum := sha256.Sum256([]byte(v.Open.Document))
+	return hex.EncodeToString(sum[:])
 }
 
 func (w *world) view() *engagement.View {
