@@ -152,10 +152,15 @@ func (s *Service) AddReview(ctx context.Context, raw []byte) (rev *StoredReview,
 			return errs.Newf(errs.QuotaExceeded, "this engagement holds %d reviews, the most one record keeps", MaxReviews)
 		}
 		duplicate = false
+		n := rec.ReviewCount + 1
+		st.Seq = n
 		if err := tx.Create(CollReviews, id, st); err != nil {
 			return err
 		}
-		return tx.Update(CollRecords, r.ID, map[string]any{"review_count": rec.ReviewCount + 1})
+		if err := tx.Create(CollReviewOrder, reviewOrderID(r.ID, n), reviewOrder{Digest: st.Digest}); err != nil {
+			return err
+		}
+		return tx.Update(CollRecords, r.ID, map[string]any{"review_count": n})
 	})
 	if err != nil {
 		return nil, false, storeErr(err)

@@ -36,6 +36,8 @@ const (
 	CollIndex   = "engagement_index"   // id: <client>.<seller>.<offering> → the engagement
 	CollEvents  = "engagement_events"  // id: <record id>.<seq>: its history
 	CollReviews = "engagement_reviews" // id: <record id>.<digest of the review's sig>
+	// CollReviewOrder numbers the reviews: id <record id>.<n> → the digest.
+	CollReviewOrder = "engagement_review_order"
 )
 
 // Bounds of one engagement's record. What either party can repeat at will
@@ -176,7 +178,16 @@ type StoredReview struct {
 	TaskID   string `json:"task_id,omitempty"`
 	SignedAt string `json:"signed_at"`
 	StoredAt string `json:"stored_at"`
+	// Seq is its number in the record's order (1 on).
+	Seq int `json:"seq,omitempty"`
 }
+
+// reviewOrder is the value under CollReviewOrder.
+type reviewOrder struct {
+	Digest string `json:"digest"`
+}
+
+func reviewOrderID(record string, n int) string { return fmt.Sprintf("%s.%08d", record, n) }
 
 // AccountOf answers whether an agent is attached to a live account on this
 // platform (the platform_account qualification); nil: never established.

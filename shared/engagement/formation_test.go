@@ -34,7 +34,7 @@ func TestFormation(t *testing.T) {
 	if err != nil || rec.Formed() {
 		t.Fatalf("countersign: %v", err)
 	}
-	if v := w.view(); v.State != sow.StateStandingProposal || v.InForce || v.Requested != string(countersigned) || v.Document != "" {
+	if v := w.view(); v.State != engagement.StateRequested || v.InForce || v.Requested != string(countersigned) || v.Document != "" {
 		t.Fatalf("after the countersign: %+v", v)
 	}
 	if w.terms.terms(t, commerce.EngagementKey(w.provider.Public(), w.client.Public(), "summarize")) != nil {
