@@ -283,8 +283,8 @@ func (s *Service) Countersign(ctx context.Context, raw []byte, asserted []string
 		switch err := tx.Get(CollRecords, id, &rec); {
 		case err == nil && rec.Formed():
 			return errs.Newf(errs.Conflict, "these agents already formed an engagement under %s; a new engagement needs a new proposal", d.ID)
-		case err == nil && bytes.Equal(rec.Requested, raw) && rec.RequestWithdrawnAt == "":
-			return errSame
+		case err == nil && bytes.Equal(rec.Requested, raw) && requestOpen(&rec, d, now) == nil:
+			return errSame // the same open request again; a withdrawn or lapsed one is asked anew
 		case err != nil && !errors.Is(err, store.ErrNotFound):
 			return err
 		}
