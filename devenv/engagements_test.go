@@ -3,9 +3,13 @@ package devenv_test
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -80,11 +84,11 @@ func (w *engWorld) template(id, offering string) map[string]any {
 		"sow": "v1", "id": id, "version": 1, "starts_at": nil, "ends_at": nil,
 		"parties": map[string]any{"provider": map[string]any{"agent": w.provider.Public(), "owner": "Provider Ltd"}, "client": nil, "grade": "evidence"},
 		"scope":   map[string]any{"offerings": []any{offering}, "grade": "enforced"},
-		"price":   map[string]any{"arrangement": "no_charge", "grade": "enforced"},
+		"price":   map[string]any{"arrangement": "no_charge", "grade": "recorded"},
 		"volume":  map[string]any{"per_hour": 30, "grade": "enforced"},
 		"change_control": map[string]any{"review_window_days": 1,
 			"approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-		"termination":     map[string]any{"convenience_notice_hours": 2, "grade": "enforced"},
+		"termination":     map[string]any{"convenience_notice_hours": 2, "grade": "recorded"},
 		"disputes":        map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
 		"confidentiality": map[string]any{"promises": map[string]any{"no_training": true, "grade": "recorded"}},
 	}
@@ -116,6 +120,13 @@ func (w *engWorld) act(tag string, k keys.Signer, sowID, offering string, member
 	w.t.Helper()
 	obj := map[string]any{"v": 1, "client": w.client.Public(), "seller": w.provider.Public(), "offering": offering, "sow_id": sowID,
 		"at": w.clock.Now().UTC().Format(time.RFC3339)}
+	if tag == engagement.TagAmendment {
+		// A resolution names the exact proposal it answers.
+		open, _ := w.record(offering)["open_amendment"].(map[string]any)
+		doc, _ := open["document"].(string)
+		sum := sha256.Sum256([]byte(doc))
+		obj["proposal_sha256"] = hex.EncodeToString(sum[:])
+	}
 	for k, v := range members {
 		obj[k] = v
 	}
@@ -151,6 +162,23 @@ func (w *engWorld) terms(offering string) *commerce.EngagementTerms {
 	return &t
 }
 
+// scopes reads the mirrored scopes graded enforced between the two agents.
+func (w *engWorld) scopes() []commerce.EngagementTerms {
+	w.t.Helper()
+	e, err := w.kv.Get(w.t.Context(), commerce.EngagementScopeKey(w.provider.Public(), w.client.Public()))
+	if errors.Is(err, jetstream.ErrKeyNotFound) {
+		return nil
+	}
+	if err != nil {
+		w.t.Fatalf("scopes: %v", err)
+	}
+	var list []commerce.EngagementTerms
+	if err := json.Unmarshal(e.Value(), &list); err != nil {
+		w.t.Fatal(err)
+	}
+	return list
+}
+
 // form files a standing proposal, countersigns its completed instance and
 // adds the provider's instance signature, over HTTP; it returns the
 // instance's value and the agreed bytes.
@@ -167,7 +195,7 @@ func (w *engWorld) form(id, offering string) (map[string]any, []byte) {
 	if st, out := w.postBytes("/v1/engage/countersign", documentBody(w.sign(inst, sow.RoleClient, w.cOwner))); st != 200 || out["formed"] != false {
 		w.t.Fatalf("countersign: %d %v", st, out)
 	}
-	if r := w.record(offering); r["state"] != sow.StateStandingProposal || r["in_force"] != false {
+	if r := w.record(offering); r["state"] != engagement.StateRequested || r["in_force"] != false {
 		w.t.Fatalf("after the countersign: %v %v", r["state"], r["in_force"])
 	}
 	agreed := w.sign(inst, sow.RoleProvider, w.pOwner)
@@ -221,6 +249,9 @@ func TestEngagementsOverHTTP(t *testing.T) {
 	r := w.record("summarize")
 	if r["state"] != sow.StateActive || r["in_force"] != true || r["document"] != string(agreed) || r["version"] != 1.0 {
 		t.Fatalf("formed: %v %v v%v", r["state"], r["in_force"], r["version"])
+	}
+	if scopes := w.scopes(); len(scopes) != 1 || scopes[0].SowID != id || !slices.Equal(scopes[0].Offerings, []string{"summarize"}) {
+		t.Fatalf("the scope graded enforced, mirrored: %+v", scopes)
 	}
 	terms := w.terms("summarize")
 	if terms.SowID != id || terms.Version != 1 || terms.ClientOwner != w.cOwner.Public() || terms.SellerOwner != w.pOwner.Public() ||
@@ -349,6 +380,18 @@ func TestEngagementsOverHTTP(t *testing.T) {
 	}
 	if terms := w.terms("translate"); !terms.ForCause || terms.InForce(c.clock.Now()) {
 		t.Fatalf("mirrored for cause: %+v", terms)
+	}
+	if scopes := w.scopes(); len(scopes) != 0 {
+		t.Fatalf("ended engagements' scopes still mirrored: %+v", scopes)
+	}
+	// A history entry that signed a document is given by digest and link.
+	hist := w.record("summarize")["history"].([]any)
+	formed := hist[1].(map[string]any)
+	if formed["kind"] != engagement.EventFormed || formed["signed"] != nil || formed["link"] == nil {
+		t.Fatalf("the formation in the history: %v", formed)
+	}
+	if st, _, body := w.get(formed["link"].(string)); st != 200 || !strings.Contains(string(body), `"kind":"formed"`) {
+		t.Fatalf("the formation by its link: %d %s", st, body)
 	}
 
 	// The page: every clause with its grade.

@@ -10,6 +10,7 @@ package engagements
 import (
 	"encoding/json"
 	"net/http"
+	"strconv"
 	"strings"
 	"time"
 
@@ -29,6 +30,7 @@ var Routes = []api.Route{
 	{EntryPoint: "EngageProposal", Method: http.MethodPost, Path: "/v1/engage/proposals", Auth: api.Public, Handler: svc(fileProposal)},
 	{EntryPoint: "EngageProposalWithdraw", Method: http.MethodPost, Path: "/v1/engage/proposals/withdraw", Auth: api.Public, Handler: svc(withdrawProposal)},
 	{EntryPoint: "EngageCountersign", Method: http.MethodPost, Path: "/v1/engage/countersign", Auth: api.Public, Handler: svc(countersign)},
+	{EntryPoint: "EngageCountersignWithdraw", Method: http.MethodPost, Path: "/v1/engage/countersign/withdraw", Auth: api.Public, Handler: signed(withdrawRequest)},
 	{EntryPoint: "EngageSign", Method: http.MethodPost, Path: "/v1/engage/sign", Auth: api.Public, Handler: document(signInstance)},
 	{EntryPoint: "EngageAmend", Method: http.MethodPost, Path: "/v1/engage/amend", Auth: api.Public, Handler: document(propose)},
 	{EntryPoint: "EngageAmendApprove", Method: http.MethodPost, Path: "/v1/engage/amend/approve", Auth: api.Public, Handler: document(approve)},
@@ -112,7 +114,7 @@ func answer(w http.ResponseWriter, rec *engagement.Record) error {
 
 // RecordPath is the public record's path.
 func RecordPath(client, seller, offering string) string {
-	return "/v1/engagements/" + client + "/" + seller + "/" + offering
+	return engagement.RecordPath(client, seller, offering)
 }
 
 // fileProposal files a standing proposal (the same bytes again answer the
@@ -166,6 +168,10 @@ func countersign(s *engagement.Service, w http.ResponseWriter, r *http.Request) 
 		return err
 	}
 	return answer(w, rec)
+}
+
+func withdrawRequest(s *engagement.Service, r *http.Request, raw []byte) (*engagement.Record, error) {
+	return s.WithdrawRequest(r.Context(), raw)
 }
 
 func signInstance(s *engagement.Service, r *http.Request, raw []byte) (*engagement.Record, error) {
@@ -228,8 +234,48 @@ func wantsHTML(r *http.Request) bool {
 	return false
 }
 
+// query reads an optional non-negative integer parameter.
+func query(r *http.Request, name string) (int, error) {
+	s := r.URL.Query().Get(name)
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.Atoi(s)
+	if err != nil || n < 0 {
+		return 0, errs.Newf(errs.InvalidRequest, "%s is a non-negative integer", name)
+	}
+	return n, nil
+}
+
+// get answers the public record, one page of its history and reviews
+// (?history_after, ?history_limit, ?reviews_after, ?reviews_limit), or
+// with ?event=<seq> one history entry with its signed bytes in full.
 func get(s *engagement.Service, w http.ResponseWriter, r *http.Request) error {
-	v, err := s.Engagement(r.Context(), r.PathValue("client"), r.PathValue("seller"), r.PathValue("offering"))
+	client, seller, offering := r.PathValue("client"), r.PathValue("seller"), r.PathValue("offering")
+	if r.URL.Query().Has("event") {
+		seq, err := query(r, "event")
+		if err != nil {
+			return err
+		}
+		e, err := s.EventOf(r.Context(), client, seller, offering, seq)
+		if err != nil {
+			return err
+		}
+		httpx.WriteJSONExact(w, http.StatusOK, map[string]any{"ok": true, "event": e})
+		return nil
+	}
+	var p engagement.Page
+	for _, f := range []struct {
+		name string
+		dst  *int
+	}{{"history_after", &p.HistoryAfter}, {"history_limit", &p.HistoryLimit}, {"reviews_after", &p.ReviewsAfter}, {"reviews_limit", &p.ReviewsLimit}} {
+		n, err := query(r, f.name)
+		if err != nil {
+			return err
+		}
+		*f.dst = n
+	}
+	v, err := s.EngagementPage(r.Context(), client, seller, offering, p)
 	if err != nil {
 		return err
 	}

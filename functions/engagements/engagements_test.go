@@ -46,7 +46,9 @@ func TestRenderGolden(t *testing.T) {
 			{Kind: engagement.EventProposed, At: "2026-08-05T00:00:00Z", Version: 2, Role: "client"},
 			{Kind: engagement.EventDenied, At: "2026-08-06T00:00:00Z", Version: 2, Role: "provider", Reason: `Not at this price <script>alert(1)</script>`},
 		},
-		History: []engagement.HistoryItem{{Kind: engagement.EventFormed, At: "2026-08-04T00:00:00Z", Version: 1, Role: "provider"}},
+		History: []engagement.HistoryItem{{Seq: 2, Kind: engagement.EventFormed, At: "2026-08-04T00:00:00Z", Version: 1, Role: "provider",
+			SignedSHA256: "00ff", Link: "/v1/engagements/" + client + "/" + seller + "/summarize-filing?event=2"}},
+		HistoryTotal: 5, HistoryNext: 2,
 		Termination: &engagement.TermView{ForCause: false, By: "UOWNERCLIENT", Role: "client", SignedAt: "2026-08-07T00:00:00Z",
 			RecordedAt: "2026-08-07T00:00:00Z", EffectiveAt: "2026-08-08T00:00:00Z", InNotice: true},
 		Reviews: []engagement.ReviewView{{Verdict: "rejected", Reason: "Missed the totals & the dates.", TaskID: "task-1", SignedAt: "2026-08-07T00:00:00Z"}},
@@ -116,10 +118,10 @@ func TestRoutes(t *testing.T) {
 
 	doc := map[string]any{"sow": "v1", "id": "sow_routes000000001", "version": 1, "starts_at": nil, "ends_at": nil,
 		"parties":        map[string]any{"provider": map[string]any{"agent": provider.Public(), "owner": "P"}, "client": nil, "grade": "evidence"},
-		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "enforced"},
-		"price":          map[string]any{"arrangement": "no_charge", "grade": "enforced"},
+		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "evidence"},
+		"price":          map[string]any{"arrangement": "no_charge", "grade": "recorded"},
 		"change_control": map[string]any{"review_window_days": 3, "approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-		"termination":    map[string]any{"convenience_notice_hours": 1, "grade": "enforced"}}
+		"termination":    map[string]any{"convenience_notice_hours": 1, "grade": "recorded"}}
 	sign := func(m map[string]any, role string, k keys.Signer) []byte {
 		s, err := sow.Sign(m, k, role, now)
 		if err != nil {
@@ -186,6 +188,30 @@ func TestRoutes(t *testing.T) {
 		if st != 200 || !strings.HasPrefix(ct, "text/html") || !bytes.Contains(body, []byte("change_control")) {
 			t.Fatalf("%s as html: %d %s", p, st, ct)
 		}
+	}
+	// One page of the history; a document event by its link.
+	code, _, body := get(path+"?history_limit=1", "")
+	var paged struct {
+		Engagement engagement.View `json:"engagement"`
+	}
+	if code != 200 || json.Unmarshal(body, &paged) != nil || len(paged.Engagement.History) != 1 || paged.Engagement.HistoryNext != 1 || paged.Engagement.HistoryTotal != 2 {
+		t.Fatalf("a page of one: %d %s", code, body)
+	}
+	code, _, body = get(path+"?history_after=1", "")
+	if json.Unmarshal(body, &paged) != nil || len(paged.Engagement.History) != 1 || paged.Engagement.History[0].Link != path+"?event=2" {
+		t.Fatalf("the second page: %d %s", code, body)
+	}
+	var ev struct {
+		Event engagement.HistoryItem `json:"event"`
+	}
+	if st, _, body := get(path+"?event=2", ""); st != 200 || json.Unmarshal(body, &ev) != nil || ev.Event.Signed != string(agreed) {
+		t.Fatalf("event 2: %d %s", st, body)
+	}
+	if st, _, _ := get(path+"?history_limit=-1", ""); st != 400 {
+		t.Fatalf("a negative limit: %d", st)
+	}
+	if st, out := post("/v1/engage/countersign/withdraw", []byte(`{"v":1}`)); st != 400 {
+		t.Fatalf("a malformed request withdrawal: %d %v", st, out)
 	}
 	if st, _, _ := get(engagements.RecordPath(client.Public(), provider.Public(), "other"), ""); st != 404 {
 		t.Fatalf("unknown record: %d", st)

@@ -54,7 +54,7 @@ th, td { text-align: left; vertical-align: top; border-top: 1px solid #ddd; padd
 <dt>Client</dt><dd><code>{{.Client}}</code>{{if .Owners.Client}}, signed by owner <code>{{.Owners.Client}}</code>{{end}}</dd>
 <dt>Offerings in scope</dt><dd>{{range $i, $o := .Offerings}}{{if $i}}, {{end}}{{$o}}{{end}}</dd>
 {{if .StartsAt}}<dt>Term</dt><dd>{{.StartsAt}} to {{.EndsAt}}</dd>{{end}}
-{{if .FormedAt}}<dt>Formed</dt><dd>{{.FormedAt}}</dd>{{else}}<dt>Formation</dt><dd>the client countersigned; awaiting the provider's instance signature</dd>{{end}}
+{{if .FormedAt}}<dt>Formed</dt><dd>{{.FormedAt}}</dd>{{else}}<dt>Formation</dt><dd>the client countersigned{{if eq .State "formation_requested"}}; awaiting the provider's instance signature{{else if eq .State "formation_request_lapsed"}}; the request lapsed unanswered{{else}}, then withdrew the request{{end}}</dd>{{end}}
 {{if .DocumentSHA256}}<dt>Document SHA-256</dt><dd><code>{{.DocumentSHA256}}</code></dd>{{end}}
 </dl>
 {{if .Language}}<p class="note">{{.Language}}</p>{{end}}
@@ -88,14 +88,15 @@ th, td { text-align: left; vertical-align: top; border-top: 1px solid #ddd; padd
 {{if .Reviews}}<table>
 <tr><th>Signed</th><th>Verdict</th><th>Task</th><th>Reason</th></tr>
 {{range .Reviews}}<tr><td>{{.SignedAt}}</td><td>{{.Verdict}}</td><td>{{.TaskID}}</td><td>{{.Reason}}</td></tr>
-{{end}}</table>{{else}}<p class="note">No reviews. No review is no evidence: silence is never acceptance.</p>{{end}}
+{{end}}</table>{{if .ReviewsNext}}<p class="note">{{.ReviewsTotal}} reviews; the next page: <code>?reviews_after={{.ReviewsNext}}</code></p>{{end}}{{else}}<p class="note">No reviews. No review is no evidence: silence is never acceptance.</p>{{end}}
 
 <h2>History</h2>
 <table>
-<tr><th>When</th><th>Event</th><th>Version</th><th>Seat</th></tr>
-{{range .History}}<tr><td>{{.At}}</td><td>{{.Kind}}</td><td>{{.Version}}</td><td>{{.Role}}</td></tr>
+<tr><th>#</th><th>When</th><th>Event</th><th>Version</th><th>Seat</th><th>Signed bytes (SHA-256)</th></tr>
+{{range .History}}<tr><td>{{.Seq}}</td><td>{{.At}}</td><td>{{.Kind}}</td><td>{{.Version}}</td><td>{{.Role}}</td><td>{{if .Link}}<a href="{{.Link}}"><code>{{.SignedSHA256}}</code></a>{{else}}<code>{{.SignedSHA256}}</code>{{end}}</td></tr>
 {{end}}</table>
-<p class="note">The signed bytes of the document, every amendment, the termination notice and every review are in this record's JSON (Accept: application/json).</p>
+{{if .HistoryNext}}<p class="note">{{.HistoryTotal}} entries; the next page: <code>?history_after={{.HistoryNext}}</code></p>{{end}}
+<p class="note">The signed bytes of the governing document, the open amendment, the termination notice, every signed act and every review are in this record's JSON (Accept: application/json); a document version of the history is at its link.</p>
 </body>
 </html>
 `))

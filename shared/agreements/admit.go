@@ -57,6 +57,9 @@ func (w *Worker) decide(ctx context.Context, seller string, q AdmitRequest) (*Ad
 		return nil, nil, err
 	}
 	now := w.now()
+	if refusal, err := w.scope(ctx, seller, q.Requester, q.Offering, now); err != nil || refusal != nil {
+		return nil, refusal, err
+	}
 	out := &Admitted{Admitted: true}
 	s, covered := commerce.For(skus, q.Offering)
 	if covered {

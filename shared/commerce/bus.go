@@ -18,6 +18,7 @@ import (
 //
 //	agr.<seller>.<consumer owner>.<sku>   a filed agreement (AgreementRecord)
 //	eng.<seller>.<client>.<offering>      an engagement's terms (EngagementTerms)
+//	engs.<seller>.<client>                the scopes graded enforced ([]EngagementTerms)
 //	vol.<seller>.<client>.<window>        a volume counter (compare-and-set)
 //	bal.<owner>                           a credit balance (clearing)
 //	set.<task or request id>              a settlement, once (clearing)
@@ -52,6 +53,20 @@ func AgreementKey(seller, owner, sku string) string {
 // seller for offering are mirrored (one key per offering in scope).
 func EngagementKey(seller, client, offering string) string {
 	return EngagementPrefix + seller + "." + client + "." + offering
+}
+
+// EngagementScopePrefix begins EngagementScopeKey; it is not
+// EngagementPrefix followed by anything, so its keys never read as an
+// offering's.
+const EngagementScopePrefix = "engs."
+
+// EngagementScopeKey is where the engagements between client and seller
+// that grade scope enforced are mirrored, a JSON array of EngagementTerms
+// (one per engagement): while one is in force, the seller's node refuses
+// the client's request naming an offering none of them lists (Agent SoW
+// §5.2).
+func EngagementScopeKey(seller, client string) string {
+	return EngagementScopePrefix + seller + "." + client
 }
 
 // AgreementRecord is the value under AgreementKey: the agreement as the

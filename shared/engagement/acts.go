@@ -72,7 +72,7 @@ func (s *Service) Terminate(ctx context.Context, raw []byte) (*Record, error) {
 	}
 	effective := now
 	if !t.ForCause {
-		effective = now.Add(time.Duration(d.Termination.ConvenienceNoticeHours) * time.Hour)
+		effective = now.Add(time.Duration(min(d.Termination.ConvenienceNoticeHours, MaxNoticeHours)) * time.Hour)
 	}
 	entry := &TerminationEntry{Notice: raw, Role: role, By: t.By, ForCause: t.ForCause, Reason: t.Reason, SignedAt: stamp(t.At),
 		RecordedAt: stamp(now), EffectiveAt: stamp(effective)}
@@ -89,6 +89,13 @@ func (s *Service) Terminate(ctx context.Context, raw []byte) (*Record, error) {
 			return errs.New(errs.Conflict, "the engagement changed while this was recorded; read it and sign the notice again")
 		}
 		rec.Termination, rec.MirrorPending = entry, true
+		if rec.Open != nil {
+			// A terminated engagement takes no amendments: its open
+			// proposal closes with the notice.
+			if err := closeOpen(tx, rec, now, "the engagement was terminated; a terminated engagement takes no amendments (§5.9)"); err != nil {
+				return err
+			}
+		}
 		return appendEvent(tx, rec, Event{Kind: EventTerminated, At: stamp(now), Version: t.Version, Role: role, Key: t.By, Reason: t.Reason, Signed: raw})
 	})
 	if err != nil {
@@ -145,10 +152,15 @@ func (s *Service) AddReview(ctx context.Context, raw []byte) (rev *StoredReview,
 			return errs.Newf(errs.QuotaExceeded, "this engagement holds %d reviews, the most one record keeps", MaxReviews)
 		}
 		duplicate = false
+		n := rec.ReviewCount + 1
+		st.Seq = n
 		if err := tx.Create(CollReviews, id, st); err != nil {
 			return err
 		}
-		return tx.Update(CollRecords, r.ID, map[string]any{"review_count": rec.ReviewCount + 1})
+		if err := tx.Create(CollReviewOrder, reviewOrderID(r.ID, n), reviewOrder{Digest: st.Digest}); err != nil {
+			return err
+		}
+		return tx.Update(CollRecords, r.ID, map[string]any{"review_count": n})
 	})
 	if err != nil {
 		return nil, false, storeErr(err)

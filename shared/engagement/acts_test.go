@@ -2,6 +2,7 @@ package engagement_test
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -28,14 +29,16 @@ func TestActDecoders(t *testing.T) {
 		return b
 	}
 	parse := map[string]func([]byte) error{
-		engagement.TagTerminate: func(b []byte) error { _, err := engagement.ParseTermination(b); return err },
-		engagement.TagReview:    func(b []byte) error { _, err := engagement.ParseReview(b); return err },
-		engagement.TagAmendment: func(b []byte) error { _, err := engagement.ParseResolution(b); return err },
+		engagement.TagTerminate:       func(b []byte) error { _, err := engagement.ParseTermination(b); return err },
+		engagement.TagReview:          func(b []byte) error { _, err := engagement.ParseReview(b); return err },
+		engagement.TagAmendment:       func(b []byte) error { _, err := engagement.ParseResolution(b); return err },
+		engagement.TagRequestWithdraw: func(b []byte) error { _, err := engagement.ParseRequestWithdrawal(b); return err },
 	}
 	valid := map[string]map[string]any{
-		engagement.TagTerminate: {"version": 1, "for_cause": false},
-		engagement.TagReview:    {"verdict": "accepted"},
-		engagement.TagAmendment: {"version": 2, "act": "withdraw"},
+		engagement.TagTerminate:       {"version": 1, "for_cause": false},
+		engagement.TagReview:          {"verdict": "accepted"},
+		engagement.TagAmendment:       {"version": 2, "act": "withdraw", "proposal_sha256": "0000000000000000000000000000000000000000000000000000000000000000"},
+		engagement.TagRequestWithdraw: {"request_sha256": "0000000000000000000000000000000000000000000000000000000000000000"},
 	}
 	for _, tc := range []struct {
 		name   string
@@ -69,6 +72,12 @@ func TestActDecoders(t *testing.T) {
 		{name: "deny, no reason", tag: engagement.TagAmendment, set: map[string]any{"act": "deny"}, code: errs.InvalidRequest},
 		{name: "approve is not an act", tag: engagement.TagAmendment, set: map[string]any{"act": "approve"}, code: errs.InvalidRequest},
 		{name: "resolution of version 1", tag: engagement.TagAmendment, set: map[string]any{"version": 1}, code: errs.InvalidRequest},
+		{name: "resolution bound to no proposal", tag: engagement.TagAmendment, set: map[string]any{"proposal_sha256": nil}, code: errs.InvalidRequest},
+		{name: "resolution digest not hex", tag: engagement.TagAmendment, set: map[string]any{"proposal_sha256": "zz"}, code: errs.InvalidRequest},
+		{name: "resolution digest in capitals", tag: engagement.TagAmendment, set: map[string]any{"proposal_sha256": strings.Repeat("A", 64)}, code: errs.InvalidRequest},
+		{name: "request withdrawal", tag: engagement.TagRequestWithdraw},
+		{name: "request withdrawal bound to nothing", tag: engagement.TagRequestWithdraw, set: map[string]any{"request_sha256": nil}, code: errs.InvalidRequest},
+		{name: "request withdrawal under the amendment tag", tag: engagement.TagRequestWithdraw, tagged: engagement.TagAmendment, code: errs.IdentityMismatch},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			m := base()

@@ -25,17 +25,61 @@ func (s *Service) settle(ctx context.Context, id string) error {
 		if err := tx.Get(CollRecords, id, &r); err != nil {
 			return err
 		}
-		if r.Open == nil || now.Before(parseStamp(r.Open.LapsesAt)) {
+		if r.Open == nil {
 			return nil
 		}
-		open := r.Open
-		r.Open, r.UpdatedAt = nil, stamp(now)
-		if err := appendEvent(tx, &r, Event{Kind: EventLapsed, At: open.LapsesAt, Version: open.Version, Role: open.Role, Key: open.Key,
-			Reason: "no answer within the review window; the current version continues (§5.8)"}); err != nil {
+		at, why := parseStamp(r.Open.LapsesAt), "no answer within the review window; the current version continues (§5.8)"
+		if end, ok := r.endsAt(); ok && end.Before(at) {
+			at, why = end, whyEnded
+		}
+		if now.Before(at) {
+			return nil
+		}
+		if err := closeOpen(tx, &r, at, why); err != nil {
 			return err
 		}
+		r.UpdatedAt = stamp(now)
 		return tx.Set(CollRecords, id, &r)
 	})
+}
+
+// whyEnded is the reason recorded when a proposal closes because the
+// engagement ended first.
+const whyEnded = "the engagement ended before the proposal was answered; an amendment is approved only while the engagement is in force"
+
+// closeOpen closes the open proposal at at (a lapse), recording why.
+func closeOpen(tx store.Tx, r *Record, at time.Time, why string) error {
+	open := r.Open
+	r.Open = nil
+	return appendEvent(tx, r, Event{Kind: EventLapsed, At: stamp(at), Version: open.Version, Role: open.Role, Key: open.Key, Reason: why})
+}
+
+// endsAt is when a formed record stops admitting work: the earlier of its
+// ends_at and a recorded termination's effect.
+func (r *Record) endsAt() (time.Time, bool) {
+	var end time.Time
+	if d, err := sow.Parse(r.Document); err == nil && d.EndsAt != "" {
+		end = parseStamp(d.EndsAt)
+	}
+	if t := r.Termination; t != nil {
+		if eff := parseStamp(t.EffectiveAt); end.IsZero() || eff.Before(end) {
+			end = eff
+		}
+	}
+	return end, !end.IsZero()
+}
+
+// notInForce refuses an approval on an engagement that no longer admits
+// work: terminated (a recorded notice ends its amendments), lapsed, or
+// exhausted.
+func notInForce(r *Record, now time.Time) error {
+	switch {
+	case r.Termination != nil:
+		return errs.Newf(errs.Conflict, "this engagement is terminated (effective %s); it takes no amendments, and its open proposal is closed", r.Termination.EffectiveAt)
+	case r.ended(now):
+		return errs.New(errs.Conflict, "this engagement has ended; an amendment is approved only while it is in force, and renewal after the end is a new engagement (§5.7)")
+	}
+	return nil
 }
 
 // formedRecord reads a formed engagement that has not ended.
@@ -139,15 +183,18 @@ func (s *Service) Propose(ctx context.Context, raw []byte) (*Record, error) {
 	if err := publishes(pinfo, d); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
-	window := time.Duration(cur.ChangeControl.ReviewWindowDays) * 24 * time.Hour
-	open := &Amendment{Version: d.Version, Document: raw, Role: sig.Role, Key: sig.Key, ProposedAt: stamp(now), LapsesAt: stamp(now.Add(window))}
+	open := &Amendment{Version: d.Version, Document: raw, Role: sig.Role, Key: sig.Key, ProposedAt: stamp(now), LapsesAt: stamp(now.Add(reviewWindow(cur)))}
 	return s.update(ctx, r.ID, func(tx store.Tx, rec *Record) error {
 		if rec.Open != nil || rec.Version != r.Version || rec.Termination != nil {
 			return errs.New(errs.Conflict, "the engagement changed while this was proposed; read it and propose again")
 		}
+		if rec.Proposals >= MaxProposals {
+			return errs.Newf(errs.QuotaExceeded, "this engagement has taken %d amendment proposals, the most one record keeps; a new engagement is formed to go on", MaxProposals)
+		}
+		rec.Proposals++
 		rec.Open = open
 		return appendEvent(tx, rec, Event{Kind: EventProposed, At: stamp(now), Version: d.Version, Role: sig.Role, Key: sig.Key, Signed: raw})
 	})
@@ -217,14 +264,29 @@ func (s *Service) Approve(ctx context.Context, raw []byte) (*Record, error) {
 		return nil, errs.Newf(errs.Forbidden, "the approval is countersigned by the %s seat's owner (%s) over the proposer's signature", counter, r.ownerOf(counter))
 	}
 	now := s.now()
+	if err := notInForce(r, now); err != nil {
+		return nil, err
+	}
+	// What this runtime enforces is judged now, not when it was proposed:
+	// the provider may have dropped its SKUs since.
+	pinfo, err := s.ownerOf(ctx, seller, "provider")
+	if err != nil {
+		return nil, err
+	}
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
+		return nil, e
+	}
 	rec, err := s.update(ctx, r.ID, func(tx store.Tx, rec *Record) error {
+		if err := notInForce(rec, now); err != nil {
+			return err
+		}
 		if rec.Open == nil || rec.Open.Version != d.Version || !bytes.Equal(rec.Open.Document, r.Open.Document) {
 			return errs.New(errs.Conflict, "the proposal changed while this was approved; read the engagement again")
 		}
 		if !now.Before(parseStamp(rec.Open.LapsesAt)) {
 			return errs.Newf(errs.Conflict, "the proposal lapsed at %s, unanswered within the review window (§5.8)", rec.Open.LapsesAt)
 		}
-		claim, err := claimIndex(tx, rec.Client, rec.Seller, rec.ID, d.Scope.Offerings, now)
+		claim, err := claimIndex(tx, rec.Client, rec.Seller, rec.ID, d.Scope.Offerings, now, true)
 		if err != nil {
 			return err
 		}
@@ -271,6 +333,9 @@ func (s *Service) Resolve(ctx context.Context, raw []byte) (*Record, error) {
 	if r.Open == nil || r.Open.Version != act.Version {
 		return nil, errs.Newf(errs.Conflict, "no proposal at version %d is open", act.Version)
 	}
+	if err := answers(r, act); err != nil {
+		return nil, err
+	}
 	kind, role := EventDenied, other(r.Open.Role)
 	if act.Kind == ActWithdraw {
 		kind, role = EventWithdrawn, r.Open.Role
@@ -286,7 +351,10 @@ func (s *Service) Resolve(ctx context.Context, raw []byte) (*Record, error) {
 		if rec.Open == nil || rec.Open.Version != act.Version {
 			return errs.New(errs.Conflict, "the proposal changed while this was recorded; read the engagement again")
 		}
-		rec.Open = nil
+		if err := answers(rec, act); err != nil {
+			return err
+		}
+		rec.Open, rec.Resolved = nil, append(rec.Resolved, act.Digest())
 		return appendEvent(tx, rec, Event{Kind: kind, At: stamp(now), Version: act.Version, Role: role, Key: act.By, Reason: act.Reason, Signed: raw})
 	})
 }
@@ -295,6 +363,20 @@ func (s *Service) Resolve(ctx context.Context, raw []byte) (*Record, error) {
 func skew(at, now time.Time) error {
 	if d := at.Sub(now); d > MaxSkew || d < -MaxSkew {
 		return errs.Newf(errs.InvalidRequest, "the act is dated %s, more than %s from this service's clock (%s); sign it again now", stamp(at), MaxSkew, stamp(now))
+	}
+	return nil
+}
+
+// answers refuses a resolution that is not about r's open proposal: bound
+// to other bytes (a denial of an earlier proposal at the same version,
+// replayed from the public record), or already recorded once.
+func answers(r *Record, act *Resolution) error {
+	if act.ProposalSHA256 != digest(r.Open.Document) {
+		return errs.Newf(errs.Conflict, "this %s answers another proposal: proposal_sha256 is not the SHA-256 of the open proposal's bytes; sign one for the open proposal", act.Kind).
+			WithDetail("proposal_sha256", digest(r.Open.Document))
+	}
+	if slices.Contains(r.Resolved, act.Digest()) {
+		return errs.Newf(errs.Conflict, "this signed %s was already recorded; an act answers once", act.Kind)
 	}
 	return nil
 }

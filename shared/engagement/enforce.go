@@ -18,13 +18,18 @@ import (
 //     traffic from another key is not this engagement's.
 //   - parties.offered_to: this service authored nothing, but it checks the
 //     named counterparty at formation and spends the offer.
-//   - scope: the terms are mirrored per offering in scope; a request for
-//     another offering finds no terms.
+//   - scope: while an engagement grading scope enforced is in force, the
+//     seller's node refuses its client's request naming an offering not in
+//     scope (§5.2): the service mirrors the scopes under
+//     commerce.EngagementScopeKey and admission (mesh.commerce.admit)
+//     refuses. The node asks admission only when its manifest publishes a
+//     SKU, so only when the provider agent publishes at least one.
 //   - inputs, deliverables: no runtime here checks inputs at intake or the
 //     form of artifacts at completion. Not enforced.
 //   - price: nothing rates an engagement or checks a ceiling at admission
-//     (the clearing rates SKUs under agreements). Only no_charge, whose
-//     enforcement is that nothing is rated, drawn or settled, holds here.
+//     (the clearing rates SKUs under agreements). Not even no_charge: the
+//     node may still charge a paid SKU on the same offering, since SKUs and
+//     engagements are independent (issue 18 decision 4). Not enforced.
 //   - volume: the seller's node asks admission (mesh.commerce.admit),
 //     which counts the volume, only when its manifest publishes a SKU; so
 //     only when the provider agent is registered with at least one SKU.
@@ -32,8 +37,10 @@ import (
 //     proposal, the countersigns, denials, withdrawals and lapses; but it
 //     has no person-grade ceremony (§6.1), so only when both formation and
 //     amendment are approved by the agent authority (the key signature).
-//   - termination: this service records it and the mirror carries when it
-//     takes effect, which admission reads.
+//   - termination: for cause, §5.9 cancels in-flight tasks with a recorded
+//     reason, and nothing here cancels them (nor reaches a bureau, spec
+//     §3.7). Not enforced; the notice is still recorded and mirrored
+//     whatever the grade.
 //   - confidentiality.transport: nothing here refuses unsealed traffic for
 //     an engagement; only a clause that promises no sealing (sealed false)
 //     holds.
@@ -52,17 +59,21 @@ type Runtime struct {
 // whyNot says why this runtime does not enforce path in d, "" when it does.
 func (rt Runtime) whyNot(d *sow.Document, path string) string {
 	switch {
-	case path == sow.PathParties, path == sow.PathOfferedTo, path == sow.PathScope, path == sow.PathTermination:
+	case path == sow.PathParties, path == sow.PathOfferedTo:
 		return ""
+	case path == sow.PathScope:
+		if rt.ProviderSKUs {
+			return ""
+		}
+		return "the provider's node refuses out-of-scope requests at admission only when its agent publishes at least one SKU, and this one publishes none"
+	case path == sow.PathTermination:
+		return "for cause, in-flight tasks are to be canceled with a recorded reason (§5.9), and nothing here cancels them; grade it evidence or recorded"
 	case path == sow.PathInputs:
 		return "no runtime here checks per-task inputs at intake"
 	case path == sow.PathDeliverables:
 		return "no runtime here checks the form of artifacts at completion"
 	case path == sow.PathPrice:
-		if d.Price.Arrangement == sow.NoCharge {
-			return ""
-		}
-		return "nothing here rates an engagement's price or checks its ceiling or cap at admission; grade it evidence or recorded"
+		return "nothing here rates an engagement's price or checks its ceiling or cap at admission, and even under no_charge the provider's node may charge a SKU on the offering; grade it evidence or recorded"
 	case path == sow.PathVolume:
 		if rt.ProviderSKUs {
 			return ""
@@ -112,4 +123,35 @@ func (rt Runtime) Refusal(d *sow.Document) *errs.Error {
 	}
 	return errs.Newf(errs.Forbidden, "this runtime cannot enforce what the document grades enforced: %s. It refuses the engagement rather than downgrade a grade (Agent SoW §3 rule 3); grade those clauses evidence or recorded, or remove them",
 		strings.Join(parts, "; ")).WithDetail("unenforceable", bad)
+}
+
+// Bounds of the clauses the service computes instants from: beyond them a
+// time.Duration overflows (or a date runs off the calendar), so a
+// document naming more is refused rather than read wrong.
+const (
+	MaxNoticeHours      = 10 * 366 * 24 // ten years
+	MaxReviewWindowDays = 10 * 366
+	MaxTermMonths       = 10 * 12
+)
+
+// boundsRefusal refuses a document whose clock clauses exceed the bounds.
+func boundsRefusal(d *sow.Document) *errs.Error {
+	switch {
+	case d.Termination.ConvenienceNoticeHours > MaxNoticeHours:
+		return errs.Newf(errs.InvalidRequest, "termination.convenience_notice_hours is %d; this service keeps notices of at most %d hours (ten years)", d.Termination.ConvenienceNoticeHours, MaxNoticeHours)
+	case d.ChangeControl.ReviewWindowDays > MaxReviewWindowDays:
+		return errs.Newf(errs.InvalidRequest, "change_control.review_window_days is %d; this service keeps review windows of at most %d days (ten years)", d.ChangeControl.ReviewWindowDays, MaxReviewWindowDays)
+	case d.TermMonths > MaxTermMonths:
+		return errs.Newf(errs.InvalidRequest, "term_months is %d; this service keeps terms of at most %d months (ten years)", d.TermMonths, MaxTermMonths)
+	}
+	return nil
+}
+
+// gates is every check of a document against this runtime: the clock
+// bounds, then the enforced set.
+func (rt Runtime) gates(d *sow.Document) *errs.Error {
+	if e := boundsRefusal(d); e != nil {
+		return e
+	}
+	return rt.Refusal(d)
 }

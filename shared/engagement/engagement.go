@@ -14,6 +14,8 @@ package engagement
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -34,14 +36,21 @@ const (
 	CollIndex   = "engagement_index"   // id: <client>.<seller>.<offering> → the engagement
 	CollEvents  = "engagement_events"  // id: <record id>.<seq>: its history
 	CollReviews = "engagement_reviews" // id: <record id>.<digest of the review's sig>
+	// CollReviewOrder numbers the reviews: id <record id>.<n> → the digest.
+	CollReviewOrder = "engagement_review_order"
 )
 
-// Bounds of one engagement's record: its history (every proposal,
-// resolution and termination is an entry) and its reviews. They keep a
-// public read of the record bounded.
+// Bounds of one engagement's record. What either party can repeat at will
+// is bounded: amendment proposals (each answered at most once: approved,
+// denied, withdrawn or lapsed), countersigns of the instance (requests to
+// form) and their withdrawals, and reviews; beyond, QUOTA_EXCEEDED. What
+// must always be recordable is never refused: the formation, a
+// termination, a lapse. So the history holds at most 2*MaxRequests +
+// 2*MaxProposals + 3 entries, and the public read pages through it.
 const (
-	MaxEvents  = 1000
-	MaxReviews = 1000
+	MaxProposals = 200
+	MaxRequests  = 20
+	MaxReviews   = 1000
 )
 
 // MaxSkew is how far a signed act's at may be from the service's clock.
@@ -50,7 +59,8 @@ const MaxSkew = 15 * time.Minute
 // Event kinds of an engagement's history.
 const (
 	EventRequested  = "formation_requested" // the client's countersign
-	EventFormed     = "formed"              // the provider's instance signature
+	EventRequestOff = "formation_request_withdrawn"
+	EventFormed     = "formed" // the provider's instance signature
 	EventProposed   = "amendment_proposed"
 	EventApproved   = "amendment_approved"
 	EventDenied     = "amendment_denied"
@@ -91,13 +101,21 @@ type Record struct {
 	Requested   []byte   `json:"requested,omitempty"`
 	Asserted    []string `json:"asserted,omitempty"`
 	RequestedAt string   `json:"requested_at"`
+	// RequestWithdrawnAt is set when the client withdrew its request to
+	// form (nothing forms from it); Requests counts the countersigns.
+	RequestWithdrawnAt string `json:"request_withdrawn_at,omitempty"`
+	Requests           int    `json:"requests,omitempty"`
 	// Document is the governing version, fully signed (exact bytes); nil
 	// until formed.
 	Document []byte `json:"document,omitempty"`
 	Version  int64  `json:"version"`
 	FormedAt string `json:"formed_at,omitempty"`
 	// Open is the one open amendment proposal.
-	Open        *Amendment        `json:"open,omitempty"`
+	Open *Amendment `json:"open,omitempty"`
+	// Proposals counts the amendment proposals; Resolved holds the digests
+	// of the denials and withdrawals recorded (a signed act answers once).
+	Proposals   int               `json:"proposals,omitempty"`
+	Resolved    []string          `json:"resolved,omitempty"`
 	Termination *TerminationEntry `json:"termination,omitempty"`
 	Seq         int               `json:"seq"`
 	// ReviewCount is how many reviews are stored.
@@ -160,7 +178,16 @@ type StoredReview struct {
 	TaskID   string `json:"task_id,omitempty"`
 	SignedAt string `json:"signed_at"`
 	StoredAt string `json:"stored_at"`
+	// Seq is its number in the record's order (1 on).
+	Seq int `json:"seq,omitempty"`
 }
+
+// reviewOrder is the value under CollReviewOrder.
+type reviewOrder struct {
+	Digest string `json:"digest"`
+}
+
+func reviewOrderID(record string, n int) string { return fmt.Sprintf("%s.%08d", record, n) }
 
 // AccountOf answers whether an agent is attached to a live account on this
 // platform (the platform_account qualification); nil: never established.
@@ -209,6 +236,13 @@ func stamp(t time.Time) string { return t.UTC().Format(stampFormat) }
 func parseStamp(s string) time.Time {
 	t, _ := protocol.ParseTime(s)
 	return t
+}
+
+// digest is the hex SHA-256 of exact bytes: what a signed act names to
+// bind itself to the document it answers.
+func digest(b []byte) string {
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:])
 }
 
 func offerID(provider, sowID string) string { return provider + "." + sowID }

@@ -75,7 +75,7 @@ func (s *Service) FileProposal(ctx context.Context, raw []byte) (*Offer, error) 
 	if err := publishes(info, d); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: info.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: info.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	now := s.now()
@@ -145,8 +145,10 @@ func (r *Record) ended(now time.Time) bool {
 
 // claimIndex reads the index entries of offerings for record id and
 // refuses one held by another engagement still in force; it returns the
-// writes to make after every read.
-func claimIndex(tx store.Tx, client, seller, id string, offerings []string, now time.Time) ([]string, error) {
+// writes to make after every read. Only a formation (formed true) takes an
+// entry from a formed engagement that has ended: a request to form that
+// may never form does not hide the public record of the last engagement.
+func claimIndex(tx store.Tx, client, seller, id string, offerings []string, now time.Time, formed bool) ([]string, error) {
 	var claim []string
 	for _, o := range offerings {
 		var e indexEntry
@@ -166,17 +168,19 @@ func claimIndex(tx store.Tx, client, seller, id string, offerings []string, now 
 		} else if err == nil && other.Formed() && !other.ended(now) && slices.Contains(other.Offerings, o) {
 			return nil, errs.Newf(errs.Conflict, "an engagement between these agents for offering %q is in force (%s); terminate it before forming another", o, other.SowID).
 				WithDetail("sow_id", other.SowID)
+		} else if err == nil && other.Formed() && !formed {
+			continue
 		}
 		claim = append(claim, o)
 	}
 	return claim, nil
 }
 
-// appendEvent records e as the record's next history entry.
+// appendEvent records e as the record's next history entry. It never
+// refuses: what can be repeated is bounded where it is asked for
+// (MaxProposals, MaxRequests), so a termination or a lapse is always
+// recorded.
 func appendEvent(tx store.Tx, r *Record, e Event) error {
-	if r.Seq >= MaxEvents {
-		return errs.Newf(errs.QuotaExceeded, "this engagement's history holds %d entries, the most one record keeps; form a new engagement to go on", MaxEvents)
-	}
 	r.Seq++
 	e.Record, e.Seq = r.ID, r.Seq
 	return tx.Create(CollEvents, eventID(r.ID, r.Seq), e)
@@ -269,7 +273,7 @@ func (s *Service) Countersign(ctx context.Context, raw []byte, asserted []string
 	if err := publishes(pinfo, d); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	id := RecordID(client, provider, d.ID)
@@ -279,19 +283,22 @@ func (s *Service) Countersign(ctx context.Context, raw []byte, asserted []string
 		switch err := tx.Get(CollRecords, id, &rec); {
 		case err == nil && rec.Formed():
 			return errs.Newf(errs.Conflict, "these agents already formed an engagement under %s; a new engagement needs a new proposal", d.ID)
-		case err == nil && bytes.Equal(rec.Requested, raw):
-			return errSame
+		case err == nil && bytes.Equal(rec.Requested, raw) && requestOpen(&rec, d, now) == nil:
+			return errSame // the same open request again; a withdrawn or lapsed one is asked anew
 		case err != nil && !errors.Is(err, store.ErrNotFound):
 			return err
 		}
-		claim, err := claimIndex(tx, client, provider, id, d.Scope.Offerings, now)
+		if rec.Requests >= MaxRequests {
+			return errs.Newf(errs.QuotaExceeded, "the client has countersigned this proposal %d times, the most one record keeps; the provider files a new proposal (with a new id) to go on", MaxRequests)
+		}
+		claim, err := claimIndex(tx, client, provider, id, d.Scope.Offerings, now, false)
 		if err != nil {
 			return err
 		}
-		seq := rec.Seq
+		seq, requests := rec.Seq, rec.Requests+1
 		rec = Record{ID: id, Client: client, Seller: provider, SowID: d.ID, ClientOwner: cinfo.Owner, SellerOwner: pinfo.Owner,
 			Offerings: slices.Clone(d.Scope.Offerings), Requested: raw, Asserted: asserted, RequestedAt: stamp(now),
-			Seq: seq, UpdatedAt: stamp(now)}
+			Seq: seq, Requests: requests, UpdatedAt: stamp(now)}
 		for _, o := range claim {
 			if err := tx.Set(CollIndex, IndexID(client, provider, o), indexEntry{Record: id}); err != nil {
 				return err
@@ -354,14 +361,23 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		return nil, storeErr(err)
 	}
 	if pre.Formed() {
-		if bytes.Equal(pre.Document, raw) || pre.Version > 1 {
+		// The same instance signature again answers the record as it is;
+		// any other bytes (an older version included) change nothing.
+		if !bytes.Equal(pre.Document, raw) {
+			return nil, errs.Newf(errs.Conflict, "the engagement under %s is already formed, at version %d; read it for the governing document", d.ID, pre.Version).
+				WithDetail("version", pre.Version)
+		}
+		if pre.MirrorPending {
 			return s.mirrorAfter(ctx, &pre)
 		}
-		return nil, errs.Newf(errs.Conflict, "the engagement under %s is already formed", d.ID)
+		return &pre, nil
 	}
 	requested, err := sow.Parse(pre.Requested)
 	if err != nil {
 		return nil, errs.Wrap(errs.InternalError, "the countersign on file no longer reads", err)
+	}
+	if err := requestOpen(&pre, requested, s.now()); err != nil {
+		return nil, err
 	}
 	a, _ := sow.SignedBytes(requested.Value)
 	b, _ := sow.SignedBytes(d.Value)
@@ -380,7 +396,7 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 	if err := seatKey(psig, pinfo.Owner, "provider"); err != nil {
 		return nil, err
 	}
-	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).Refusal(d); e != nil {
+	if e := (Runtime{ProviderSKUs: pinfo.SKUs}).gates(d); e != nil {
 		return nil, e
 	}
 	now := s.now()
@@ -395,7 +411,7 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		if err := tx.Get(CollRecords, id, &rec); err != nil {
 			return err
 		}
-		if rec.Formed() || !bytes.Equal(rec.Requested, pre.Requested) {
+		if rec.Formed() || !bytes.Equal(rec.Requested, pre.Requested) || rec.RequestWithdrawnAt != "" {
 			return errs.New(errs.Conflict, "the countersign changed while this was signed; read the engagement and sign its current request")
 		}
 		var offer Offer
@@ -408,7 +424,7 @@ func (s *Service) Sign(ctx context.Context, raw []byte) (*Record, error) {
 		if offer.Directed && offer.SpentBy != "" && offer.SpentBy != id {
 			return errs.New(errs.Forbidden, "this directed offer was spent by a formation; a directed standing proposal forms once (§12.1.1)").WithDetail("restriction", "offered_to")
 		}
-		claim, err := claimIndex(tx, client, provider, id, d.Scope.Offerings, now)
+		claim, err := claimIndex(tx, client, provider, id, d.Scope.Offerings, now, true)
 		if err != nil {
 			return err
 		}
@@ -476,4 +492,63 @@ func (s *Service) WithdrawProposal(ctx context.Context, raw []byte) (*Offer, err
 		return nil, storeErr(err)
 	}
 	return &offer, nil
+}
+
+// reviewWindow is how long a proposal waits for its answer: an amendment
+// (§5.8), and a request to form (the client's countersign) for the
+// provider's instance signature; the document's review window.
+func reviewWindow(d *sow.Document) time.Duration {
+	return time.Duration(min(d.ChangeControl.ReviewWindowDays, MaxReviewWindowDays)) * 24 * time.Hour
+}
+
+// requestOpen refuses to form from a request the client withdrew or that
+// lapsed unanswered.
+func requestOpen(r *Record, requested *sow.Document, now time.Time) error {
+	if r.RequestWithdrawnAt != "" {
+		return errs.Newf(errs.Conflict, "the client withdrew its countersign of %s at %s; nothing forms from it", r.SowID, r.RequestWithdrawnAt)
+	}
+	if lapses := parseStamp(r.RequestedAt).Add(reviewWindow(requested)); !now.Before(lapses) {
+		return errs.Newf(errs.Conflict, "the client's countersign of %s lapsed at %s, unanswered within the review window; the client countersigns again to ask anew", r.SowID, stamp(lapses)).
+			WithDetail("lapsed_at", stamp(lapses))
+	}
+	return nil
+}
+
+// WithdrawRequest records the client's signed withdrawal of its request to
+// form (a countersign awaiting the provider's instance signature), bound
+// to the countersign's exact bytes: nothing forms from it afterwards. The
+// same withdrawal again answers the same.
+func (s *Service) WithdrawRequest(ctx context.Context, raw []byte) (*Record, error) {
+	w, err := ParseRequestWithdrawal(raw)
+	if err != nil {
+		return nil, err
+	}
+	now := s.now()
+	if err := skew(w.At, now); err != nil {
+		return nil, err
+	}
+	id := RecordID(w.Client, w.Seller, w.SowID)
+	var pre Record
+	if err := store.Get(ctx, s.cfg.Store, CollRecords, id, &pre); errors.Is(err, store.ErrNotFound) {
+		return nil, errs.Newf(errs.NotFound, "no countersign of %s by client %s is on file", w.SowID, w.Client)
+	} else if err != nil {
+		return nil, storeErr(err)
+	}
+	return s.update(ctx, id, func(tx store.Tx, rec *Record) error {
+		switch {
+		case rec.Formed():
+			return errs.Newf(errs.Conflict, "the engagement under %s is formed; it is ended by a termination notice (§5.9)", rec.SowID)
+		case !slices.Contains(rec.Offerings, w.Offering):
+			return errs.Newf(errs.InvalidRequest, "offering %q is not in the countersigned scope", w.Offering)
+		case w.By != rec.ClientOwner:
+			return errs.New(errs.Forbidden, "a request to form is withdrawn by the client seat's owner who countersigned it")
+		case w.RequestSHA256 != digest(rec.Requested):
+			return errs.New(errs.Conflict, "request_sha256 is not the SHA-256 of the countersign on record; read the engagement and sign for its current request").
+				WithDetail("request_sha256", digest(rec.Requested))
+		case rec.RequestWithdrawnAt != "":
+			return errSame
+		}
+		rec.RequestWithdrawnAt = stamp(now)
+		return appendEvent(tx, rec, Event{Kind: EventRequestOff, At: stamp(now), Version: 1, Role: sow.RoleClient, Key: w.By, Signed: raw})
+	})
 }

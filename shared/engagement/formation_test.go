@@ -34,7 +34,7 @@ func TestFormation(t *testing.T) {
 	if err != nil || rec.Formed() {
 		t.Fatalf("countersign: %v", err)
 	}
-	if v := w.view(); v.State != sow.StateStandingProposal || v.InForce || v.Requested != string(countersigned) || v.Document != "" {
+	if v := w.view(); v.State != engagement.StateRequested || v.InForce || v.Requested != string(countersigned) || v.Document != "" {
 		t.Fatalf("after the countersign: %+v", v)
 	}
 	if w.terms.terms(t, commerce.EngagementKey(w.provider.Public(), w.client.Public(), "summarize")) != nil {
@@ -202,7 +202,7 @@ func TestCountersignRefusals(t *testing.T) {
 		qual  string
 	}{
 		{name: "a changed term", inst: func(w *world, d map[string]any) {
-			d["termination"] = map[string]any{"convenience_notice_hours": 0, "grade": "enforced"}
+			d["termination"] = map[string]any{"convenience_notice_hours": 0, "grade": "recorded"}
 		}, code: errs.InvalidRequest},
 		{name: "starts in the past", inst: func(w *world, d map[string]any) {
 			d["starts_at"] = epoch.Add(-24 * time.Hour).Format(time.RFC3339)

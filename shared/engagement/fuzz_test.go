@@ -42,3 +42,7 @@ func FuzzParseResolution(f *testing.F) {
 func FuzzParseProposalWithdrawal(f *testing.F) {
 	fuzzAct(f, func(b []byte) error { _, err := engagement.ParseProposalWithdrawal(b); return err })
 }
+
+func FuzzParseRequestWithdrawal(f *testing.F) {
+	fuzzAct(f, func(b []byte) error { _, err := engagement.ParseRequestWithdrawal(b); return err })
+}

@@ -2,9 +2,12 @@ package engagement_test
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -155,17 +158,18 @@ func newWorld(t *testing.T) *world {
 }
 
 // template is a standing proposal's value: every grade one this runtime
-// enforces (no volume: the provider publishes no SKU in newWorld).
+// enforces (no volume or scope graded enforced: the provider publishes no
+// SKU in newWorld).
 func (w *world) template() map[string]any {
 	return map[string]any{
 		"sow": "v1", "id": "sow_test0000000001", "version": 1, "starts_at": nil, "ends_at": nil,
 		"parties": map[string]any{
 			"provider": map[string]any{"agent": w.provider.Public(), "owner": "Provider Ltd"},
 			"client":   nil, "grade": "evidence"},
-		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "enforced"},
-		"price":          map[string]any{"arrangement": "no_charge", "grade": "enforced"},
+		"scope":          map[string]any{"offerings": []any{"summarize"}, "grade": "evidence"},
+		"price":          map[string]any{"arrangement": "no_charge", "grade": "recorded"},
 		"change_control": map[string]any{"review_window_days": 7, "approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-		"termination":    map[string]any{"convenience_notice_hours": 24, "grade": "enforced"},
+		"termination":    map[string]any{"convenience_notice_hours": 24, "grade": "recorded"},
 		"disputes":       map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
 	}
 }
@@ -233,6 +237,9 @@ func (w *world) act(tag string, k keys.Signer, members map[string]any) []byte {
 	w.t.Helper()
 	obj := map[string]any{"v": 1, "client": w.client.Public(), "seller": w.provider.Public(), "offering": "summarize",
 		"sow_id": "sow_test0000000001", "at": w.clock.Now().Format(time.RFC3339)}
+	if _, set := members["proposal_sha256"]; tag == engagement.TagAmendment && !set {
+		obj["proposal_sha256"] = w.openDigest()
+	}
 	for k, v := range members {
 		if v == nil {
 			delete(obj, k)
@@ -248,6 +255,17 @@ func (w *world) act(tag string, k keys.Signer, members map[string]any) []byte {
 		w.t.Fatal(err)
 	}
 	return b
+}
+
+// openDigest is the hex SHA-256 of the open proposal's bytes, what a
+// resolution binds itself to (zeros when none is open).
+func (w *world) openDigest() string {
+	v, err := w.svc.Engagement(context.Background(), w.client.Public(), w.provider.Public(), "summarize")
+	if err != nil || v.Open == nil {
+		return strings.Repeat("0", 64)
+	}
+	sum := sha256.Sum256([]byte(v.Open.Document))
+	return hex.EncodeToString(sum[:])
 }
 
 func (w *world) view() *engagement.View {

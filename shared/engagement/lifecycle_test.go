@@ -41,7 +41,7 @@ func TestAmendments(t *testing.T) {
 	// v2 by the client: translate leaves the scope, the notice shortens.
 	v2 := amended(t, agreed, 2, func(d map[string]any) {
 		d["scope"].(map[string]any)["offerings"] = []any{"summarize"}
-		d["termination"] = map[string]any{"convenience_notice_hours": 12, "grade": "enforced"}
+		d["termination"] = map[string]any{"convenience_notice_hours": 12, "grade": "recorded"}
 	})
 	proposal := w.sign(v2, sow.RoleClient, w.cOwner)
 	rec, err := w.svc.Propose(ctx, proposal)

@@ -25,7 +25,7 @@ type Summary struct {
 	Seller    string
 	Offerings []string
 	// State is the §7.1 state now, as the public record names it
-	// (standing_proposal while the instance awaits the provider's
+	// (formation_requested while the instance awaits the provider's
 	// signature, active, amended, terminated, …).
 	State   string
 	InForce bool

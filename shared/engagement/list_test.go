@@ -31,7 +31,7 @@ func TestListForAgents(t *testing.T) {
 	w.form(w.template())
 	tmpl := w.template()
 	tmpl["id"] = "sow_test0000000002"
-	tmpl["scope"] = map[string]any{"offerings": []any{"translate"}, "grade": "enforced"}
+	tmpl["scope"] = map[string]any{"offerings": []any{"translate"}, "grade": "evidence"}
 	if _, err := w.svc.FileProposal(ctx, w.sign(clone(t, tmpl), sow.RoleProvider, w.pOwner)); err != nil {
 		t.Fatal(err)
 	}
@@ -59,7 +59,7 @@ func TestListForAgents(t *testing.T) {
 			!formed.StartsAt.Equal(epoch.Truncate(time.Second)) || formed.EndsAt == nil {
 			t.Fatalf("the formed engagement: %+v", formed)
 		}
-		if pending.State != sow.StateStandingProposal || pending.InForce || pending.Offerings[0] != "translate" {
+		if pending.State != engagement.StateRequested || pending.InForce || pending.Offerings[0] != "translate" {
 			t.Fatalf("the engagement awaiting the provider: %+v", pending)
 		}
 	}

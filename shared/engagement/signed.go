@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"slices"
+	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/shared/errs"
@@ -18,10 +19,11 @@ import (
 // object without its sig member; sig is unpadded base64url Ed25519 by the
 // key in by.
 const (
-	TagTerminate = "agent-sow-terminate-v1"
-	TagReview    = "agent-sow-review-v1"
-	TagAmendment = "agent-sow-amendment-v1"
-	TagWithdraw  = "agent-sow-proposal-withdraw-v1"
+	TagTerminate       = "agent-sow-terminate-v1"
+	TagReview          = "agent-sow-review-v1"
+	TagAmendment       = "agent-sow-amendment-v1"
+	TagWithdraw        = "agent-sow-proposal-withdraw-v1"
+	TagRequestWithdraw = "agent-sow-request-withdraw-v1"
 )
 
 // Verdicts of a review (§15).
@@ -213,21 +215,36 @@ func ParseReview(raw []byte) (*Review, error) {
 
 // Resolution is a signed denial or withdrawal of an open amendment (§5.8):
 //
-//	{v:1, client, seller, offering, sow_id, version, act: deny|withdraw, reason?, by, at, sig}
+//	{v:1, client, seller, offering, sow_id, version, proposal_sha256, act: deny|withdraw, reason?, by, at, sig}
 //
-// under TagAmendment. A denial carries a reason; an unreasoned one is
-// refused.
+// under TagAmendment. proposal_sha256 is the hex SHA-256 of the proposal's
+// exact bytes (open_amendment.document on the record): the act answers
+// that proposal and no other at the same version. A denial carries a
+// reason; an unreasoned one is refused.
 type Resolution struct {
 	Act
-	Version int64
-	Kind    string
-	Reason  string
+	Version        int64
+	ProposalSHA256 string
+	Kind           string
+	Reason         string
+}
+
+// hexDigest reads a member holding a hex SHA-256.
+func hexDigest(m map[string]any, member string) (string, bool) {
+	s, _ := m[member].(string)
+	if len(s) != 64 {
+		return "", false
+	}
+	if _, err := hex.DecodeString(s); err != nil || strings.ToLower(s) != s {
+		return "", false
+	}
+	return s, true
 }
 
 // ParseResolution reads and verifies a denial or withdrawal.
 func ParseResolution(raw []byte) (*Resolution, error) {
 	const what = "amendment resolution"
-	a, err := parseAct(raw, TagAmendment, what, "version", "act", "reason")
+	a, err := parseAct(raw, TagAmendment, what, "version", "proposal_sha256", "act", "reason")
 	if err != nil {
 		return nil, err
 	}
@@ -235,6 +252,9 @@ func ParseResolution(raw []byte) (*Resolution, error) {
 	var ok bool
 	if r.Version, ok = jsonv.PosInt(a.Value["version"]); !ok || r.Version < 2 {
 		return nil, badAct(what, "version is the proposed amendment's version (2 or more)")
+	}
+	if r.ProposalSHA256, ok = hexDigest(a.Value, "proposal_sha256"); !ok {
+		return nil, badAct(what, "proposal_sha256 is the lowercase hex SHA-256 of the proposal's exact bytes, binding the act to the proposal it answers")
 	}
 	if r.Kind, _ = a.Value["act"].(string); r.Kind != ActDeny && r.Kind != ActWithdraw {
 		return nil, badAct(what, "act is deny or withdraw")
@@ -315,6 +335,34 @@ func ParseProposalWithdrawal(raw []byte) (*ProposalWithdrawal, error) {
 	}
 	if err := protocol.VerifyObject(TagWithdraw, m, w.By, w.Sig, protocol.Base64URL); err != nil {
 		return nil, errs.Wrap(errs.IdentityMismatch, what+": the signature does not verify over \""+TagWithdraw+"\\n\" and the canonical JSON without sig, by the key in by", err)
+	}
+	return w, nil
+}
+
+// RequestWithdrawal is the client owner's signed withdrawal of its request
+// to form (§12.1):
+//
+//	{v:1, client, seller, offering, sow_id, request_sha256, by, at, sig}
+//
+// under TagRequestWithdraw. request_sha256 is the hex SHA-256 of the
+// countersign's exact bytes (requested on the record).
+type RequestWithdrawal struct {
+	Act
+	RequestSHA256 string
+}
+
+// ParseRequestWithdrawal reads and verifies a withdrawal of a request to
+// form.
+func ParseRequestWithdrawal(raw []byte) (*RequestWithdrawal, error) {
+	const what = "request withdrawal"
+	a, err := parseAct(raw, TagRequestWithdraw, what, "request_sha256")
+	if err != nil {
+		return nil, err
+	}
+	w := &RequestWithdrawal{Act: *a}
+	var ok bool
+	if w.RequestSHA256, ok = hexDigest(a.Value, "request_sha256"); !ok {
+		return nil, badAct(what, "request_sha256 is the lowercase hex SHA-256 of the countersign's exact bytes")
 	}
 	return w, nil
 }

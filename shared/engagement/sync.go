@@ -7,8 +7,10 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/commerce"
+	"agentmesh.dev/mesh/shared/sow"
 	"agentmesh.dev/mesh/shared/store"
 )
 
@@ -33,16 +35,23 @@ func (s *Service) mirrorAfter(ctx context.Context, rec *Record) (*Record, error)
 }
 
 // Mirror writes the terms of record id onto the bus under every offering
-// in scope, and removes those of offerings an amendment took out of
-// scope. Each write is a compare-and-set against the revision read before
-// the store was read, so a write from an older read of the store never
-// replaces one from a newer read. It then clears MirrorPending unless the
-// record changed meanwhile.
+// in scope whose index entry names this record, and removes those of
+// offerings an amendment took out of scope; it keeps this record's entry
+// in the seller and client's scope list (commerce.EngagementScopeKey).
+// Each write is a compare-and-set against the revision read before the
+// store was read, so a write from an older read of the store never
+// replaces one from a newer read; and an offering the index gives to
+// another engagement (a renewal formed after this one ended) is never
+// written, so an ended engagement's terms never replace its successor's.
+// It then clears MirrorPending unless the record changed meanwhile.
 func (s *Service) Mirror(ctx context.Context, id string) error {
 	if s.cfg.Terms == nil {
 		return nil
 	}
 	for attempt := 1; ; attempt++ {
+		if attempt > maxMirrorAttempts {
+			return fmt.Errorf("engagement %s: the terms kept changing under %d rounds", id, maxMirrorAttempts)
+		}
 		var first Record
 		if err := store.Get(ctx, s.cfg.Store, CollRecords, id, &first); err != nil {
 			return err
@@ -59,8 +68,31 @@ func (s *Service) Mirror(ctx context.Context, id string) error {
 			}
 			vals[o], revs[o] = v, rev
 		}
+		scopeKey := commerce.EngagementScopeKey(first.Seller, first.Client)
+		scopeVal, scopeRev, err := s.cfg.Terms.Get(ctx, scopeKey)
+		if err != nil {
+			return err
+		}
 		var rec Record
-		if err := store.Get(ctx, s.cfg.Store, CollRecords, id, &rec); err != nil {
+		owned := map[string]bool{}
+		err = s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
+			rec = Record{}
+			clear(owned)
+			if err := tx.Get(CollRecords, id, &rec); err != nil {
+				return err
+			}
+			for _, o := range rec.Offerings {
+				var e indexEntry
+				switch err := tx.Get(CollIndex, IndexID(rec.Client, rec.Seller, o), &e); {
+				case err == nil:
+					owned[o] = e.Record == id
+				case !errors.Is(err, store.ErrNotFound):
+					return err
+				}
+			}
+			return nil
+		})
+		if err != nil {
 			return err
 		}
 		if !slices.Equal(slices.Concat(rec.Offerings, rec.Retired), names) {
@@ -76,8 +108,12 @@ func (s *Service) Mirror(ctx context.Context, id string) error {
 		}
 		conflict := false
 		for _, o := range rec.Offerings {
-			if bytes.Equal(vals[o], val) {
-				continue
+			if !owned[o] || bytes.Equal(vals[o], val) {
+				continue // another engagement's key now, or already written
+			}
+			var cur commerce.EngagementTerms
+			if vals[o] != nil && json.Unmarshal(vals[o], &cur) == nil && cur.SowID == rec.SowID && cur.Version > t.Version {
+				continue // a newer version of this engagement is there
 			}
 			switch err := s.cfg.Terms.Put(ctx, commerce.EngagementKey(rec.Seller, rec.Client, o), val, revs[o]); {
 			case errors.Is(err, ErrConflict):
@@ -101,10 +137,13 @@ func (s *Service) Mirror(ctx context.Context, id string) error {
 				return err
 			}
 		}
+		switch err := s.mirrorScope(ctx, scopeKey, scopeVal, scopeRev, &rec, t); {
+		case errors.Is(err, ErrConflict):
+			conflict = true
+		case err != nil:
+			return err
+		}
 		if conflict {
-			if attempt == maxMirrorAttempts {
-				return fmt.Errorf("engagement %s: the terms kept changing under %d rounds", id, attempt)
-			}
 			continue
 		}
 		return s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
@@ -118,6 +157,46 @@ func (s *Service) Mirror(ctx context.Context, id string) error {
 			return tx.Update(CollRecords, id, map[string]any{"mirror_pending": false})
 		})
 	}
+}
+
+// mirrorScope keeps rec's entry in the seller and client's scope list
+// (read as cur at rev): present while rec grades scope enforced and has
+// not ended, absent otherwise. Entries of other engagements that can no
+// longer come into force are dropped on the way.
+func (s *Service) mirrorScope(ctx context.Context, key string, cur []byte, rev uint64, rec *Record, t *commerce.EngagementTerms) error {
+	now := s.now()
+	var list []commerce.EngagementTerms
+	if cur != nil {
+		if err := json.Unmarshal(cur, &list); err != nil {
+			list = nil // unreadable: rewritten from this record
+		}
+	}
+	next := slices.DeleteFunc(slices.Clone(list), func(e commerce.EngagementTerms) bool {
+		return e.SowID == rec.SowID || over(e, now)
+	})
+	if d, err := sow.Parse(rec.Document); err == nil && d.Scope.Grade == sow.Enforced && !over(*t, now) {
+		next = append(next, *t)
+	}
+	if len(next) == 0 {
+		if cur == nil {
+			return nil
+		}
+		return s.cfg.Terms.Delete(ctx, key, rev)
+	}
+	val, err := json.Marshal(next)
+	if err != nil {
+		return err
+	}
+	if bytes.Equal(val, cur) {
+		return nil
+	}
+	return s.cfg.Terms.Put(ctx, key, val, rev)
+}
+
+// over reports whether terms can no longer be in force: lapsed or
+// terminated to effect (not merely not yet started).
+func over(t commerce.EngagementTerms, now time.Time) bool {
+	return t.Exhausted || (t.EndsAt != nil && !now.Before(*t.EndsAt)) || (t.EffectiveUntil != nil && !now.Before(*t.EffectiveUntil))
 }
 
 // MirrorBatch bounds one SyncPending run.

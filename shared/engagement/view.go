@@ -2,13 +2,12 @@ package engagement
 
 import (
 	"bytes"
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
-	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,21 +35,30 @@ type View struct {
 	// Document is the governing version exactly as signed ("" before
 	// formation); Requested the client's countersign awaiting the
 	// provider's instance signature.
-	Document       string        `json:"document,omitempty"`
-	DocumentSHA256 string        `json:"document_sha256,omitempty"`
-	Requested      string        `json:"requested,omitempty"`
-	Offerings      []string      `json:"offerings"`
-	StartsAt       string        `json:"starts_at,omitempty"`
-	EndsAt         string        `json:"ends_at,omitempty"`
-	FormedAt       string        `json:"formed_at,omitempty"`
-	Owners         Owners        `json:"owners"`
-	Clauses        []Clause      `json:"clauses"`
-	Open           *OpenView     `json:"open_amendment,omitempty"`
-	Amendments     []HistoryItem `json:"amendments"`
-	History        []HistoryItem `json:"history"`
-	Termination    *TermView     `json:"termination,omitempty"`
-	Reviews        []ReviewView  `json:"reviews"`
-	MirrorPending  bool          `json:"mirror_pending"`
+	Document       string    `json:"document,omitempty"`
+	DocumentSHA256 string    `json:"document_sha256,omitempty"`
+	Requested      string    `json:"requested,omitempty"`
+	Offerings      []string  `json:"offerings"`
+	StartsAt       string    `json:"starts_at,omitempty"`
+	EndsAt         string    `json:"ends_at,omitempty"`
+	FormedAt       string    `json:"formed_at,omitempty"`
+	Owners         Owners    `json:"owners"`
+	Clauses        []Clause  `json:"clauses"`
+	Open           *OpenView `json:"open_amendment,omitempty"`
+	// Amendments are the amendment events of this page of the history.
+	Amendments []HistoryItem `json:"amendments"`
+	// History is one page of the record's events, oldest first: entries
+	// HistoryAfter+1 on, at most the page's limit of HistoryTotal;
+	// HistoryNext is the after of the next page (0: none).
+	History      []HistoryItem `json:"history"`
+	HistoryTotal int           `json:"history_total"`
+	HistoryNext  int           `json:"history_next,omitempty"`
+	Termination  *TermView     `json:"termination,omitempty"`
+	// Reviews is one page of the reviews, in the order stored.
+	Reviews       []ReviewView `json:"reviews"`
+	ReviewsTotal  int          `json:"reviews_total"`
+	ReviewsNext   int          `json:"reviews_next,omitempty"`
+	MirrorPending bool         `json:"mirror_pending"`
 	// Language says whether this renderer knows the document's standard
 	// language version (§4.3); it knows none, so it shows the signed
 	// fields verbatim.
@@ -80,15 +88,68 @@ type OpenView struct {
 	Document   string `json:"document"`
 }
 
-// HistoryItem is one event of the record.
+// HistoryItem is one event of the record. A signed act (a denial, a
+// withdrawal, a termination notice: at most MaxActBytes) is given as
+// signed; a document version (up to sow.MaxDocumentBytes) by its SHA-256
+// and Link, where the event answers with its exact bytes.
 type HistoryItem struct {
-	Kind    string `json:"kind"`
-	At      string `json:"at"`
-	Version int64  `json:"version,omitempty"`
-	Role    string `json:"role,omitempty"`
-	Key     string `json:"key,omitempty"`
-	Reason  string `json:"reason,omitempty"`
-	Signed  string `json:"signed,omitempty"`
+	Seq          int    `json:"seq"`
+	Kind         string `json:"kind"`
+	At           string `json:"at"`
+	Version      int64  `json:"version,omitempty"`
+	Role         string `json:"role,omitempty"`
+	Key          string `json:"key,omitempty"`
+	Reason       string `json:"reason,omitempty"`
+	Signed       string `json:"signed,omitempty"`
+	SignedSHA256 string `json:"signed_sha256,omitempty"`
+	Link         string `json:"link,omitempty"`
+}
+
+// documentEvent reports whether an event of kind signed a document (its
+// bytes are given by link, not inline).
+func documentEvent(kind string) bool {
+	switch kind {
+	case EventRequested, EventFormed, EventProposed, EventApproved:
+		return true
+	}
+	return false
+}
+
+// The states of a record before formation (this service's, beside §7.1's:
+// §7.1 names no state for a countersign awaiting the provider).
+const (
+	StateRequested        = "formation_requested"
+	StateRequestLapsed    = "formation_request_lapsed"
+	StateRequestWithdrawn = "formation_request_withdrawn"
+)
+
+// Page selects a page of a record's history and reviews: the entries after
+// the given sequence numbers, at most the limits (0: DefaultPage; above
+// MaxPage: MaxPage).
+type Page struct {
+	HistoryAfter, HistoryLimit int
+	ReviewsAfter, ReviewsLimit int
+}
+
+// Bounds of a page of the public record.
+const (
+	DefaultPage = 50
+	MaxPage     = 200
+)
+
+func pageLimit(n int) int {
+	switch {
+	case n <= 0:
+		return DefaultPage
+	case n > MaxPage:
+		return MaxPage
+	}
+	return n
+}
+
+// RecordPath is the public record's path.
+func RecordPath(client, seller, offering string) string {
+	return "/v1/engagements/" + client + "/" + seller + "/" + offering
 }
 
 // TermView is the termination block.
@@ -179,46 +240,139 @@ func indent(v any) string {
 }
 
 // Engagement reads the public record of the engagement between client and
-// seller for offering, settling first what the clock has decided.
+// seller for offering (the first page of its history and reviews),
+// settling first what the clock has decided.
 func (s *Service) Engagement(ctx context.Context, client, seller, offering string) (*View, error) {
+	return s.EngagementPage(ctx, client, seller, offering, Page{})
+}
+
+// recordFor reads the id of the record (client, seller, offering) names,
+// settled.
+func (s *Service) recordFor(ctx context.Context, client, seller, offering string) (string, error) {
 	notFound := errs.Newf(errs.NotFound, "no engagement between client %s and seller %s for offering %q is on record", client, seller, offering)
 	if !keys.IsUserPublicKey(client) || !keys.IsUserPublicKey(seller) || offering == "" || len(offering) > maxOffering {
-		return nil, notFound
+		return "", notFound
 	}
 	var e indexEntry
 	if err := store.Get(ctx, s.cfg.Store, CollIndex, IndexID(client, seller, offering), &e); errors.Is(err, store.ErrNotFound) {
-		return nil, notFound
+		return "", notFound
 	} else if err != nil {
-		return nil, storeErr(err)
+		return "", storeErr(err)
 	}
 	if err := s.settle(ctx, e.Record); errors.Is(err, store.ErrNotFound) {
-		return nil, notFound
+		return "", notFound
 	} else if err != nil {
-		return nil, storeErr(err)
+		return "", storeErr(err)
 	}
+	return e.Record, nil
+}
+
+// EngagementPage reads the public record with one page of its history and
+// reviews: a read is bounded whatever the record holds.
+func (s *Service) EngagementPage(ctx context.Context, client, seller, offering string, p Page) (*View, error) {
+	id, err := s.recordFor(ctx, client, seller, offering)
+	if err != nil {
+		return nil, err
+	}
+	hl, rl := pageLimit(p.HistoryLimit), pageLimit(p.ReviewsLimit)
 	var r Record
 	var events []Event
 	var reviews []StoredReview
-	err := s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
+	err = s.cfg.Store.RunTx(ctx, func(tx store.Tx) error {
 		events, reviews = nil, nil
-		if err := tx.Get(CollRecords, e.Record, &r); err != nil {
+		if err := tx.Get(CollRecords, id, &r); err != nil {
 			return err
 		}
-		// Equality alone, ordered here: Firestore answers it from its
-		// single-field index, with no composite index to deploy.
-		if err := tx.Query(CollEvents, store.Where("record", r.ID), &events); err != nil {
-			return err
+		// By id, no query: a page costs its own reads, and Firestore needs
+		// no index.
+		for seq := max(p.HistoryAfter, 0) + 1; seq <= r.Seq && len(events) < hl; seq++ {
+			var e Event
+			switch err := tx.Get(CollEvents, eventID(r.ID, seq), &e); {
+			case errors.Is(err, store.ErrNotFound):
+				continue
+			case err != nil:
+				return err
+			}
+			events = append(events, e)
 		}
-		return tx.Query(CollReviews, store.Where("record", r.ID), &reviews)
+		for n := max(p.ReviewsAfter, 0) + 1; n <= r.ReviewCount && len(reviews) < rl; n++ {
+			var o reviewOrder
+			switch err := tx.Get(CollReviewOrder, reviewOrderID(r.ID, n), &o); {
+			case errors.Is(err, store.ErrNotFound):
+				continue // stored before reviews were numbered
+			case err != nil:
+				return err
+			}
+			var rv StoredReview
+			switch err := tx.Get(CollReviews, r.ID+"."+o.Digest, &rv); {
+			case errors.Is(err, store.ErrNotFound):
+				continue
+			case err != nil:
+				return err
+			}
+			rv.Seq = n
+			reviews = append(reviews, rv)
+		}
+		return nil
 	})
 	if err != nil {
 		return nil, storeErr(err)
 	}
-	slices.SortFunc(events, func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) })
-	slices.SortFunc(reviews, func(a, b StoredReview) int {
-		return cmp.Or(cmp.Compare(a.StoredAt, b.StoredAt), cmp.Compare(a.Digest, b.Digest))
-	})
-	return r.view(offering, events, reviews, s.now())
+	v, err := r.view(offering, events, reviews, s.now())
+	if err != nil {
+		return nil, err
+	}
+	v.HistoryTotal, v.ReviewsTotal = r.Seq, r.ReviewCount
+	if n := len(events); n > 0 && events[n-1].Seq < r.Seq {
+		v.HistoryNext = events[n-1].Seq
+	}
+	if n := len(reviews); n > 0 && reviews[n-1].Seq < r.ReviewCount {
+		v.ReviewsNext = reviews[n-1].Seq
+	}
+	for i := range v.History {
+		if v.History[i].Link != "" {
+			v.History[i].Link = RecordPath(client, seller, offering) + v.History[i].Link
+		}
+	}
+	for i := range v.Amendments {
+		if v.Amendments[i].Link != "" {
+			v.Amendments[i].Link = RecordPath(client, seller, offering) + v.Amendments[i].Link
+		}
+	}
+	return v, nil
+}
+
+// EventOf is one event of the record (client, seller, offering) names,
+// with its signed bytes in full: where a history entry's link leads.
+func (s *Service) EventOf(ctx context.Context, client, seller, offering string, seq int) (*HistoryItem, error) {
+	id, err := s.recordFor(ctx, client, seller, offering)
+	if err != nil {
+		return nil, err
+	}
+	var e Event
+	if err := store.Get(ctx, s.cfg.Store, CollEvents, eventID(id, seq), &e); errors.Is(err, store.ErrNotFound) {
+		return nil, errs.Newf(errs.NotFound, "this engagement's history has no entry %d", seq)
+	} else if err != nil {
+		return nil, storeErr(err)
+	}
+	h := historyItem(e)
+	h.Signed, h.Link = string(e.Signed), ""
+	return &h, nil
+}
+
+// historyItem is e as the public record lists it.
+func historyItem(e Event) HistoryItem {
+	h := HistoryItem{Seq: e.Seq, Kind: e.Kind, At: e.At, Version: e.Version, Role: e.Role, Key: e.Key, Reason: e.Reason}
+	if len(e.Signed) == 0 {
+		return h
+	}
+	h.SignedSHA256 = digest(e.Signed)
+	if documentEvent(e.Kind) {
+		h.Link = "?event=" + strconv.Itoa(e.Seq)
+	} else {
+		h.Signed = string(e.Signed)
+	}
+	return h
 }
 
 func (r *Record) view(offering string, events []Event, reviews []StoredReview, now time.Time) (*View, error) {
@@ -246,7 +400,7 @@ func (r *Record) view(offering string, events []Event, reviews []StoredReview, n
 		v.Open = &OpenView{Version: o.Version, Proposer: o.Role, ProposedAt: o.ProposedAt, LapsesAt: o.LapsesAt, Document: string(o.Document)}
 	}
 	for _, e := range events {
-		h := HistoryItem{Kind: e.Kind, At: e.At, Version: e.Version, Role: e.Role, Key: e.Key, Reason: e.Reason, Signed: string(e.Signed)}
+		h := historyItem(e)
 		v.History = append(v.History, h)
 		switch e.Kind {
 		case EventProposed, EventApproved, EventDenied, EventWithdrawn, EventLapsed:
@@ -271,7 +425,13 @@ func (r *Record) view(offering string, events []Event, reviews []StoredReview, n
 // settle names the same state the record will.
 func (r *Record) state(d *sow.Document, now time.Time) (string, bool) {
 	if !r.Formed() {
-		return sow.StateStandingProposal, false
+		switch {
+		case r.RequestWithdrawnAt != "":
+			return StateRequestWithdrawn, false
+		case requestOpen(r, d, now) != nil:
+			return StateRequestLapsed, false
+		}
+		return StateRequested, false
 	}
 	state, inForce := d.Phase(now), false
 	if t, err := r.terms(); err == nil {
