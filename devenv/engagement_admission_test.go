@@ -3,6 +3,7 @@ package devenv_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"maps"
 	"net/http"
@@ -198,9 +199,22 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 	rateLimited("the client's third request", client, sow1)
 	answered("another agent", other, "summarize")
 
-	// SKUs and engagements are independent: the paid SKU still needs the
-	// client owner's agreement, and is not counted against the volume.
-	e := refused("the paid offering without an agreement", client, "paid", errs.AgreementRequired)
+	// Scope graded enforced (§5.2): while the engagement is in force, the
+	// client's request for an offering outside it is refused at the node,
+	// before any accept, naming the engagement and its offerings.
+	e := refused("an offering outside the engagement's scope", client, "paid", errs.Forbidden)
+	if e.Details["sow_id"] != sow1 || fmt.Sprint(e.Details["offerings"]) != "[summarize]" {
+		t.Fatalf("out of scope: %v", e.Details)
+	}
+
+	// Terminated for cause: the engagement ends at once, and the client
+	// is admitted as anyone is (its hour's two units are still taken).
+	ew.terminate(sow1, client, pOwner, map[string]any{"for_cause": true, "reason": "Requests outside the scope."})
+	answered("the client after a termination for cause", client, "summarize")
+	answered("the client again", client, "summarize")
+	// SKUs and engagements are independent: once the engagement ended, the
+	// paid SKU still needs the client owner's agreement.
+	e = refused("the paid offering without an agreement", client, "paid", errs.AgreementRequired)
 	if e.Details["sku"] != "paid-flat" || e.Details["sku_digest"] != paid.Digest() || e.Details["price_credits"] != float64(price) {
 		t.Fatalf("AGREEMENT_REQUIRED: %v", e.Details)
 	}
@@ -218,12 +232,6 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 		t.Fatal(err)
 	}
 	answered("the paid offering with an agreement", client, "paid")
-
-	// Terminated for cause: the engagement ends at once, and the client
-	// is admitted as anyone is (its hour's two units are still taken).
-	ew.terminate(sow1, client, pOwner, map[string]any{"for_cause": true, "reason": "Requests outside the scope."})
-	answered("the client after a termination for cause", client, "summarize")
-	answered("the client again", client, "summarize")
 
 	// Terminated for convenience: the volume holds until the notice ends.
 	ew.form(sow2, client2, c2Owner)
@@ -376,11 +384,11 @@ func (e *engagementParties) form(id string, client *keys.Agent, cOwner keys.Sign
 			"sow": "v1", "id": id, "version": 1, "starts_at": nil, "ends_at": nil,
 			"parties": map[string]any{"provider": map[string]any{"agent": e.provider.Public(), "owner": "Provider Ltd"}, "client": nil, "grade": "evidence"},
 			"scope":   map[string]any{"offerings": []any{"summarize"}, "grade": "enforced"},
-			"price":   map[string]any{"arrangement": "no_charge", "grade": "enforced"},
+			"price":   map[string]any{"arrangement": "no_charge", "grade": "recorded"},
 			"volume":  map[string]any{"per_hour": 2, "grade": "enforced"},
 			"change_control": map[string]any{"review_window_days": 1,
 				"approval": map[string]any{"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-			"termination": map[string]any{"convenience_notice_hours": 2, "grade": "enforced"},
+			"termination": map[string]any{"convenience_notice_hours": 2, "grade": "recorded"},
 			"disputes":    map[string]any{"posture": "escalate_to_owners", "grade": "evidence"},
 		}
 	}
