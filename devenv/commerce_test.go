@@ -361,7 +361,7 @@ func TestAdmissionMatrix(t *testing.T) {
 				put(commerce.BalancePrefix+owner, commerce.Balance{Credits: 10_000_000})
 			}},
 		{name: "agreement revoked", offering: "paid", code: errs.AgreementRequired, setup: func() {
-			rv := agreements.Revocation{SellerAgent: seller.ID(), SKU: "paid-flat", RevokedAt: protocol.FormatTime(time.Now().Add(time.Second))}
+			rv := agreements.Revocation{SellerAgent: seller.ID(), SKU: "paid-flat", AgreedAt: protocol.FormatTime(now), RevokedAt: protocol.FormatTime(time.Now().Add(time.Second))}
 			if err := agreements.SignRevocation(&rv, ownerKey); err != nil {
 				t.Fatal(err)
 			}
