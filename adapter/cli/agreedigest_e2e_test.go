@@ -10,6 +10,7 @@ import (
 
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/node"
+	"agentmesh.dev/mesh/adapter/state"
 	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/keys"
 )
@@ -101,5 +102,25 @@ func TestAgreePinsTheDigest(t *testing.T) {
 	terms := "terms: whole-agent of agent " + seller.ID() + " at 25.00 XCR per request, terms digest " + dear.Digest() + "\n"
 	if !strings.HasPrefix(out, terms) || !strings.Contains(out, "\nagreed: owner ") {
 		t.Fatalf("agree printed:\n%s", out)
+	}
+}
+
+// The adapter pins the mesh's services key, learned from GET
+// /v1/capabilities at its first start and kept in its state (review
+// finding 10): its node then refuses admission, registry and task answers
+// signed by any other key (adapter/node TestCommerceAdmissionFailsClosed
+// shows the refusal).
+func TestAdapterPinsTheServicesKey(t *testing.T) {
+	w := newWorld(t)
+	buyer := w.state("buyer")
+	p, _ := w.start(buyer, "up", w.agentKey("buyer"))
+	defer p.stop()
+	dir, err := state.Open(buyer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conf, err := dir.Config()
+	if err != nil || conf.ServicesKey != w.m.ServicesKey().Public() {
+		t.Fatalf("the pinned services key %q (%v), want %s", conf.ServicesKey, err, w.m.ServicesKey().Public())
 	}
 }
