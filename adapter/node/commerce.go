@@ -3,7 +3,6 @@ package node
 import (
 	"context"
 	"encoding/json"
-	"slices"
 	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
@@ -55,10 +54,21 @@ func (a *Agent) registeredSKUs() sells {
 	return a.skus
 }
 
-// passedOn are the service's refusals a seller's node sends to the
-// requester as they are: the commerce refusals. Any other error of the
-// service is about the service (or the node's question), not the request.
-var passedOn = []errs.Code{errs.AgreementRequired, errs.BudgetInsufficient, errs.InsufficientFunds, errs.RateLimited}
+// passedOn reports whether e is one of the service's refusals a seller's
+// node sends to the requester as it is: the commerce refusals, and an
+// engagement's scope refusal (FORBIDDEN naming the engagement, Agent SoW
+// §5.2). Any other error of the service is about the service (or the
+// node's question), not the request.
+func passedOn(e *errs.Error) bool {
+	switch e.Code {
+	case errs.AgreementRequired, errs.BudgetInsufficient, errs.InsufficientFunds, errs.RateLimited:
+		return true
+	case errs.Forbidden:
+		_, scope := e.Details["sow_id"]
+		return scope
+	}
+	return false
+}
 
 // undecidedRetryMS is the retry_after_ms of the refusal sent when the
 // service could not decide.
@@ -95,7 +105,7 @@ func (a *Agent) commerceAdmit(c *Call) *errs.Error {
 	switch {
 	case rep != nil && pin != "" && rep.From != pin:
 		a.n.log.Warn("admission: the answer is not signed by the services key", "agent", a.id, "signer", rep.From)
-	case rep != nil && err != nil && slices.Contains(passedOn, errs.CodeOf(err)):
+	case rep != nil && err != nil && passedOn(errs.As(err)):
 		return errs.As(err) // the service's refusal, as it worded it
 	case rep != nil && err == nil:
 		return nil

@@ -118,6 +118,14 @@ func TestCommerceAdmissionFailsClosed(t *testing.T) {
 	if err := ask(); errs.CodeOf(err) != errs.RateLimited || errs.As(err).Details["sow_id"] != "sow-1" {
 		t.Fatalf("a commerce refusal: %v", err)
 	}
+	f.set(func() (any, error) {
+		return nil, errs.New(errs.Forbidden, "the engagement sow-1 covers only other").WithDetails(map[string]any{"sow_id": "sow-1", "offerings": []string{"other"}})
+	})
+	if err := ask(); errs.CodeOf(err) != errs.Forbidden || errs.As(err).Details["sow_id"] != "sow-1" {
+		t.Fatalf("an engagement's scope refusal: %v", err)
+	}
+	f.set(func() (any, error) { return nil, errs.New(errs.Forbidden, "only the mesh's services may call this") })
+	undecided("a FORBIDDEN that is no scope refusal", ask())
 	if served.Load() != 0 {
 		t.Fatalf("the handler ran %d times", served.Load())
 	}
