@@ -361,7 +361,7 @@ func TestAdmissionMatrix(t *testing.T) {
 				put(commerce.BalancePrefix+owner, commerce.Balance{Credits: 10_000_000})
 			}},
 		{name: "agreement revoked", offering: "paid", code: errs.AgreementRequired, setup: func() {
-			rv := agreements.Revocation{SellerAgent: seller.ID(), SKU: "paid-flat", RevokedAt: protocol.FormatTime(time.Now().Add(time.Second))}
+			rv := agreements.Revocation{SellerAgent: seller.ID(), SKU: "paid-flat", AgreedAt: protocol.FormatTime(now), RevokedAt: protocol.FormatTime(time.Now().Add(time.Second))}
 			if err := agreements.SignRevocation(&rv, ownerKey); err != nil {
 				t.Fatal(err)
 			}
@@ -404,13 +404,19 @@ func TestAdmissionMatrix(t *testing.T) {
 				t.Errorf("rate limited: %+v", e)
 			}
 		}},
-		{name: "service unreachable, free", offering: "free", setup: func() {
+		// A seller that publishes SKUs fails closed when the service
+		// cannot decide, free offerings included.
+		{name: "service unreachable, free", offering: "free", code: errs.Unavailable, setup: func() {
 			askedCheck(answeredBefore)
 			// Nothing answers the question from now on (the count's
 			// subscription would be a responder that never answers).
 			_ = qsub.Unsubscribe()
 			for _, w := range c.m.Workers().Agreements {
 				_ = w.Stop()
+			}
+		}, check: func(e *errs.Error) {
+			if !e.Retryable || e.RetryAfterMS <= 0 {
+				t.Errorf("not retryable: %+v", e)
 			}
 		}},
 		{name: "service unreachable, paid", offering: "paid", code: errs.Unavailable, check: func(e *errs.Error) {

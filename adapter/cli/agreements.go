@@ -19,16 +19,21 @@ import (
 )
 
 func init() {
-	register(&command{name: "agree", usage: "<seller-handle-or-agent-id> <sku> [--expires <instant-or-duration>] | revoke <seller> <sku>",
+	register(&command{name: "agree", usage: "<seller-handle-or-agent-id> <sku> [--digest <d>] [--expires <instant-or-duration>] | revoke <seller> <sku>",
 		summary: "agree to a seller's paid SKU with the owner key, or revoke it",
-		help: `Reads the seller's current terms for <sku> from the registry, signs an
-agreement to them (their digest) with the owner key in the state directory,
-and files it with the mesh's agreements service. From then on the seller's
-node admits this account's agents to the offerings the SKU covers, until
-the agreement expires, is revoked, or the seller changes the terms (a new
-price makes every agreement to the old one stale at once: agree again).
-It prints what was agreed: the seller, the SKU, its price and its digest.
+		help: `Reads the seller's current terms for <sku> from the registry and prints
+them (the price in words and the terms digest) before anything is signed;
+then signs an agreement to exactly those terms with the owner key in the
+state directory, and files it with the mesh's agreements service. From
+then on the seller's node admits this account's agents to the offerings
+the SKU covers, until the agreement expires, is revoked, or the seller
+changes the terms (a new price makes every agreement to the old one stale
+at once: agree again). It prints what was agreed.
 
+--digest <d>    agree only to the terms with digest d (the sku_digest of an
+                AGREEMENT_REQUIRED refusal, which send prints in the
+                command it suggests): when the seller's current terms
+                differ, nothing is signed and agree says what they are now
 --expires <t>   the agreement ends at t: an RFC 3339 instant, or a
                 duration from now such as 720h or 30d (default: none)
 
@@ -37,6 +42,7 @@ stops covering from now on; usage before stays as it was rated.
 
 Example:
   mesh-adapter agree helper.ana@example.org summarize-flat --expires 30d
+  mesh-adapter agree UAB3...XYZ summarize-flat --digest sha256:...
   mesh-adapter agree revoke UAB3...XYZ summarize-flat`,
 		run: runAgree})
 	register(&command{name: "agreements", usage: "[--json]",
@@ -109,6 +115,7 @@ func (e *Env) commerceDo(ctx context.Context, cmd daemon.CommerceCommand, out an
 func runAgree(ctx context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("agree", flag.ContinueOnError)
 	expires := fs.String("expires", "", "when the agreement ends: an RFC 3339 instant or a duration (720h, 30d)")
+	digest := fs.String("digest", "", "agree only to the terms with this digest (the refusal's sku_digest)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := e.parse(fs, args)
 	if err != nil {
@@ -117,8 +124,8 @@ func runAgree(ctx context.Context, e *Env, args []string) error {
 	cmd := daemon.CommerceCommand{Verb: daemon.CommerceAgree}
 	if len(pos) > 0 && pos[0] == "revoke" {
 		cmd.Verb, pos = daemon.CommerceRevoke, pos[1:]
-		if *expires != "" {
-			return usageError("--expires applies to an agreement, not to a revocation")
+		if *expires != "" || *digest != "" {
+			return usageError("--expires and --digest apply to an agreement, not to a revocation")
 		}
 	}
 	if len(pos) != 2 {
@@ -130,6 +137,23 @@ func runAgree(ctx context.Context, e *Env, args []string) error {
 	}
 	if cmd.Expires, err = parseExpires(*expires, time.Now()); err != nil {
 		return err
+	}
+	if cmd.Verb == daemon.CommerceAgree {
+		// The terms are shown before anything is signed, and what is
+		// signed is what was shown: the agreement is pinned to the quoted
+		// digest (or refused, when --digest names other terms).
+		var quote daemon.Agreed
+		if err := e.commerceDo(ctx, daemon.CommerceCommand{Verb: daemon.CommerceQuote, Seller: cmd.Seller, SKU: cmd.SKU}, &quote); err != nil {
+			return err
+		}
+		if *digest != "" && *digest != quote.Digest {
+			return fmt.Errorf("the seller's terms changed: %s of agent %s is now %s, terms digest %s, not %s; nothing was signed. Review the new terms, then run `mesh-adapter agree %s %s --digest %s`",
+				quote.SKU, quote.Seller, PriceText(quote.Price), quote.Digest, *digest, cmd.Seller, cmd.SKU, quote.Digest)
+		}
+		if !*asJSON {
+			fmt.Fprintf(e.Stdout, "terms: %s of agent %s at %s, terms digest %s\n", quote.SKU, quote.Seller, PriceText(quote.Price), quote.Digest)
+		}
+		cmd.Digest = quote.Digest
 	}
 	var res daemon.Agreed
 	if err := e.commerceDo(ctx, cmd, &res); err != nil {
@@ -156,36 +180,8 @@ func printAgreed(w io.Writer, verb string, r daemon.Agreed) {
 	fmt.Fprintf(w, "agreed: owner %s accepts %s of agent %s at %s, terms digest %s, %s\n", r.Owner, r.SKU, r.Seller, PriceText(r.Price), r.Digest, until)
 }
 
-// PriceText is a SKU's price for people: "0.25 XCR per request", "0.10
-// USD per 1000 tokens", "free".
-func PriceText(v any) string {
-	p, err := commerce.PriceFromValue(v)
-	if err != nil {
-		return "an unreadable price"
-	}
-	money := func(m int64) string { return protocol.Money{AmountMicro: m, Currency: p.Currency}.String() }
-	per := func(n int64, meter string) string {
-		if n <= 1 {
-			return meter
-		}
-		return strconv.FormatInt(n, 10) + " " + meter
-	}
-	switch p.Model {
-	case commerce.ModelFree:
-		return "free"
-	case commerce.ModelFlat:
-		return money(p.AmountMicro) + " per request"
-	case commerce.ModelPerUnit:
-		return money(p.AmountMicro) + " per " + per(p.Divisor(), p.Meter)
-	case commerce.ModelPackage:
-		return money(p.AmountMicro) + " per " + per(p.Size, p.Meter) + " per " + p.Period
-	case commerce.ModelTiered:
-		if len(p.Tiers) > 0 {
-			return "tiered, from " + money(p.Tiers[0].AmountMicro) + " per " + per(p.Divisor(), p.Meter)
-		}
-	}
-	return p.Model
-}
+// PriceText is a SKU's price for people (daemon.PriceText).
+func PriceText(v any) string { return daemon.PriceText(v) }
 
 func runAgreements(ctx context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("agreements", flag.ContinueOnError)

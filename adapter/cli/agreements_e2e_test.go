@@ -69,7 +69,7 @@ func TestAgreeAndAgreements(t *testing.T) {
 	approve := strings.TrimSuffix(w.m.URLs().Console, "/") + "/agreements/approve?sku=whole-agent"
 	if code != 4 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 ||
 		!strings.Contains(errOut, "AGREEMENT_REQUIRED: whole-agent is a paid offering (0.25 per unit)") ||
-		!strings.Contains(errOut, "approve at "+approve) || !strings.Contains(errOut, "`mesh-adapter agree "+seller.ID()+" whole-agent`") {
+		!strings.Contains(errOut, "approve at "+approve) || !strings.Contains(errOut, "`mesh-adapter agree "+seller.ID()+" whole-agent --digest "+s.Digest()+"`") {
 		t.Fatalf("send to a paid seller: exit %d\n%s", code, errOut)
 	}
 
@@ -87,7 +87,7 @@ func TestAgreeAndAgreements(t *testing.T) {
 		t.Fatal(err)
 	}
 	owner := ks.Owner.Public()
-	if !strings.HasPrefix(out, "agreed: owner "+owner+" accepts whole-agent of agent "+seller.ID()+" at 0.25 XCR per request, terms digest "+s.Digest()+", until ") {
+	if !strings.HasPrefix(out, "terms: whole-agent of agent "+seller.ID()+" at 0.25 XCR per request, terms digest "+s.Digest()+"\nagreed: owner "+owner+" accepts whole-agent of agent "+seller.ID()+" at 0.25 XCR per request, terms digest "+s.Digest()+", until ") {
 		t.Fatalf("agree printed:\n%s", out)
 	}
 	if _, errOut, code := w.run(buyer, "agree", seller.ID(), "no-such-sku"); code != 1 || !strings.Contains(errOut, "publishes no SKU \"no-such-sku\"; it publishes whole-agent") {

@@ -239,7 +239,9 @@ func runUp(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return upFailed(err, id, dir, retry)
 	}
-	conf.Credential, conf.NATSURLs = r.Credential, r.NATSURLs
+	// The services key is learned again from this control plane at the
+	// next start (a key redeemed on another mesh must not keep the pin).
+	conf.Credential, conf.NATSURLs, conf.ServicesKey = r.Credential, r.NATSURLs, ""
 	if err := dir.SaveConfig(conf); err != nil {
 		return fmt.Errorf("the agent key is spent but its credential could not be saved: %w", err)
 	}

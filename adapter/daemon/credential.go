@@ -50,20 +50,35 @@ func HTTPStatus(err error) int {
 
 // post sends body as JSON to path and decodes the answer into out.
 func (c controlClient) post(ctx context.Context, path string, body, out any) error {
+	return c.do(ctx, http.MethodPost, path, body, out)
+}
+
+// get reads path and decodes the answer into out.
+func (c controlClient) get(ctx context.Context, path string, out any) error {
+	return c.do(ctx, http.MethodGet, path, nil, out)
+}
+
+func (c controlClient) do(ctx context.Context, method, path string, body, out any) error {
 	if c.base == "" {
 		return errors.New("no control URL: pass --control-url or set MESH_CONTROL_URL (meshd prints it when it starts)")
 	}
-	b, err := json.Marshal(body)
-	if err != nil {
-		return err
+	var rd io.Reader
+	if body != nil {
+		b, err := json.Marshal(body)
+		if err != nil {
+			return err
+		}
+		rd = bytes.NewReader(b)
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(c.base, "/")+path, bytes.NewReader(b))
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.base, "/")+path, rd)
 	if err != nil {
 		return fmt.Errorf("control URL %q: %w", c.base, err)
 	}
-	req.Header.Set("Content-Type", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
 	resp, err := c.http.Do(req)
 	if err != nil {
 		var op *net.OpError
@@ -295,4 +310,26 @@ func adoptCredentialKey(dir *state.Dir, id *state.Identity, ks *state.Keys, c *s
 	}
 	ks.Node = k
 	return nil
+}
+
+// servicesKey is the services key to pin: the one saved in conf, else the
+// one /v1/capabilities names, saved for the next start (the pin then holds
+// even when the control plane cannot be reached). "" when neither is known:
+// the node then trusts the broker's permissions alone, and says so.
+func (a *adapter) servicesKey(ctx context.Context, conf *state.Config) string {
+	if conf.ServicesKey != "" || a.cc.base == "" {
+		return conf.ServicesKey
+	}
+	var caps struct {
+		ServicesKey string `json:"services_key"`
+	}
+	if err := a.cc.get(ctx, "/v1/capabilities", &caps); err != nil || !keys.IsUserPublicKey(caps.ServicesKey) {
+		a.log.Warn("the mesh's services key is not known (GET /v1/capabilities): answers from the bus are not pinned to it this time", "err", err)
+		return ""
+	}
+	conf.ServicesKey = caps.ServicesKey
+	if err := a.dir.SaveConfig(*conf); err != nil {
+		a.log.Warn("the services key was not saved; it is asked again at the next start", "err", err)
+	}
+	return conf.ServicesKey
 }

@@ -251,7 +251,7 @@ func open(ctx context.Context, cfg Config) (_ *adapter, closeAll func(), err err
 	}
 	undo = append(undo, func() { _ = journal.Close() })
 	a.natsURL, a.renews = conf.NATSURLs[0], renewer != nil
-	if a.node, err = a.startNode(ctx, node.Config{NATSURL: a.natsURL, NodeKey: a.keys.Node,
+	if a.node, err = a.startNode(ctx, node.Config{NATSURL: a.natsURL, NodeKey: a.keys.Node, ServicesKey: a.servicesKey(ctx, &conf),
 		Credential: cred, Renewer: renewer, Journal: journal, Log: a.log, Warn: a.warn, Name: "mesh-adapter " + a.id.Name}, renewer); err != nil {
 		return nil, nil, err
 	}

@@ -54,14 +54,41 @@ func (a *Agent) registeredSKUs() sells {
 	return a.skus
 }
 
+// passedOn reports whether e is one of the service's refusals a seller's
+// node sends to the requester as it is: the commerce refusals, and an
+// engagement's scope refusal (FORBIDDEN naming the engagement, Agent SoW
+// §5.2). Any other error of the service is about the service (or the
+// node's question), not the request.
+func passedOn(e *errs.Error) bool {
+	switch e.Code {
+	case errs.AgreementRequired, errs.BudgetInsufficient, errs.InsufficientFunds, errs.RateLimited:
+		return true
+	case errs.Forbidden:
+		_, scope := e.Details["sow_id"]
+		return scope
+	}
+	return false
+}
+
+// undecidedRetryMS is the retry_after_ms of the refusal sent when the
+// service could not decide.
+const undecidedRetryMS = 5000
+
 // commerceAdmit is admission by the terms the agent sells on (DESIGN §11,
 // docs/commerce.md "Agreements and admission on the seller's node"): an
 // agent whose manifest publishes any SKU asks the agreements service
-// whether the requester may have the offering, and a refusal is sent to
-// the requester as the service worded it, before any accept and before
-// the handler. An agent that publishes no SKU pays no round trip. When the
-// service cannot answer, a paid offering fails closed (UNAVAILABLE,
-// retryable) and a free one is admitted.
+// whether the requester may have the offering, and a commerce refusal
+// (passedOn) is sent to the requester as the service worded it, before any
+// accept and before the handler. An agent that publishes no SKU pays no
+// round trip.
+//
+// An agent that publishes SKUs opted into commerce, and an engagement's
+// volume is counted only by the service: when the service cannot decide
+// (no answer, an answer not signed by the services key, or any error that
+// is no commerce refusal) every request fails closed, free offerings
+// included, with a retryable UNAVAILABLE, and c.undecided is set (serve
+// then keeps a drained request in the mailbox for a later drain). The
+// cause is logged here, never told to the requester.
 func (a *Agent) commerceAdmit(c *Call) *errs.Error {
 	sold := a.registeredSKUs()
 	if !sold.any {
@@ -78,16 +105,14 @@ func (a *Agent) commerceAdmit(c *Call) *errs.Error {
 	switch {
 	case rep != nil && pin != "" && rep.From != pin:
 		a.n.log.Warn("admission: the answer is not signed by the services key", "agent", a.id, "signer", rep.From)
-	case rep != nil && err != nil && errs.CodeOf(err) != errs.Unavailable:
+	case rep != nil && err != nil && passedOn(errs.As(err)):
 		return errs.As(err) // the service's refusal, as it worded it
 	case rep != nil && err == nil:
 		return nil
 	default:
-		a.n.log.Warn("admission: the agreements service did not answer", "agent", a.id, "offering", c.Offering, "err", err)
+		a.n.log.Warn("admission: the agreements service did not decide", "agent", a.id, "offering", c.Offering, "err", err)
 	}
-	if s, covered := commerce.For(sold.skus, c.Offering); !sold.ok || covered && s.Price.Paid() {
-		return errs.Newf(errs.Unavailable, "%s is a paid offering and its terms cannot be checked right now (the mesh's agreements service did not answer); retry shortly", c.Offering).
-			WithRetryAfter(5000)
-	}
-	return nil
+	c.undecided = true
+	return errs.Newf(errs.Unavailable, "%s is sold under terms that cannot be checked right now (the mesh's agreements service did not answer); retry shortly", c.Offering).
+		WithRetryAfter(undecidedRetryMS)
 }

@@ -131,7 +131,7 @@ func (a *Agent) drainLocked() int {
 		var singles []uint64
 		for _, m := range mail {
 			taken++
-			if err := a.receive(m.Data, origin{src: protocol.SourceMailbox}); err != nil && a.retry(m.Seq) {
+			if err := a.receive(m.Data, origin{src: protocol.SourceMailbox, lastTry: a.lastTry(m.Seq)}); err != nil && a.retry(m.Seq) {
 				a.n.log.Warn("mailbox: answer not sent; left for the next drain", "agent", a.id, "seq", m.Seq, "err", err)
 				stuck = true
 				continue
@@ -199,6 +199,14 @@ func (a *Agent) retry(seq uint64) bool {
 		clear(a.tries) // bounded: a forgotten count only allows more tries
 	}
 	return true
+}
+
+// lastTry reports whether this drain is the last that may leave seq in the
+// mailbox (retry then answers false).
+func (a *Agent) lastTry(seq uint64) bool {
+	a.triesMu.Lock()
+	defer a.triesMu.Unlock()
+	return a.tries[seq] >= maxTries-1
 }
 
 func (a *Agent) forgetTries(seq uint64) {

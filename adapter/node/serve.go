@@ -25,6 +25,9 @@ type origin struct {
 	// answersOnly marks the public inbox of a guarded agent, where only
 	// answers to its own requests are taken (Agent.subscribe).
 	answersOnly bool
+	// lastTry marks a drained message's last drain (maxTries): it is
+	// answered even when its admission cannot be decided.
+	lastTry bool
 }
 
 func (a *Agent) onInboxMsg(m *nats.Msg) {
@@ -221,6 +224,9 @@ type Call struct {
 	// started is when the runtime took the request: the audit duration
 	// of its answer counts from it.
 	started time.Time
+	// undecided is set when the agreements service could not decide the
+	// request's admission (commerceAdmit).
+	undecided bool
 
 	mu       sync.Mutex
 	answered bool  // a substantive answer was sent (or a task started)
@@ -635,6 +641,10 @@ func (a *Agent) flushCopies() {
 	}
 }
 
+// errAdmissionUndecided is serve's error for a drained request whose
+// admission could not be decided: the drain leaves it in the mailbox.
+var errAdmissionUndecided = errors.New("admission could not be decided: the agreements service did not answer")
+
 // serve runs admission, the accept, and the handler for one request.
 func (a *Agent) serve(c *Call) (err error) {
 	switch c.Offering {
@@ -651,6 +661,13 @@ func (a *Agent) serve(c *Call) (err error) {
 	held, e := a.admit(c)
 	if e != nil {
 		defer c.cancel()
+		if c.undecided && c.o.src == protocol.SourceMailbox && !c.o.lastTry {
+			// Offline mail is not consumed by an outage of the agreements
+			// service: unanswered and not journaled, it stays in the
+			// mailbox, and the next drain takes it again.
+			a.inbox.Dedup.Forget(c.Env.From, c.Env.ID)
+			return errAdmissionUndecided
+		}
 		return c.fail(e)
 	}
 	if held != nil {

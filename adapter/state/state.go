@@ -174,6 +174,11 @@ type Config struct {
 	RegistrarURL string      `json:"registrar_url,omitempty"`
 	NATSURLs     []string    `json:"nats_urls,omitempty"`
 	Credential   *Credential `json:"credential,omitempty"`
+	// ServicesKey is the key the mesh's bus services sign with, as the
+	// control plane's /v1/capabilities named it when first asked: the node
+	// refuses answers (admission, the registry, task records) signed by
+	// any other.
+	ServicesKey string `json:"services_key,omitempty"`
 }
 
 // Config reads config.json; a missing file is an empty Config.

@@ -180,13 +180,33 @@ func (w *Worker) funds(ctx context.Context, s commerce.SKU, owner string, price 
 		WithDetails(map[string]any{"sku": s.ID, "amount_micro": price, "currency": commerce.Credits, "shortfall_micro": short}), nil
 }
 
+// SubjRefused is where refusals are recorded as meter events: under
+// mesh.internal.>, which only the mesh's services reach, since a refusal
+// says who tried to buy what from whom.
+const SubjRefused = "mesh.internal.metering.refused"
+
 // recordRefusal publishes the refusal as a quantity-0 requests meter event
-// (metering.RefusalEvent) on mesh.event.metering.refused, signed by the
-// services key: refusals rate to zero but stay on record. A failure is
-// logged; the refusal stands.
+// (metering.RefusalEvent) on SubjRefused, an emit envelope {domain:
+// "metering", event_type: "refused", data} signed by the services key:
+// refusals rate to zero but stay on record. A failure is logged; the
+// refusal stands.
 func (w *Worker) recordRefusal(seller string, q AdmitRequest, code errs.Code) {
 	ev := metering.RefusalEvent(seller, q.Requester, q.Offering, q.RequestID, protocol.FormatTime(w.now()), string(code))
-	if err := w.svc.Emit("metering", "refused", ev); err != nil {
+	err := func() error {
+		e, err := protocol.New(protocol.TypeEmit, w.svc.Key.Public(), map[string]any{"domain": "metering", "event_type": "refused", "data": ev})
+		if err != nil {
+			return err
+		}
+		if err := e.Sign(w.svc.Key); err != nil {
+			return err
+		}
+		b, err := e.Marshal()
+		if err != nil {
+			return err
+		}
+		return w.svc.NC.Publish(SubjRefused, b)
+	}()
+	if err != nil {
 		w.svc.Log.Warn("the refusal's meter event was not published", "seller", seller, "code", code, "err", err)
 	}
 }

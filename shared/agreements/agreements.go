@@ -24,6 +24,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -58,27 +59,47 @@ type Config struct {
 	// ConsoleURL at each refusal: meshd knows its console only once its
 	// HTTP listener is up, after the workers start.
 	Console func() string
+	// SweepEvery is how often this copy sweeps the volume counters of
+	// ended windows (0: DefaultSweepEvery).
+	SweepEvery time.Duration
+	// MaxPerOwner bounds the agreements one owner keeps on file (0:
+	// DefaultMaxPerOwner); a filing past it is QUOTA_EXCEEDED.
+	MaxPerOwner int
 }
+
+// DefaultMaxPerOwner is the agreements one owner may keep on file: one per
+// (seller, SKU), replaced by a newer filing, so this many distinct SKUs.
+const DefaultMaxPerOwner = 1000
 
 // Worker is one running copy of the agreements service.
 type Worker struct {
-	svc     *bus.Service
-	kv      jetstream.KeyValue
-	console func() string
+	svc         *bus.Service
+	kv          jetstream.KeyValue
+	console     func() string
+	maxPerOwner int
 
+	cancel   context.CancelFunc
+	done     sync.WaitGroup
 	stopOnce sync.Once
 	stopErr  error
 }
 
 // Start runs one copy in env: binds the commerce bucket (created here if
-// no other writer made it) and serves the three agreement verbs and
-// mesh.commerce.admit.
+// no other writer made it), serves the three agreement verbs and
+// mesh.commerce.admit, and sweeps the volume counters every
+// cfg.SweepEvery until ctx ends or Stop.
 func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	svc, err := bus.NewServiceIn(env, Name, "agreements to paid SKUs, and admission at the seller's node: mesh.agreements.file, list, revoke; mesh.commerce.admit")
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{svc: svc, console: cfg.Console}
+	w := &Worker{svc: svc, console: cfg.Console, maxPerOwner: cfg.MaxPerOwner, cancel: func() {}}
+	if w.maxPerOwner <= 0 {
+		w.maxPerOwner = DefaultMaxPerOwner
+	}
+	if cfg.SweepEvery <= 0 {
+		cfg.SweepEvery = DefaultSweepEvery
+	}
 	if w.console == nil {
 		url := cfg.ConsoleURL
 		w.console = func() string { return url }
@@ -108,12 +129,20 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err := env.NC.Flush(); err != nil {
 		return fail(fmt.Errorf("%s: flush: %w", Name, err))
 	}
+	loopCtx, cancel := context.WithCancel(ctx)
+	w.cancel = cancel
+	w.done.Add(1)
+	go w.sweepLoop(loopCtx, cfg.SweepEvery)
 	return w, nil
 }
 
-// Stop ends the copy; safe to call more than once.
+// Stop ends the copy and its sweeper; safe to call more than once.
 func (w *Worker) Stop() error {
-	w.stopOnce.Do(func() { w.stopErr = w.svc.Stop() })
+	w.stopOnce.Do(func() {
+		w.cancel()
+		w.done.Wait()
+		w.stopErr = w.svc.Stop()
+	})
 	return w.stopErr
 }
 
@@ -164,6 +193,9 @@ func (w *Worker) file(ctx context.Context, r *bus.Request) (any, error) {
 			return nil, errs.Newf(errs.InvalidRequest, "the agreement expired at %s; sign a new one", a.ExpiresAt)
 		}
 	}
+	if err := w.mayFile(ctx, r.Env.From, a.ConsumerOwner); err != nil {
+		return nil, err
+	}
 	skus, err := w.sellerSKUs(ctx, a.SellerAgent)
 	if err != nil {
 		return nil, err
@@ -179,6 +211,9 @@ func (w *Worker) file(ctx context.Context, r *bus.Request) (any, error) {
 	}
 	rec := commerce.AgreementRecord{Agreement: json.RawMessage(r.Env.Payload), FiledAt: now}
 	key := commerce.AgreementKey(a.SellerAgent, a.ConsumerOwner, a.SKU)
+	if err := w.underQuota(ctx, a.ConsumerOwner, key); err != nil {
+		return nil, err
+	}
 	stored, _, err := bus.CAS(ctx, w.kv, key, func(cur *commerce.AgreementRecord, exists bool) (*commerce.AgreementRecord, error) {
 		if !exists {
 			return &rec, nil
@@ -206,11 +241,25 @@ func (w *Worker) file(ctx context.Context, r *bus.Request) (any, error) {
 	return map[string]any{"status": "filed", "agreement": w.view(*stored, s.Digest(), true, now)}, nil
 }
 
+// revokeSkew is how far ahead of this clock a signed revoked_at may be: a
+// revocation is signed just before it is filed, so a few seconds of clock
+// difference, no more.
+const revokeSkew = 5 * time.Second
+
+// revokeAttempts bounds the compare-and-set rounds of one revocation.
+const revokeAttempts = 8
+
 // revoke records an owner-signed revocation: the agreement stops covering
 // from the moment the service takes it (revoked_at on the record is this
 // clock's, never the signed time, so a revocation cannot reach back into
-// usage already rated). A revocation signed before the agreement on file
-// was agreed is refused: it is an old revocation replayed.
+// usage already rated). The revocation names the agreement it withdraws by
+// its agreed_at: one naming another agreement (an old revocation replayed
+// against a later agreement) is refused, and so is one signed before the
+// agreement on file was agreed or dated more than revokeSkew ahead.
+//
+// The record is read from the stream's leader and written with its
+// revision, so the answer is about the agreement on file now, never a
+// replica's older copy (a follower may not yet have a newer agreement).
 func (w *Worker) revoke(ctx context.Context, r *bus.Request) (any, error) {
 	rv, err := ParseRevocation(r.Env.Payload)
 	if err != nil {
@@ -220,30 +269,56 @@ func (w *Worker) revoke(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, err
 	}
 	now := w.now()
-	if rv.Time().After(now.Add(futureSkew)) {
-		return nil, errs.Newf(errs.InvalidRequest, "revoked_at %s is in the future; a revocation takes effect when it is filed", rv.RevokedAt)
+	if rv.Time().After(now.Add(revokeSkew)) {
+		return nil, errs.Newf(errs.InvalidRequest, "revoked_at %s is in the future; a revocation takes effect when it is filed: sign it with the current time", rv.RevokedAt)
 	}
+	named, _ := protocol.ParseTime(rv.AgreedAt)
 	key := commerce.AgreementKey(rv.SellerAgent, rv.ConsumerOwner, rv.SKU)
-	stored, _, err := bus.CAS(ctx, w.kv, key, func(cur *commerce.AgreementRecord, exists bool) (*commerce.AgreementRecord, error) {
-		if !exists {
+	for attempt := 1; ; attempt++ {
+		b, rev, found, err := bus.LeaderGetRev(ctx, w.svc.NC, commerce.Bucket, key)
+		if err != nil {
+			return nil, errs.Wrap(errs.Unavailable, "the agreement could not be read just now; retry", err)
+		}
+		if !found {
 			return nil, errs.Newf(errs.NotFound, "owner %s holds no agreement to %s of agent %s", rv.ConsumerOwner, rv.SKU, rv.SellerAgent)
 		}
-		if cur.RevokedAt != nil {
-			return nil, bus.ErrNoChange
+		var cur commerce.AgreementRecord
+		if err := json.Unmarshal(b, &cur); err != nil {
+			return nil, errs.Wrap(errs.Unavailable, "the agreement on file could not be read; retry later", err)
 		}
-		if a, err := commerce.ParseAgreement(cur.Agreement); err == nil {
-			if agreed, _ := protocol.ParseTime(a.AgreedAt); !agreed.Before(rv.Time()) {
-				return nil, errs.Newf(errs.Conflict, "the agreement on file was agreed at %s, after this revocation was signed (%s); sign a new revocation", a.AgreedAt, rv.RevokedAt)
-			}
+		a, err := commerce.ParseAgreement(cur.Agreement)
+		if err != nil {
+			return nil, errs.Wrap(errs.Unavailable, "the agreement on file could not be read; retry later", err)
 		}
-		next := *cur
+		agreed, _ := protocol.ParseTime(a.AgreedAt)
+		switch {
+		case !agreed.Equal(named):
+			return nil, errs.Newf(errs.Conflict, "the agreement on file was agreed at %s, not at %s as this revocation names: sign a revocation of the agreement on file",
+				a.AgreedAt, rv.AgreedAt).WithDetails(map[string]any{"agreed_at": a.AgreedAt})
+		case !agreed.Before(rv.Time()):
+			return nil, errs.Newf(errs.Conflict, "the agreement on file was agreed at %s, after this revocation was signed (%s); sign a new revocation", a.AgreedAt, rv.RevokedAt)
+		case cur.RevokedAt != nil:
+			// The agreement it names, already revoked (by this very
+			// revocation, say, sent again).
+			return map[string]any{"status": "revoked", "agreement": w.view(cur, "", false, now)}, nil
+		}
+		next := cur
 		next.RevokedAt = &now
-		return &next, nil
-	})
-	if err != nil {
-		return nil, err
+		nb, err := json.Marshal(next)
+		if err != nil {
+			return nil, err
+		}
+		_, err = w.kv.Update(ctx, key, nb, rev)
+		switch {
+		case err == nil:
+			return map[string]any{"status": "revoked", "agreement": w.view(next, "", false, now)}, nil
+		case bus.IsConflict(err) && attempt < revokeAttempts:
+			continue // written since the read: judge the record on file now
+		case bus.IsConflict(err):
+			return nil, errs.Wrap(errs.Unavailable, "the agreement kept changing while it was revoked; retry", err)
+		}
+		return nil, errs.Wrap(errs.Unavailable, "the revocation could not be recorded just now; retry", err)
 	}
-	return map[string]any{"status": "revoked", "agreement": w.view(*stored, "", false, now)}, nil
 }
 
 // Entry is one agreement as list, file and revoke answer it.
@@ -295,13 +370,17 @@ func (w *Worker) view(rec commerce.AgreementRecord, current string, known bool, 
 }
 
 // listPageBytes bounds the agreements of one list answer, well inside the
-// bus's 1 MB message limit; a longer list says truncated.
+// bus's 1 MB message limit; a page cut short by it says next like one cut
+// by its limit.
 const listPageBytes = 512 << 10
 
-// list answers {agreements: [Entry], truncated?}: a seller's agreements
+// list answers {agreements: [Entry], next?}: a seller's agreements
 // (seller_agent = the verified sender, the default), an owner's (its
 // consumer_owner must be the registered owner of the sender), or, for the
-// services key, any.
+// services key, any. The answer is a page in key order of at most limit
+// agreements after the cursor after; next, present when more follow, is
+// the cursor of the page after. Only the keys are scanned (no values), and
+// only the page's records and its sellers' registrations are read.
 func (w *Worker) list(ctx context.Context, r *bus.Request) (any, error) {
 	q, err := DecodeList(r.Env.Payload)
 	if err != nil {
@@ -332,22 +411,54 @@ func (w *Worker) list(ctx context.Context, r *bus.Request) (any, error) {
 	if owner == "" {
 		owner = "*"
 	}
-	var recs []commerce.AgreementRecord
-	if err := w.scan(ctx, commerce.AgreementKey(seller, owner, "*"), func(_ string, v []byte) {
-		var rec commerce.AgreementRecord
-		if err := json.Unmarshal(v, &rec); err == nil {
-			recs = append(recs, rec)
+	limit := q.Limit
+	if limit == 0 {
+		limit = DefaultListLimit
+	}
+	// The limit+1 smallest keys after the cursor: the page, and whether
+	// another follows.
+	page := make([]string, 0, limit+1)
+	if err := w.keys(ctx, commerce.AgreementKey(seller, owner, "*"), func(k string) bool {
+		if k <= q.After {
+			return true
 		}
+		i, dup := slices.BinarySearch(page, k)
+		switch {
+		case dup:
+		case len(page) <= limit:
+			page = slices.Insert(page, i, k)
+		case i < len(page):
+			page = slices.Insert(page[:len(page)-1], i, k)
+		}
+		return true
 	}); err != nil {
-		return nil, err
+		return nil, errs.OrUnavailable(err, "the agreements could not be listed just now; retry")
+	}
+	more := len(page) > limit
+	if more {
+		page = page[:limit]
 	}
 	now := w.now()
 	current := map[string]map[string]string{} // seller -> sku -> digest (nil map: unreadable)
 	out := []Entry{}
-	size, truncated := 0, false
-	for _, rec := range recs {
+	size, last := 0, ""
+	for _, k := range page {
+		e, err := w.kv.Get(ctx, k)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			last = k
+			continue
+		}
+		if err != nil {
+			return nil, errs.Wrap(errs.Unavailable, "the agreements could not be read just now; retry", err)
+		}
+		var rec commerce.AgreementRecord
+		if err := json.Unmarshal(e.Value(), &rec); err != nil {
+			last = k
+			continue
+		}
 		a, err := commerce.ParseAgreement(rec.Agreement)
 		if err != nil {
+			last = k
 			continue
 		}
 		digests, seen := current[a.SellerAgent]
@@ -355,17 +466,18 @@ func (w *Worker) list(ctx context.Context, r *bus.Request) (any, error) {
 			digests = w.digests(ctx, a.SellerAgent)
 			current[a.SellerAgent] = digests
 		}
-		e := w.view(rec, digests[a.SKU], digests != nil, now)
-		b, _ := json.Marshal(e)
-		if size += len(b); size > listPageBytes {
-			truncated = true
+		v := w.view(rec, digests[a.SKU], digests != nil, now)
+		b, _ := json.Marshal(v)
+		if size += len(b); size > listPageBytes && len(out) > 0 {
+			more = true
 			break
 		}
-		out = append(out, e)
+		out = append(out, v)
+		last = k
 	}
 	res := map[string]any{"agreements": out}
-	if truncated {
-		res["truncated"] = true
+	if more {
+		res["next"] = last
 	}
 	return res, nil
 }
@@ -385,27 +497,77 @@ func (w *Worker) digests(ctx context.Context, seller string) map[string]string {
 	return m
 }
 
-// scan calls f with every live key and value matching filter.
-func (w *Worker) scan(ctx context.Context, filter string, f func(key string, v []byte)) error {
-	watch, err := w.kv.Watch(ctx, filter, jetstream.IgnoreDeletes())
+// keys calls f with every live key matching filter, reading no values,
+// until f answers false.
+func (w *Worker) keys(ctx context.Context, filter string, f func(key string) bool) error {
+	watch, err := w.kv.Watch(ctx, filter, jetstream.IgnoreDeletes(), jetstream.MetaOnly())
 	if err != nil {
-		return fmt.Errorf("%s: list %s: %w", Name, filter, err)
+		return fmt.Errorf("%s: keys %s: %w", Name, filter, err)
 	}
 	defer func() { _ = watch.Stop() }()
 	for {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("%s: list %s: %w", Name, filter, ctx.Err())
+			return fmt.Errorf("%s: keys %s: %w", Name, filter, ctx.Err())
 		case e, ok := <-watch.Updates():
 			if !ok {
-				return errors.New(Name + ": list: the watch closed")
+				return errors.New(Name + ": keys: the watch closed")
 			}
-			if e == nil {
+			if e == nil || !f(e.Key()) {
 				return nil
 			}
-			f(e.Key(), e.Value())
 		}
 	}
+}
+
+// mayFile refuses a filing unless its sender is the services key, or a
+// registered agent outside the sandbox whose registered owner is the
+// agreement's consumer_owner: an owner's agreements are filed by the
+// owner's own agents. (The owner's signature inside is the authority; this
+// bounds who can make the service keep records at all.)
+func (w *Worker) mayFile(ctx context.Context, from, owner string) error {
+	if from == w.svc.Key.Public() {
+		return nil
+	}
+	rec, found, err := w.record(ctx, from)
+	if err != nil {
+		return errs.Wrap(errs.Unavailable, "the filer's registration could not be read just now; retry", err)
+	}
+	if !found {
+		return errs.Newf(errs.Forbidden, "agent %s is not registered: an agreement is filed by a registered agent of its consumer_owner", from)
+	}
+	if rec.Sandbox() {
+		return errs.Newf(errs.Forbidden, "agent %s is a sandbox (guest) registration: it files no agreements", from)
+	}
+	registered, err := w.ownerOf(ctx, from)
+	if err != nil {
+		return err
+	}
+	if registered != owner {
+		return errs.Newf(errs.Forbidden, "consumer_owner %s is not the registered owner of agent %s: an owner's agreements are filed by its own agents", owner, from)
+	}
+	return nil
+}
+
+// underQuota refuses with QUOTA_EXCEEDED a new agreement (key not yet on
+// file) of an owner who already keeps maxPerOwner.
+func (w *Worker) underQuota(ctx context.Context, owner, key string) error {
+	n, replaces := 0, false
+	if err := w.keys(ctx, commerce.AgreementKey("*", owner, "*"), func(k string) bool {
+		if k == key {
+			replaces = true
+			return false
+		}
+		n++
+		return true
+	}); err != nil {
+		return errs.OrUnavailable(err, "the owner's agreements could not be counted just now; retry")
+	}
+	if !replaces && n >= w.maxPerOwner {
+		return errs.Newf(errs.QuotaExceeded, "owner %s keeps %d agreements, the most this mesh keeps for one owner; revoke one (or agree again to a SKU already agreed to) first", owner, n).
+			WithDetails(map[string]any{"limit": w.maxPerOwner})
+	}
+	return nil
 }
 
 func skuByID(skus []commerce.SKU, id string) (commerce.SKU, bool) {

@@ -67,7 +67,7 @@ func FuzzDecodeList(f *testing.F) {
 // not the owner's).
 func FuzzParseRevocation(f *testing.F) {
 	for _, seed := range []string{
-		`{"v":1,"consumer_owner":"` + fuzzKey + `","seller_agent":"` + fuzzKey + `","sku":"paid-flat","revoked_at":"2026-11-25T04:00:00Z","sig":"AAAA"}`,
+		`{"v":1,"consumer_owner":"` + fuzzKey + `","seller_agent":"` + fuzzKey + `","sku":"paid-flat","agreed_at":"2026-11-25T03:00:00Z","revoked_at":"2026-11-25T04:00:00Z","sig":"AAAA"}`,
 		`{"v":2,"consumer_owner":"` + fuzzKey + `"}`, `{"v":1,"sig":""}`, `{"v":1.5}`, `[]`, `null`, ``, `{`,
 	} {
 		f.Add([]byte(seed))

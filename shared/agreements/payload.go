@@ -1,6 +1,7 @@
 package agreements
 
 import (
+	"strings"
 	"time"
 
 	"agentmesh.dev/mesh/shared/commerce"
@@ -85,14 +86,25 @@ func DecodeAdmit(data []byte) (AdmitRequest, error) {
 }
 
 // ListRequest is the payload of mesh.agreements.list: either filter may be
-// empty.
+// empty; Limit (0: DefaultListLimit) and After (the next of the page
+// before) page the answer.
 type ListRequest struct {
 	ConsumerOwner string `json:"consumer_owner,omitempty"`
 	SellerAgent   string `json:"seller_agent,omitempty"`
+	Limit         int    `json:"limit,omitempty"`
+	After         string `json:"after,omitempty"`
 }
 
-// DecodeList decodes a list question {consumer_owner?, seller_agent?},
-// each a user public key when present. An empty payload is {}.
+// Page sizes of mesh.agreements.list.
+const (
+	DefaultListLimit = 100
+	MaxListLimit     = 500
+)
+
+// DecodeList decodes a list question {consumer_owner?, seller_agent?,
+// limit?, after?}: each filter a user public key when present, limit 1 to
+// MaxListLimit, after the next a previous page gave (an agreement key). An
+// empty payload is {}.
 func DecodeList(data []byte) (ListRequest, error) {
 	if len(data) == 0 || string(data) == "null" {
 		return ListRequest{}, nil
@@ -101,10 +113,22 @@ func DecodeList(data []byte) (ListRequest, error) {
 	if err != nil {
 		return ListRequest{}, err
 	}
-	if k, unknown := jsonv.Unknown(m, "consumer_owner", "seller_agent"); unknown {
+	if k, unknown := jsonv.Unknown(m, "consumer_owner", "seller_agent", "limit", "after"); unknown {
 		return ListRequest{}, errs.Newf(errs.InvalidRequest, "list: unknown member %q", k)
 	}
 	var r ListRequest
+	if raw, present := m["limit"]; present {
+		n, ok := jsonv.NonNegInt(raw)
+		if !ok || n < 1 || n > MaxListLimit {
+			return ListRequest{}, errs.Newf(errs.InvalidRequest, "list: limit, when present, is an integer from 1 to %d", MaxListLimit)
+		}
+		r.Limit = int(n)
+	}
+	if raw, present := m["after"]; present {
+		if r.After, _ = raw.(string); !strings.HasPrefix(r.After, commerce.AgreementPrefix) || len(r.After) > 512 {
+			return ListRequest{}, errs.New(errs.InvalidRequest, "list: after is not a cursor this service gave: pass back next as it came")
+		}
+	}
 	for _, f := range []struct {
 		name string
 		dst  *string
@@ -121,8 +145,10 @@ func DecodeList(data []byte) (ListRequest, error) {
 }
 
 // TagRevocation is the signature tag of an agreement revocation: the
-// consumer's owner signs {v, consumer_owner, seller_agent, sku,
-// revoked_at} under it, base64url, like the agreement itself.
+// consumer's owner signs {v, consumer_owner, seller_agent, sku, agreed_at,
+// revoked_at} under it, base64url, like the agreement itself. agreed_at is
+// the revoked agreement's own: a revocation names the one agreement it
+// withdraws, and cannot be replayed against a later one.
 const TagRevocation = "agentmesh-agreement-revoke-v1"
 
 // Revocation is an owner's signed withdrawal of its agreement to a
@@ -132,6 +158,7 @@ type Revocation struct {
 	ConsumerOwner string `json:"consumer_owner"`
 	SellerAgent   string `json:"seller_agent"`
 	SKU           string `json:"sku"`
+	AgreedAt      string `json:"agreed_at"`
 	RevokedAt     string `json:"revoked_at"`
 	Sig           string `json:"sig,omitempty"`
 }
@@ -142,8 +169,8 @@ func revocationErr(format string, args ...any) *errs.Error {
 
 // ParseRevocation shape-checks a revocation given as JSON text, refusing
 // as INVALID_ENVELOPE an unknown member, v other than 1, keys that are not
-// public keys, a sku that is not a SKU id, revoked_at that is not an RFC
-// 3339 instant, and a sig that is missing or empty. It does not verify the
+// public keys, a sku that is not a SKU id, agreed_at or revoked_at that is
+// not an RFC 3339 instant, and a sig that is missing or empty. It does not verify the
 // signature: see Verify.
 func ParseRevocation(data []byte) (Revocation, error) {
 	if len(data) > maxPayload {
@@ -157,7 +184,7 @@ func ParseRevocation(data []byte) (Revocation, error) {
 	if !ok {
 		return Revocation{}, revocationErr("must be a JSON object")
 	}
-	if k, bad := jsonv.Unknown(m, "v", "consumer_owner", "seller_agent", "sku", "revoked_at", "sig"); bad {
+	if k, bad := jsonv.Unknown(m, "v", "consumer_owner", "seller_agent", "sku", "agreed_at", "revoked_at", "sig"); bad {
 		return Revocation{}, revocationErr("unknown member %q", k)
 	}
 	var r Revocation
@@ -173,6 +200,9 @@ func ParseRevocation(data []byte) (Revocation, error) {
 	}
 	if r.SKU, _ = m["sku"].(string); !commerce.ValidSKUID(r.SKU) {
 		return Revocation{}, revocationErr("sku must be a SKU id, [a-z0-9-]{1,64}")
+	}
+	if r.AgreedAt, _ = m["agreed_at"].(string); !validTime(r.AgreedAt) {
+		return Revocation{}, revocationErr("agreed_at must be the revoked agreement's agreed_at, an RFC 3339 instant")
 	}
 	if r.RevokedAt, _ = m["revoked_at"].(string); !validTime(r.RevokedAt) {
 		return Revocation{}, revocationErr("revoked_at must be an RFC 3339 instant")

@@ -33,6 +33,13 @@ func (r Record) Owner() string {
 	return id
 }
 
+// Sandbox reports whether the registry filed the agent as a sandbox
+// (guest) registration.
+func (r Record) Sandbox() bool {
+	b, _ := r["sandbox"].(bool)
+	return b
+}
+
 // SKUs are the SKUs the agent's manifest publishes (none: nil). The
 // registry validated them at register; a record whose skus no longer
 // validate is an error, never "no SKUs": that would make paid offerings

@@ -48,6 +48,12 @@ func newStand(t *testing.T, copies int) *stand {
 		}
 		t.Cleanup(func() { _ = w.Stop() })
 	}
+	return standOn(t, b)
+}
+
+// standOn is the stand on b, where the workers already run.
+func standOn(t *testing.T, b *bustest.Bus) *stand {
+	t.Helper()
 	s := &stand{t: t, b: b, nc: bustest.Client(t, b), seller: bustest.Agent(t), requester: bustest.Agent(t), owner: bustest.Agent(t)}
 	js, err := jetstream.New(s.nc)
 	if err != nil {
@@ -185,7 +191,7 @@ func TestAdmit(t *testing.T) {
 
 	refused := metering.Requests
 	events := make(chan *nats.Msg, 16)
-	sub, err := s.nc.ChanSubscribe(protocol.EventSubject("metering.refused"), events)
+	sub, err := s.nc.ChanSubscribe(agreements.SubjRefused, events)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -299,7 +305,7 @@ func TestAdmit(t *testing.T) {
 
 	// Revoked: prospective, and a copy of the revoked agreement filed again
 	// does not restore it.
-	rv := agreements.Revocation{SellerAgent: seller, SKU: "paid-flat", RevokedAt: protocol.FormatTime(now.Add(2 * time.Second))}
+	rv := agreements.Revocation{SellerAgent: seller, SKU: "paid-flat", AgreedAt: fresh.AgreedAt, RevokedAt: protocol.FormatTime(now.Add(2 * time.Second))}
 	if err := agreements.SignRevocation(&rv, s.owner); err != nil {
 		t.Fatal(err)
 	}
@@ -400,7 +406,7 @@ func TestVolumeDayGivesBackHour(t *testing.T) {
 		t.Fatalf("day: %v", e)
 	}
 	now := time.Now().UTC()
-	entry, err := s.comm.Get(t.Context(), agreements.VolumeKey(s.seller.Public(), s.requester.Public(), agreements.WindowHour, now.Truncate(time.Hour)))
+	entry, err := s.comm.Get(t.Context(), agreements.VolumeKey(s.seller.Public(), s.requester.Public(), "sow-2", 0, agreements.WindowHour, now.Truncate(time.Hour)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -453,7 +459,7 @@ func TestFileRefusals(t *testing.T) {
 	if e := s.file(earlier); e == nil || e.Code != errs.Conflict {
 		t.Fatalf("an earlier agreement over a later one: %v", e)
 	}
-	rv := agreements.Revocation{SellerAgent: s.seller.Public(), SKU: "paid-flat", RevokedAt: protocol.FormatTime(now.Add(time.Second))}
+	rv := agreements.Revocation{SellerAgent: s.seller.Public(), SKU: "paid-flat", AgreedAt: good.AgreedAt, RevokedAt: protocol.FormatTime(now.Add(time.Second))}
 	if err := agreements.SignRevocation(&rv, bustest.Agent(t)); err != nil {
 		t.Fatal(err)
 	}

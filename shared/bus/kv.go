@@ -282,11 +282,19 @@ const leaderGetTimeout = 2 * time.Second
 // write (a security decision) reads this way; found is false for a key
 // never written, deleted, purged or expired.
 func LeaderGet(ctx context.Context, nc *nats.Conn, bucket, key string) (value []byte, found bool, err error) {
+	value, _, found, err = LeaderGetRev(ctx, nc, bucket, key)
+	return value, found, err
+}
+
+// LeaderGetRev is LeaderGet with the entry's revision (its stream
+// sequence), for a compare-and-set that must start from the leader's view:
+// kv.Update with that revision fails if anything was written since.
+func LeaderGetRev(ctx context.Context, nc *nats.Conn, bucket, key string) (value []byte, rev uint64, found bool, err error) {
 	req, err := json.Marshal(struct {
 		LastBy string `json:"last_by_subj"`
 	}{"$KV." + bucket + "." + key})
 	if err != nil {
-		return nil, false, err
+		return nil, 0, false, err
 	}
 	var msg *nats.Msg
 	for attempt := 1; ; attempt++ {
@@ -300,41 +308,42 @@ func LeaderGet(ctx context.Context, nc *nats.Conn, bucket, key string) (value []
 			break
 		}
 		if ctx.Err() != nil || !Transient(err) || attempt == maxUnanswered {
-			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+			return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
 		}
 		select {
 		case <-ctx.Done():
-			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, ctx.Err())
+			return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, ctx.Err())
 		case <-time.After(unansweredBackoff(attempt)):
 		}
 	}
 	var resp struct {
 		Message *struct {
+			Seq  uint64 `json:"seq"`
 			Hdrs []byte `json:"hdrs"`
 			Data []byte `json:"data"`
 		} `json:"message"`
 		Error *jetstream.APIError `json:"error"`
 	}
 	if err := json.Unmarshal(msg.Data, &resp); err != nil {
-		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+		return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
 	}
 	switch {
 	case resp.Error != nil && resp.Error.ErrorCode == jetstream.JSErrCodeMessageNotFound:
-		return nil, false, nil
+		return nil, 0, false, nil
 	case resp.Error != nil:
-		return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, resp.Error)
+		return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, resp.Error)
 	case resp.Message == nil:
-		return nil, false, fmt.Errorf("kv %s: get %s from the leader: an answer with no message", bucket, key)
+		return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: an answer with no message", bucket, key)
 	}
 	if len(resp.Message.Hdrs) > 0 {
 		hdr, err := nats.DecodeHeadersMsg(resp.Message.Hdrs)
 		if err != nil {
-			return nil, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
+			return nil, 0, false, fmt.Errorf("kv %s: get %s from the leader: %w", bucket, key, err)
 		}
 		// A delete or purge marker, or the marker of an expired key.
 		if hdr.Get("KV-Operation") != "" || hdr.Get(jetstream.MarkerReasonHeader) != "" {
-			return nil, false, nil
+			return nil, 0, false, nil
 		}
 	}
-	return resp.Message.Data, true, nil
+	return resp.Message.Data, resp.Message.Seq, true, nil
 }

@@ -83,6 +83,16 @@ func (d *DedupMemory) Seen(from, id string) bool {
 	return false
 }
 
+// Forget drops (from, id) from the memory: a message its receiver left
+// unhandled, to be taken again (a drained request kept in the mailbox).
+// Its ring slot stays until overwritten; evicting it then only forgets the
+// pair once more.
+func (d *DedupMemory) Forget(from, id string) {
+	d.mu.Lock()
+	delete(d.seen, dedupKey{from, id})
+	d.mu.Unlock()
+}
+
 // CheckFreshness applies the freshness windows: an empty or unparseable ts
 // is refused; more than 5 minutes in the future is refused on every path;
 // otherwise the age must be at most 10 minutes (live) or 7 days (mailbox).
