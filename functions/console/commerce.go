@@ -99,8 +99,11 @@ const maxAgentsRead = 200
 var errTooManyAgents = errors.New("console: more registry records than one agreements page reads")
 
 // AgreeCommand is the command that signs and files an agreement to seller's
-// sku with the owner key of the adapter it runs in.
-func AgreeCommand(seller, sku string) string { return "mesh-adapter agree " + seller + " " + sku }
+// sku with the owner key of the adapter it runs in, pinned to the terms the
+// page shows: if the seller re-prices before it runs, it signs nothing.
+func AgreeCommand(seller string, sku commerce.SKU) string {
+	return "mesh-adapter agree " + seller + " " + sku.ID + " --digest " + sku.Digest()
+}
 
 // ownerOf is the owner key a registry record names: the attested owner,
 // else the hosting node (records made before owners were recorded).
@@ -214,7 +217,7 @@ func offerOf(seller string, sku commerce.SKU) offerRow {
 		TermsURL: sku.Provider.TermsURL, CheckoutURL: sku.Provider.CheckoutURL, Digest: sku.Digest(), Paid: sku.Price.Paid()}
 	if row.Paid {
 		row.Approve = Prefix + "agreements/approve?" + url.Values{"sku": {sku.ID}, "seller": {seller}}.Encode()
-		row.Command = AgreeCommand(seller, sku.ID)
+		row.Command = AgreeCommand(seller, sku)
 	}
 	return row
 }
@@ -377,7 +380,7 @@ func (s *Server) approvePage(w http.ResponseWriter, r *http.Request) {
 			}
 			d.Sellers = append(d.Sellers, approvalSeller{Agent: agent, Name: recordName(rec), Covers: coversWords(sku.Covers),
 				Price: PriceWords(sku.Price), Provider: sku.Provider.ID, TermsURL: sku.Provider.TermsURL,
-				CheckoutURL: sku.Provider.CheckoutURL, Digest: sku.Digest(), Command: AgreeCommand(agent, sku.ID), Paid: sku.Price.Paid()})
+				CheckoutURL: sku.Provider.CheckoutURL, Digest: sku.Digest(), Command: AgreeCommand(agent, sku), Paid: sku.Price.Paid()})
 		}
 	}
 	slices.SortFunc(d.Sellers, func(a, b approvalSeller) int {

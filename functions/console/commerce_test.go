@@ -300,7 +300,7 @@ func TestConsoleApprovalPage(t *testing.T) {
 			t.Fatalf("approval: %d\n%s", page.status, page.body)
 		}
 		cmds := regexp.MustCompile(`class="agree-command">([^<]+)<`).FindAllStringSubmatch(page.body, -1)
-		if len(cmds) != 2 || cmds[0][1] != "mesh-adapter agree "+a+" caselaw-metered" || cmds[1][1] != "mesh-adapter agree "+b+" caselaw-metered" {
+		if len(cmds) != 2 || cmds[0][1] != "mesh-adapter agree "+a+" caselaw-metered --digest "+digestA || cmds[1][1] != "mesh-adapter agree "+b+" caselaw-metered --digest "+digestB {
 			t.Errorf("the commands: %q", cmds)
 		}
 		digests := regexp.MustCompile(`class="id digest">([^<]+)<`).FindAllStringSubmatch(page.body, -1)
@@ -323,7 +323,7 @@ func TestConsoleApprovalPage(t *testing.T) {
 
 	page := h.out.get("agreements/approve?sku=caselaw-metered&seller=" + unlisted)
 	if cmds := regexp.MustCompile(`class="agree-command">([^<]+)<`).FindAllStringSubmatch(page.body, -1); page.status != 200 ||
-		len(cmds) != 1 || cmds[0][1] != "mesh-adapter agree "+unlisted+" caselaw-metered" {
+		len(cmds) != 1 || !strings.HasPrefix(cmds[0][1], "mesh-adapter agree "+unlisted+" caselaw-metered --digest ") {
 		t.Errorf("a named seller: %d %q", page.status, cmds)
 	}
 	f.set(func(f *fakeCommerce) { f.incomplete = true })

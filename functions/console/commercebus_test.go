@@ -164,7 +164,7 @@ func TestConsoleCommerceOnMeshd(t *testing.T) {
 		t.Fatalf("%s: %d %q", approval, first.status, first.location)
 	}
 	page := b.get(first.location)
-	if page.status != 200 || !strings.Contains(page.body, `class="agree-command">mesh-adapter agree `+seller.Public()+` caselaw-metered<`) ||
+	if page.status != 200 || !strings.Contains(page.body, `class="agree-command">mesh-adapter agree `+seller.Public()+` caselaw-metered --digest `+digest+`<`) ||
 		!strings.Contains(page.body, `class="id digest">`+digest+`<`) {
 		t.Fatalf("approval page: %d\n%s", page.status, text(page))
 	}
