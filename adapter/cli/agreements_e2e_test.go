@@ -68,7 +68,7 @@ func TestAgreeAndAgreements(t *testing.T) {
 	_, errOut, code := w.run(buyer, "send", seller.ID(), "do the paid thing", "--wait", "20")
 	approve := strings.TrimSuffix(w.m.URLs().Console, "/") + "/agreements/approve?sku=whole-agent"
 	if code != 4 || strings.Count(strings.TrimSpace(errOut), "\n") != 0 ||
-		!strings.Contains(errOut, "AGREEMENT_REQUIRED: whole-agent is a paid offering (0.25 per unit)") ||
+		!strings.Contains(errOut, "AGREEMENT_REQUIRED: whole-agent is a paid offering (0.25 credits per unit)") ||
 		!strings.Contains(errOut, "approve at "+approve) || !strings.Contains(errOut, "`mesh-adapter agree "+seller.ID()+" whole-agent --digest "+s.Digest()+"`") {
 		t.Fatalf("send to a paid seller: exit %d\n%s", code, errOut)
 	}

@@ -323,7 +323,7 @@ func AgreementRequiredLine(seller string, e *errs.Error) string {
 	url, _ := e.Details["approval_url"].(string)
 	price := ""
 	if p, ok := e.Details["price_credits"].(float64); ok {
-		price = " (" + protocol.FormatMicro(int64(p)) + " per unit)"
+		price = " (" + protocol.FormatMicro(int64(p)) + " credits per unit)"
 	}
 	return fmt.Sprintf("AGREEMENT_REQUIRED: %s is a paid offering%s and this account has not agreed to its current terms; approve at %s or run `mesh-adapter agree %s %s --digest %s`",
 		OneLine(skuID), price, OneLine(url), seller, OneLine(skuID), OneLine(digest))
