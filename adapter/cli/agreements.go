@@ -226,7 +226,7 @@ func printAgreements(w io.Writer, list []agreements.Entry) {
 			if a.CurrentDigest == "" {
 				line += " (the seller no longer sells it)"
 			} else {
-				line += fmt.Sprintf(" (the seller's terms changed to digest %s: run `mesh-adapter agree %s %s` to agree to them)", a.CurrentDigest, a.SellerAgent, a.SKU)
+				line += fmt.Sprintf(" (the seller's terms changed to digest %s: run `mesh-adapter agree %s %s --digest %s` to agree to them)", a.CurrentDigest, a.SellerAgent, a.SKU, a.CurrentDigest)
 			}
 		}
 		fmt.Fprintln(w, line)
