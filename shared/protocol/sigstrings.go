@@ -63,14 +63,15 @@ type Vouch struct {
 // record, must not make that node its owner, and an owner's attestation
 // must not make the owner its host).
 type vouchKind struct {
-	what  string // for messages
-	tag   string
-	renew string // what the signer must do once it has expired
+	what   string // for messages
+	tag    string
+	signer string // who signs it, for messages
+	renew  string // what the signer must do once it has expired
 }
 
 var (
-	nodeVouch  = vouchKind{"vouch", TagVouch, "the node must re-vouch"}
-	ownerVouch = vouchKind{"owner attestation", TagOwner, "the owner must sign a new one"}
+	nodeVouch  = vouchKind{"vouch", TagVouch, "the node must vouch", "the node must re-vouch"}
+	ownerVouch = vouchKind{"owner attestation", TagOwner, "the owner must attest", "the owner must sign a new one"}
 )
 
 // NewVouch has node attest agent from issued until expires. Times are
@@ -138,8 +139,8 @@ func (k vouchKind) verify(v Vouch, now time.Time) error {
 		return errs.Newf(errs.Unauthorized, "%s expires before it is issued", k.what)
 	}
 	if expires.Sub(issued) > MaxVouchLifetime+vouchLifetimeSlack {
-		return errs.Newf(errs.Unauthorized, "%s lives %s, longer than the %s allowed; it may be signed for at most 30 days",
-			k.what, expires.Sub(issued).Round(time.Hour), MaxVouchLifetime)
+		return errs.Newf(errs.Unauthorized, "%s lives %s, longer than the %s allowed; %s for at most 30 days",
+			k.what, expires.Sub(issued).Round(time.Hour), MaxVouchLifetime, k.signer)
 	}
 	if issued.Sub(now) > MaxFutureSkew {
 		return errs.Newf(errs.Unauthorized, "%s is not valid until %s", k.what, FormatTime(issued))
