@@ -168,7 +168,7 @@ func TestAdmissionMatrix(t *testing.T) {
 	if err := json.Unmarshal(recBytes, &rec); err != nil {
 		t.Fatal(err)
 	}
-	owner := rec.Owner()
+	owner := rec.Owner(time.Now())
 	if owner != requesterNode.Public() {
 		t.Fatalf("the requester registered with owner %s, not its node %s: give commerceAgent that owner and sign the agreements with its key", owner, requesterNode.Public())
 	}

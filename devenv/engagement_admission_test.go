@@ -93,7 +93,7 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 	// agent party to nothing.
 	client, client2, other := newAgent(t), newAgent(t), newAgent(t)
 	attested := func(agent, owner *keys.Agent) map[string]any {
-		v, err := protocol.NewVouch(owner, agent.Public(), time.Now(), time.Now().Add(time.Hour))
+		v, err := protocol.NewOwnerAttestation(owner, agent.Public(), time.Now(), time.Now().Add(time.Hour))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -126,7 +126,7 @@ func TestEngagementVolumeAtAdmission(t *testing.T) {
 		if err := json.Unmarshal(b, &rec); err != nil {
 			t.Fatal(err)
 		}
-		return rec.Owner()
+		return rec.Owner(time.Now())
 	}
 	if owner(provider.ID()) != pOwner.Public() || owner(client.Public()) != cOwner.Public() {
 		t.Fatalf("the registry's owners are not the attested ones: provider %s, client %s", owner(provider.ID()), owner(client.Public()))

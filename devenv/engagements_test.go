@@ -47,7 +47,10 @@ func (c *cp) registerAgent(acct string, agent *keys.Agent, node *keys.Node, extr
 		c.t.Fatal(err)
 	}
 	defer nc.Close()
-	vouch, err := protocol.NewVouch(node, agent.Public(), time.Now(), time.Now().Add(time.Hour))
+	// The node owns the agent while its vouch lasts (registry.OwnerOf), and
+	// the engagement tests move the control plane's clock on by a day and
+	// more: vouch for three days.
+	vouch, err := protocol.NewVouch(node, agent.Public(), time.Now(), time.Now().Add(72*time.Hour))
 	if err != nil {
 		c.t.Fatal(err)
 	}

@@ -124,8 +124,8 @@ func TestAgreeAndAgreements(t *testing.T) {
 	if err := json.Unmarshal(rb, &reg); err != nil {
 		t.Fatal(err)
 	}
-	if reg.Owner() != owner {
-		t.Fatalf("the registry names owner %s for the buyer, not the state's owner key %s", reg.Owner(), owner)
+	if reg.Owner(time.Now()) != owner {
+		t.Fatalf("the registry names owner %s for the buyer, not the state's owner key %s", reg.Owner(time.Now()), owner)
 	}
 	if out, errOut, code := w.run(buyer, "agreements"); code != 0 || !strings.HasPrefix(out, "active   whole-agent of agent "+seller.ID()+", digest "+s.Digest()) {
 		t.Fatalf("agreements: exit %d\n%s%s", code, out, errOut)

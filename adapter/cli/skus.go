@@ -15,6 +15,7 @@ import (
 	"agentmesh.dev/mesh/adapter/daemon"
 	"agentmesh.dev/mesh/adapter/state"
 	"agentmesh.dev/mesh/shared/commerce"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 func init() {
@@ -110,16 +111,14 @@ func printSKUs(w io.Writer, rec map[string]any, skus []commerce.SKU) {
 	}
 }
 
-// ownerOf is the record's owner, or its node for a record written before
-// the registry recorded owners (registry.OwnerOf; the adapter does not link
-// the registry).
+// ownerOf is the record's owner now in words: registry.OwnerOf's, or "none"
+// when the agent has none (a guest, an agent that is its own node, or an
+// expired owner attestation).
 func ownerOf(rec map[string]any) string {
-	if o, _ := rec["owner"].(string); o != "" {
+	if o := registry.OwnerOf(rec, time.Now()); o != "" {
 		return o
 	}
-	node, _ := rec["node"].(map[string]any)
-	id, _ := node["id"].(string)
-	return id
+	return "none"
 }
 
 func coversInWords(c commerce.Covers) string {

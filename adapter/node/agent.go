@@ -444,7 +444,9 @@ func (a *Agent) registerSubject() string {
 // ownerAttestation is the owner's statement that it owns the agent, for
 // exactly the vouch's lifetime: it is made afresh with every vouch, so it
 // is renewed at two thirds of its life with it. Nil without an owner key.
-func (a *Agent) ownerAttestation(v protocol.Vouch) (*protocol.Vouch, error) {
+// It is signed under the owner attestation's own tag (protocol.TagOwner),
+// never the vouch's.
+func (a *Agent) ownerAttestation(v protocol.Vouch) (*protocol.OwnerAttestation, error) {
 	if a.cfg.Owner == nil {
 		return nil, nil
 	}
@@ -456,7 +458,7 @@ func (a *Agent) ownerAttestation(v protocol.Vouch) (*protocol.Vouch, error) {
 	if err != nil {
 		return nil, err
 	}
-	att, err := protocol.NewVouch(a.cfg.Owner, a.id, issued, expires)
+	att, err := protocol.NewOwnerAttestation(a.cfg.Owner, a.id, issued, expires)
 	if err != nil {
 		return nil, fmt.Errorf("node: owner attestation: %w", err)
 	}
@@ -465,7 +467,7 @@ func (a *Agent) ownerAttestation(v protocol.Vouch) (*protocol.Vouch, error) {
 
 // buildManifest is the register payload (docs/bus.md "Manifest"): v is the
 // node's vouch, owner the owner's attestation (nil: none).
-func (a *Agent) buildManifest(v protocol.Vouch, owner *protocol.Vouch) map[string]any {
+func (a *Agent) buildManifest(v protocol.Vouch, owner *protocol.OwnerAttestation) map[string]any {
 	offerings := make([]any, 0, len(a.cfg.Offerings))
 	for _, o := range a.cfg.Offerings {
 		m := map[string]any{"id": o.ID, "name": o.Name}
@@ -526,7 +528,7 @@ func (a *Agent) buildManifest(v protocol.Vouch, owner *protocol.Vouch) map[strin
 		m["meta"] = a.cfg.Meta
 	}
 	if owner != nil {
-		m["owner"] = owner.Node
+		m["owner"] = owner.Owner()
 		m["owner_attestation"] = *owner
 	}
 	if len(a.cfg.SKUs) > 0 {

@@ -37,7 +37,7 @@ func TestRegistrationCarriesOwnerAndSKUs(t *testing.T) {
 		AvailabilityClass: "always_on", Owner: owner, SKUs: []commerce.SKU{sku}})
 
 	rec := tm.registered(t, k, k.Public())
-	if registry.OwnerOf(rec) != owner.Public() {
+	if registry.OwnerOf(rec, time.Now()) != owner.Public() {
 		t.Fatalf("registered owner %v, want %s", rec["owner"], owner.Public())
 	}
 	skus, err := registry.SKUsOf(rec)
@@ -105,7 +105,8 @@ func TestCheckSKUs(t *testing.T) {
 }
 
 // The attestation is the vouch's shape, signed by the owner under the
-// vouch tag: protocol's own verification accepts it.
+// owner attestation's own tag: protocol's own verification accepts it, and
+// it is not a vouch (review 18 #15).
 func TestOwnerAttestationVerifies(t *testing.T) {
 	owner, k := agentKey(t), agentKey(t)
 	a := &Agent{id: k.Public(), cfg: AgentConfig{Owner: owner}}
@@ -120,6 +121,9 @@ func TestOwnerAttestationVerifies(t *testing.T) {
 	}
 	if att.Node != owner.Public() || att.Agent != k.Public() || att.IssuedAt != v.IssuedAt || att.ExpiresAt != v.ExpiresAt || att.Verify(now) != nil {
 		t.Fatalf("attestation %+v: %v", att, att.Verify(now))
+	}
+	if protocol.Vouch(*att).Verify(now) == nil {
+		t.Fatal("the owner attestation verifies as a vouch by the owner")
 	}
 	if none, err := (&Agent{id: k.Public()}).ownerAttestation(v); none != nil || err != nil {
 		t.Fatalf("no owner key: %v %v", none, err)

@@ -15,6 +15,7 @@ import (
 	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 // The commerce pages (docs/console.md "Offers and agreements", DESIGN §11):
@@ -105,17 +106,6 @@ func AgreeCommand(seller string, sku commerce.SKU) string {
 	return "mesh-adapter agree " + seller + " " + sku.ID + " --digest " + sku.Digest()
 }
 
-// ownerOf is the owner key a registry record names: the attested owner,
-// else the hosting node (records made before owners were recorded).
-func ownerOf(rec map[string]any) string {
-	if o, _ := rec["owner"].(string); o != "" {
-		return o
-	}
-	node, _ := rec["node"].(map[string]any)
-	id, _ := node["id"].(string)
-	return id
-}
-
 func recordName(rec map[string]any) string { return str(rec["name"]) }
 
 // skusOf parses a record's published SKUs; nil and no error when it
@@ -166,7 +156,7 @@ func (s *Server) offersPage(w http.ResponseWriter, r *http.Request) {
 		s.render(w, r, status, "offers", v)
 		return
 	}
-	d.Agent, d.Name, d.Owner = agent, recordName(rec), ownerOf(rec)
+	d.Agent, d.Name, d.Owner = agent, recordName(rec), registry.OwnerOf(rec, time.Now())
 	if d.Name != "" {
 		v.Title = "Offers of " + d.Name
 	}
@@ -424,6 +414,7 @@ type engagementRow struct {
 type agreementsData struct {
 	Owners        []ownerRow
 	Unregistered  []string // the account's agents not registered now
+	NoOwner       []string // registered, but with no owner now (registry.OwnerOf)
 	Agreements    []agreementRow
 	AgreementsMsg string // why none is listed ("" when some are)
 	Engagements   []engagementRow
@@ -463,6 +454,7 @@ func (s *Server) agreementsPage(w http.ResponseWriter, r *http.Request, ss *sess
 		recs[agent] = rec
 		return rec, nil
 	}
+	now := time.Now()
 	names := map[string]string{}
 	owners := map[string]*ownerRow{}
 	var ids []string
@@ -479,8 +471,9 @@ func (s *Server) agreementsPage(w http.ResponseWriter, r *http.Request, ss *sess
 			d.Unregistered = append(d.Unregistered, names[a.ID])
 			continue
 		}
-		o := ownerOf(rec)
-		if !keys.IsUserPublicKey(o) {
+		o := registry.OwnerOf(rec, now)
+		if o == "" {
+			d.NoOwner = append(d.NoOwner, names[a.ID])
 			continue
 		}
 		if owners[o] == nil {

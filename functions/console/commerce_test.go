@@ -196,7 +196,7 @@ func flatCreditsSKU(t *testing.T, id string, amount int64) (map[string]any, stri
 func registration(id, name, node, owner string, skus ...any) map[string]any {
 	r := map[string]any{"id": id, "name": name, "node": map[string]any{"id": node}}
 	if owner != "" {
-		r["owner"] = owner
+		r["owner"], r["owner_expires_at"] = owner, protocol.FormatTime(time.Now().Add(time.Hour))
 	}
 	if skus != nil {
 		r["skus"] = skus
@@ -486,6 +486,22 @@ func TestConsoleAgreementsPage(t *testing.T) {
 	if !strings.Contains(page.body, `<a href="/v1/engagements/`+mine+`/`+seller+`/caselaw-summary">sow_1 v2</a>`) ||
 		!strings.Contains(text(page), "mine.ana@example.org Caselaw bot caselaw-summary in force") {
 		t.Errorf("the engagement row:\n%s", page.body)
+	}
+
+	// The owner's attestation of mine expires: mine has no owner now (not
+	// its node instead), and that owner's agreements are not the
+	// account's any more (review 18 #1).
+	f.set(func(f *fakeCommerce) {
+		f.records[mine]["owner_expires_at"] = protocol.FormatTime(now.Add(-time.Second))
+	})
+	page = h.in.get("agreements")
+	if rows := agreementRows(t, page); len(rows) != 2 || rows["caselaw-metered"] != [2]string{} {
+		t.Errorf("rows after the owner's attestation expired: %v", rows)
+	}
+	if words := text(page); !strings.Contains(words, "No owner now, so no agreement covers their requests") ||
+		!strings.Contains(words, "has expired; restart it from an adapter with an owner key to register it with one): mine.ana@example.org.") ||
+		strings.Contains(words, "owner of mine.ana@example.org") {
+		t.Errorf("the page after the owner's attestation expired:\n%s", words)
 	}
 
 	// Without a bus, or a lister, the sections say so.

@@ -85,7 +85,9 @@ func TestRenderGolden(t *testing.T) {
 
 type dir map[string]engagement.AgentInfo
 
-func (d dir) Agent(_ context.Context, a string) (engagement.AgentInfo, error) { return d[a], nil }
+func (d dir) Agent(_ context.Context, a string, _ time.Time) (engagement.AgentInfo, error) {
+	return d[a], nil
+}
 
 func key(t *testing.T) *keys.Agent {
 	k, err := keys.Generate[keys.AgentRole]()

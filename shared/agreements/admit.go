@@ -114,7 +114,14 @@ func (w *Worker) agreed(ctx context.Context, skus []commerce.SKU, s commerce.SKU
 		return nil, nil
 	}
 	price := PriceCredits(s)
-	return commerce.AgreementRequired(commerce.Required{SKU: s.ID, SKUDigest: s.Digest(), ApprovalURL: w.approvalURL(s), PriceCredits: &price}), nil
+	refusal := commerce.AgreementRequired(commerce.Required{SKU: s.ID, SKUDigest: s.Digest(), ApprovalURL: w.approvalURL(s), PriceCredits: &price})
+	if owner == "" {
+		// The same refusal and details; the words say why no approval by
+		// this agent's own key can ever cover it.
+		refusal.Message = fmt.Sprintf("%s is a paid offering and the requesting agent has no owner (a guest, an agent that is its own node, or one whose owner attestation has expired), so no agreement covers it; register it with its owner's attestation, and have that owner approve at %s",
+			s.ID, w.approvalURL(s))
+	}
+	return refusal, nil
 }
 
 // PriceCredits is the retail unit price of s in micro-units of its

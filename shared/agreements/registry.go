@@ -3,6 +3,7 @@ package agreements
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/commerce"
@@ -10,28 +11,20 @@ import (
 	"agentmesh.dev/mesh/shared/jsonv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
-// RegistryBucket is the registry's bucket (registry.Bucket), read here
-// without importing the registry worker: one record per agent id, the
-// manifest as registered.
+// RegistryBucket is the registry's bucket (registry.Bucket), read here by
+// key: one record per agent id, the manifest as registered.
 const RegistryBucket = "mesh_registry"
 
 // Record is an agent's registry record as stored (generic JSON).
 type Record map[string]any
 
-// Owner is the agent's owner key: the record's owner (the attested owner,
-// which the registry verified at register), else the hosting node's key,
-// the default owner (records written before owners were stored have no
-// owner member).
-func (r Record) Owner() string {
-	if o, _ := r["owner"].(string); keys.IsUserPublicKey(o) {
-		return o
-	}
-	n, _ := r["node"].(map[string]any)
-	id, _ := n["id"].(string)
-	return id
-}
+// Owner is the agent's owner key at now, "" when it has none (a guest, an
+// agent that would be its own owner, or an owner whose attestation has
+// expired): registry.OwnerOf, the one reader of owners.
+func (r Record) Owner(now time.Time) string { return registry.OwnerOf(r, now) }
 
 // Sandbox reports whether the registry filed the agent as a sandbox
 // (guest) registration.
@@ -98,8 +91,8 @@ func (w *Worker) sellerSKUs(ctx context.Context, seller string) ([]commerce.SKU,
 	return skus, nil
 }
 
-// ownerOf is the owner key of agent, "" when it is not registered (it then
-// holds no agreement anywhere).
+// ownerOf is the owner key of agent now, "" when it is not registered or
+// has no owner (it then holds no agreement anywhere).
 func (w *Worker) ownerOf(ctx context.Context, agent string) (string, error) {
 	rec, found, err := w.record(ctx, agent)
 	if err != nil {
@@ -108,5 +101,5 @@ func (w *Worker) ownerOf(ctx context.Context, agent string) (string, error) {
 	if !found {
 		return "", nil
 	}
-	return rec.Owner(), nil
+	return rec.Owner(w.now()), nil
 }

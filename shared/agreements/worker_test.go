@@ -88,7 +88,7 @@ func (s *stand) register(agent, node, owner string, skus ...map[string]any) {
 	s.t.Helper()
 	rec := map[string]any{"id": agent, "name": "a", "node": map[string]any{"id": node}}
 	if owner != "" {
-		rec["owner"] = owner
+		rec["owner"], rec["owner_expires_at"] = owner, protocol.FormatTime(time.Now().Add(time.Hour))
 	}
 	if len(skus) > 0 {
 		list := make([]any, len(skus))

@@ -36,6 +36,7 @@ import (
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/metering"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 // Name is the worker's name: micro service mesh-clearing, queue group
@@ -330,7 +331,10 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 	if err != nil {
 		return err
 	}
-	consumerOwner := ownerOf(requester)
+	// The requester's owner when it asked (registry.OwnerOf at the
+	// request's time, as the agreement is judged): admission refused it
+	// if it had none then.
+	consumerOwner := registry.OwnerOf(requester, at)
 	if sellerOwner == "" || consumerOwner == "" {
 		w.notCharged.Add(1)
 		w.svc.Log.Info("paid answer not charged: an owner is unknown", "request", env.InReplyTo, "seller", env.From, "requester", env.To)
@@ -477,23 +481,6 @@ func skusOf(rec map[string]any) ([]commerce.SKU, error) {
 	return commerce.SKUsFromValue(raw)
 }
 
-// ownerOf is an agent's owner: the registry record's owner, or the hosting
-// node's key in records written before owners were recorded; "" when
-// neither is a key.
-func ownerOf(rec map[string]any) string {
-	if rec == nil {
-		return ""
-	}
-	if o, _ := rec["owner"].(string); keys.IsUserPublicKey(o) {
-		return o
-	}
-	node, _ := rec["node"].(map[string]any)
-	if id, _ := node["id"].(string); keys.IsUserPublicKey(id) {
-		return id
-	}
-	return ""
-}
-
 // agreed reports whether owner held, at at, an agreement that verifies and
 // covers seller's SKU s at its current digest and was not yet revoked.
 func (w *Worker) agreed(ctx context.Context, seller, owner string, s commerce.SKU, at time.Time) (bool, error) {
@@ -594,7 +581,8 @@ func (w *Worker) sweep(ctx context.Context) {
 }
 
 // seller is what the clearing needs of an answering agent's registration:
-// its SKUs and its owner (none of either when it is not registered).
+// its SKUs and its owner (registry.OwnerOf when read; none of either when
+// it is not registered).
 type seller struct {
 	skus  []commerce.SKU
 	owner string
@@ -617,7 +605,7 @@ func (w *Worker) seller(ctx context.Context, agent string) (seller, error) {
 	if skus == nil {
 		skus = []commerce.SKU{}
 	}
-	return seller{skus: skus, owner: ownerOf(rec)}, nil
+	return seller{skus: skus, owner: registry.OwnerOf(rec, w.svc.Now())}, nil
 }
 
 // Every answered request of every agent is looked at, most of them free:

@@ -81,7 +81,7 @@ func startWith(t *testing.T, copies int, cfg Config, now func() time.Time, skus 
 		list = append(list, v)
 	}
 	h.put(h.reg, h.seller.Public(), map[string]any{"id": h.seller.Public(), "owner": h.sellerOwner.Public(), "skus": list,
-		"node": map[string]any{"id": newKey(t).Public()}})
+		"owner_expires_at": protocol.FormatTime(time.Now().AddDate(1, 0, 0)), "node": map[string]any{"id": newKey(t).Public()}})
 	// The buyer's record predates owners: its node's key is its owner.
 	h.put(h.reg, h.buyer.Public(), map[string]any{"id": h.buyer.Public(), "node": map[string]any{"id": h.buyerOwn.Public()}})
 	for i := range copies {

@@ -12,6 +12,7 @@ import (
 	"agentmesh.dev/mesh/shared/jsonv"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 // History paging of mesh.credits.history.
@@ -100,8 +101,9 @@ func (w *Worker) balanceOf(ctx context.Context, owner string) (BalanceView, erro
 }
 
 // ownerFor decides whose credits a request may read: the services key any
-// owner's (it must name one; "platform" is the markup's balance); an agent its registered owner's (registry
-// record owner, else its node's key); an owner key its own.
+// owner's (it must name one; "platform" is the markup's balance); an agent its registered owner's
+// (registry.OwnerOf now; a registered agent with no owner reads none); an
+// owner key its own.
 func (w *Worker) ownerFor(ctx context.Context, r *bus.Request) (string, error) {
 	asked, _ := r.Object()["owner"].(string)
 	from := r.Env.From
@@ -119,7 +121,10 @@ func (w *Worker) ownerFor(ctx context.Context, r *bus.Request) (string, error) {
 	if err != nil {
 		return "", errs.OrUnavailable(err, "the registry could not be read; try again")
 	}
-	registered := ownerOf(rec)
+	registered := registry.OwnerOf(rec, w.svc.Now())
+	if rec != nil && registered == "" {
+		return "", errs.Newf(errs.Forbidden, "agent %s has no owner now (a guest, an agent that is its own node, or one whose owner attestation has expired), so it has no credits to read", from)
+	}
 	switch {
 	case asked == "" && registered != "":
 		return registered, nil

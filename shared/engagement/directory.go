@@ -4,19 +4,23 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/registry"
 )
 
 // AgentInfo is what the registry says of an agent, as the formation gates
 // need it.
 type AgentInfo struct {
 	Registered bool
-	// Owner is the agent's owner key: the registry record's owner (an
-	// attested owner), else its node's key (decision 1 of issue 18).
+	// Owner is the agent's owner key when asked (registry.OwnerOf): the
+	// attested owner while its attestation lasts, else its node's key; ""
+	// when it has none (a guest, an agent that is its own node, or an
+	// expired attestation), and then nobody signs for its seat.
 	Owner string
 	// Offerings are the ids of the offerings its manifest publishes.
 	Offerings []string
@@ -24,9 +28,10 @@ type AgentInfo struct {
 	SKUs bool
 }
 
-// Directory answers AgentInfo.
+// Directory answers AgentInfo at now (the owner an agent has depends on
+// when it is asked).
 type Directory interface {
-	Agent(ctx context.Context, agent string) (AgentInfo, error)
+	Agent(ctx context.Context, agent string, now time.Time) (AgentInfo, error)
 }
 
 // RegistryBucket is the registry's bucket (shared/registry), read by key.
@@ -40,7 +45,7 @@ const RegistryBucket = "mesh_registry"
 type BusDirectory struct{ NC *nats.Conn }
 
 // Agent reads agent's registration.
-func (b BusDirectory) Agent(ctx context.Context, agent string) (AgentInfo, error) {
+func (b BusDirectory) Agent(ctx context.Context, agent string, now time.Time) (AgentInfo, error) {
 	if !keys.IsUserPublicKey(agent) {
 		return AgentInfo{}, nil
 	}
@@ -55,20 +60,14 @@ func (b BusDirectory) Agent(ctx context.Context, agent string) (AgentInfo, error
 	if err := json.Unmarshal(raw, &rec); err != nil {
 		return AgentInfo{}, fmt.Errorf("registry %s: %w", agent, err)
 	}
-	return InfoFromRecord(rec), nil
+	return InfoFromRecord(rec, now), nil
 }
 
 // InfoFromRecord reads AgentInfo from a registry record (the manifest as
-// registered, plus what the registry adds).
-func InfoFromRecord(rec map[string]any) AgentInfo {
-	info := AgentInfo{Registered: true}
-	if o, _ := rec["owner"].(string); keys.IsUserPublicKey(o) {
-		info.Owner = o
-	} else if node, _ := rec["node"].(map[string]any); node != nil {
-		if id, _ := node["id"].(string); keys.IsUserPublicKey(id) {
-			info.Owner = id
-		}
-	}
+// registered, plus what the registry adds) at now; the owner is
+// registry.OwnerOf's, the one reader of owners.
+func InfoFromRecord(rec map[string]any, now time.Time) AgentInfo {
+	info := AgentInfo{Registered: true, Owner: registry.OwnerOf(rec, now)}
 	for _, k := range []string{"offerings", "skills"} {
 		list, _ := rec[k].([]any)
 		for _, x := range list {

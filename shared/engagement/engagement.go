@@ -290,12 +290,15 @@ func (s *Service) ownerOf(ctx context.Context, agent, seat string) (AgentInfo, e
 	if err != nil {
 		return AgentInfo{}, err
 	}
-	info, err := dir.Agent(ctx, agent)
+	info, err := dir.Agent(ctx, agent, s.now())
 	if err != nil {
 		return AgentInfo{}, errs.OrUnavailable(err, "the registry could not be read; retry shortly")
 	}
-	if !info.Registered || info.Owner == "" {
+	if !info.Registered {
 		return AgentInfo{}, errs.Newf(errs.Forbidden, "the %s agent %s is not registered on this mesh, so its owner, who signs for its seat, cannot be established; register it and send this again", seat, agent)
+	}
+	if info.Owner == "" {
+		return AgentInfo{}, errs.Newf(errs.Forbidden, "the %s agent %s has no owner (a guest, an agent that is its own node, or one whose owner attestation has expired), so nobody can sign for its seat; register it with its owner's attestation and send this again", seat, agent)
 	}
 	return info, nil
 }

@@ -27,7 +27,7 @@ type fakeDir struct {
 	err    error
 }
 
-func (f *fakeDir) Agent(_ context.Context, agent string) (engagement.AgentInfo, error) {
+func (f *fakeDir) Agent(_ context.Context, agent string, _ time.Time) (engagement.AgentInfo, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.err != nil {

@@ -18,6 +18,7 @@ import (
 const (
 	TagEnvelope        = "agentmesh-envelope-v1"
 	TagVouch           = "agentmesh-vouch-v1"
+	TagOwner           = "agentmesh-owner-v1"
 	TagRoomDescriptor  = "agentmesh-room-descriptor-v1"
 	TagAdmissionRoster = "agentmesh-admission-roster-v1"
 	TagAllowance       = "agentmesh-allowance-v1"

@@ -56,32 +56,56 @@ type Vouch struct {
 	Sig       string `json:"sig,omitempty"`
 }
 
+// vouchKind is one of the two vouch-shaped statements: a node's vouch for
+// an agent it hosts, and an owner's attestation that it owns an agent. The
+// shape is the same; the tags differ, so a signature made as one never
+// verifies as the other (a hosting node's vouch, public in the agent's
+// record, must not make that node its owner, and an owner's attestation
+// must not make the owner its host).
+type vouchKind struct {
+	what   string // for messages
+	tag    string
+	signer string // who signs it, for messages
+	renew  string // what the signer must do once it has expired
+}
+
+var (
+	nodeVouch  = vouchKind{"vouch", TagVouch, "the node must vouch", "the node must re-vouch"}
+	ownerVouch = vouchKind{"owner attestation", TagOwner, "the owner must attest", "the owner must sign a new one"}
+)
+
 // NewVouch has node attest agent from issued until expires. Times are
 // written in the protocol's millisecond UTC form.
 func NewVouch(node keys.Signer, agent string, issued, expires time.Time) (Vouch, error) {
+	return nodeVouch.new(node, agent, issued, expires)
+}
+
+func (k vouchKind) new(signer keys.Signer, agent string, issued, expires time.Time) (Vouch, error) {
 	if !keys.IsUserPublicKey(agent) {
-		return Vouch{}, fmt.Errorf("vouch: agent %q is not a user public key", agent)
+		return Vouch{}, fmt.Errorf("%s: agent %q is not a user public key", k.what, agent)
 	}
 	if !expires.After(issued) {
-		return Vouch{}, fmt.Errorf("vouch: expires_at must be after issued_at")
+		return Vouch{}, fmt.Errorf("%s: expires_at must be after issued_at", k.what)
 	}
-	v := Vouch{Node: node.Public(), Agent: agent, IssuedAt: FormatTime(issued), ExpiresAt: FormatTime(expires)}
-	msg, err := v.SignedBytes()
+	v := Vouch{Node: signer.Public(), Agent: agent, IssuedAt: FormatTime(issued), ExpiresAt: FormatTime(expires)}
+	msg, err := k.signedBytes(v)
 	if err != nil {
-		return Vouch{}, fmt.Errorf("vouch: %w", err)
+		return Vouch{}, fmt.Errorf("%s: %w", k.what, err)
 	}
-	v.Sig = Base64URL.Encode(node.Sign(msg))
+	v.Sig = Base64URL.Encode(signer.Sign(msg))
 	return v, nil
 }
 
 // SignedBytes is TagVouch + "\n" + the canonical vouch without sig.
-func (v Vouch) SignedBytes() ([]byte, error) {
+func (v Vouch) SignedBytes() ([]byte, error) { return nodeVouch.signedBytes(v) }
+
+func (k vouchKind) signedBytes(v Vouch) ([]byte, error) {
 	v.Sig = ""
 	c, err := Canonical(v)
 	if err != nil {
 		return nil, err
 	}
-	return append(append([]byte(TagVouch), '\n'), c...), nil
+	return append(append([]byte(k.tag), '\n'), c...), nil
 }
 
 // Verify checks the vouch at now: first the node's signature (missing or
@@ -90,39 +114,72 @@ func (v Vouch) SignedBytes() ([]byte, error) {
 // timestamps, so a node whose clock runs slightly fast can still register;
 // expiry has no grace: it is the node's own statement of how long to trust
 // it, and at exactly expires_at the vouch is still valid.
-func (v Vouch) Verify(now time.Time) error {
+func (v Vouch) Verify(now time.Time) error { return nodeVouch.verify(v, now) }
+
+func (k vouchKind) verify(v Vouch, now time.Time) error {
 	if v.Sig == "" {
-		return errs.New(errs.IdentityMismatch, "vouch is not signed")
+		return errs.Newf(errs.IdentityMismatch, "%s is not signed", k.what)
 	}
-	msg, err := v.SignedBytes()
+	msg, err := k.signedBytes(v)
 	if err != nil {
-		return errs.Wrap(errs.IdentityMismatch, "vouch cannot be canonicalised for verification", err)
+		return errs.Wrap(errs.IdentityMismatch, k.what+" cannot be canonicalised for verification", err)
 	}
 	if err := VerifyString(v.Node, msg, v.Sig, Base64URL); err != nil {
-		return sigErr("vouch", err)
+		return sigErr(k.what, err)
 	}
 	issued, err := ParseTime(v.IssuedAt)
 	if err != nil {
-		return errs.Newf(errs.Unauthorized, "vouch issued_at %q is not an RFC 3339 instant", v.IssuedAt)
+		return errs.Newf(errs.Unauthorized, "%s issued_at %q is not an RFC 3339 instant", k.what, v.IssuedAt)
 	}
 	expires, err := ParseTime(v.ExpiresAt)
 	if err != nil {
-		return errs.Newf(errs.Unauthorized, "vouch expires_at %q is not an RFC 3339 instant", v.ExpiresAt)
+		return errs.Newf(errs.Unauthorized, "%s expires_at %q is not an RFC 3339 instant", k.what, v.ExpiresAt)
 	}
 	if !expires.After(issued) {
-		return errs.New(errs.Unauthorized, "vouch expires before it is issued")
+		return errs.Newf(errs.Unauthorized, "%s expires before it is issued", k.what)
 	}
 	if expires.Sub(issued) > MaxVouchLifetime+vouchLifetimeSlack {
-		return errs.Newf(errs.Unauthorized, "vouch lives %s, longer than the %s allowed; the node must vouch for at most 30 days",
-			expires.Sub(issued).Round(time.Hour), MaxVouchLifetime)
+		return errs.Newf(errs.Unauthorized, "%s lives %s, longer than the %s allowed; %s for at most 30 days",
+			k.what, expires.Sub(issued).Round(time.Hour), MaxVouchLifetime, k.signer)
 	}
 	if issued.Sub(now) > MaxFutureSkew {
-		return errs.Newf(errs.Unauthorized, "vouch is not valid until %s", FormatTime(issued))
+		return errs.Newf(errs.Unauthorized, "%s is not valid until %s", k.what, FormatTime(issued))
 	}
 	if now.After(expires) {
-		return errs.Newf(errs.Unauthorized, "vouch expired at %s; the node must re-vouch", FormatTime(expires))
+		return errs.Newf(errs.Unauthorized, "%s expired at %s; %s", k.what, FormatTime(expires), k.renew)
 	}
 	return nil
+}
+
+// OwnerAttestation is an owner's statement that it owns an agent, carried
+// in the manifest as owner_attestation: the vouch's shape {node: <owner
+// key>, agent, issued_at, expires_at, sig}, signed by the owner key under
+// its own tag, TagOwner (base64url), never the vouch's.
+type OwnerAttestation Vouch
+
+// NewOwnerAttestation has owner attest that it owns agent from issued
+// until expires.
+func NewOwnerAttestation(owner keys.Signer, agent string, issued, expires time.Time) (OwnerAttestation, error) {
+	v, err := ownerVouch.new(owner, agent, issued, expires)
+	return OwnerAttestation(v), err
+}
+
+// Owner is the owner key: the attestation's node member, its signer.
+func (a OwnerAttestation) Owner() string { return a.Node }
+
+// SignedBytes is TagOwner + "\n" + the canonical attestation without sig.
+func (a OwnerAttestation) SignedBytes() ([]byte, error) { return ownerVouch.signedBytes(Vouch(a)) }
+
+// Verify checks the attestation at now exactly as Vouch.Verify checks a
+// vouch (the same codes, window and 30-day bound), under TagOwner.
+func (a OwnerAttestation) Verify(now time.Time) error { return ownerVouch.verify(Vouch(a), now) }
+
+// OwnerAttestationFromValue shape-checks a decoded owner attestation as
+// VouchFromValue does a vouch; faults are INVALID_MANIFEST "owner
+// attestation: …".
+func OwnerAttestationFromValue(v any) (OwnerAttestation, error) {
+	out, err := vouchFromValue(v, ownerVouch)
+	return OwnerAttestation(out), err
 }
 
 var vouchMembers = map[string]bool{"node": true, "agent": true, "issued_at": true, "expires_at": true, "sig": true}
@@ -133,9 +190,11 @@ var vouchMembers = map[string]bool{"node": true, "agent": true, "issued_at": tru
 // present (a missing sig is Verify's refusal), and no other member, since
 // one could not be re-canonicalised from the struct and would only surface
 // later as a puzzling signature failure.
-func VouchFromValue(v any) (Vouch, error) {
+func VouchFromValue(v any) (Vouch, error) { return vouchFromValue(v, nodeVouch) }
+
+func vouchFromValue(v any, k vouchKind) (Vouch, error) {
 	bad := func(format string, args ...any) (Vouch, error) {
-		return Vouch{}, errs.Newf(errs.InvalidManifest, "vouch: "+format, args...)
+		return Vouch{}, errs.Newf(errs.InvalidManifest, k.what+": "+format, args...)
 	}
 	m, ok := v.(map[string]any)
 	if !ok {

@@ -139,6 +139,54 @@ func TestVouchVerify(t *testing.T) {
 	}
 }
 
+// TestOwnerAttestationIsNotAVouch: an owner attestation is signed under
+// its own tag, so a node's vouch (public in its agent's record) never
+// verifies as an owner attestation naming that node, and an owner's
+// attestation never verifies as a vouch by the owner (review 18 #15).
+func TestOwnerAttestationIsNotAVouch(t *testing.T) {
+	signer := nodeKey(t)
+	agent := newTestKey(t)
+	issued := at3339("2026-07-27T15:00:00Z")
+	now := issued.Add(time.Hour)
+	att, err := NewOwnerAttestation(signer, agent.Public(), issued, issued.Add(72*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if att.Owner() != signer.Public() || att.Agent != agent.Public() || len(att.Sig) != 86 {
+		t.Fatalf("%+v", att)
+	}
+	if err := att.Verify(now); err != nil {
+		t.Fatal(err)
+	}
+	msg, _ := att.SignedBytes()
+	if !strings.HasPrefix(string(msg), TagOwner+"\n{") || TagOwner != "agentmesh-owner-v1" {
+		t.Fatalf("owner attestation signed bytes %q", msg)
+	}
+	requireCode(t, Vouch(att).Verify(now), errs.IdentityMismatch, "vouch signature does not verify")
+
+	vouch, err := NewVouch(signer, agent.Public(), issued, issued.Add(72*time.Hour))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := vouch.Verify(now); err != nil {
+		t.Fatal(err)
+	}
+	requireCode(t, OwnerAttestation(vouch).Verify(now), errs.IdentityMismatch, "owner attestation signature does not verify")
+
+	// The same window rules as a vouch, with the owner's words.
+	requireCode(t, att.Verify(issued.Add(73*time.Hour)), errs.Unauthorized, "owner attestation expired at 2026-07-30T15:00:00.000Z; the owner must sign a new one")
+	long, _ := NewOwnerAttestation(signer, agent.Public(), issued, issued.Add(31*24*time.Hour))
+	requireCode(t, long.Verify(now), errs.Unauthorized, "longer than")
+
+	// Its decoder is the vouch's, with its own name in the refusals.
+	v, err := OwnerAttestationFromValue(map[string]any{"node": att.Node, "agent": att.Agent, "issued_at": att.IssuedAt, "expires_at": att.ExpiresAt, "sig": att.Sig})
+	if err != nil || v != att {
+		t.Fatalf("OwnerAttestationFromValue = %+v, %v", v, err)
+	}
+	_, err = OwnerAttestationFromValue("x")
+	requireCode(t, err, errs.InvalidManifest, "owner attestation: must be an object")
+}
+
 func TestVouchFromValue(t *testing.T) {
 	base := func() map[string]any {
 		return map[string]any{"node": vectorOwner, "agent": vectorAgent, "issued_at": "2026-07-27T15:00:00Z",

@@ -14,7 +14,8 @@ import (
 // FuzzManifestCommerce feeds arbitrary owner, owner_attestation and skus
 // members into an otherwise valid manifest: no input panics, a refusal is
 // INVALID_MANIFEST, and an accepted manifest records as owner either the
-// node or the key of an attestation for this agent that verifies, and
+// node or the key of an attestation for this agent that verifies (never the
+// agent itself, and no longer than the attestation and the vouch), and
 // prices only its own offerings.
 func FuzzManifestCommerce(f *testing.F) {
 	agent, err := keys.Generate[keys.AgentRole]()
@@ -34,7 +35,7 @@ func FuzzManifestCommerce(f *testing.F) {
 	if err != nil {
 		f.Fatal(err)
 	}
-	att, err := protocol.NewVouch(owner, agent.Public(), now.Add(-time.Minute), now.Add(24*time.Hour))
+	att, err := protocol.NewOwnerAttestation(owner, agent.Public(), now.Add(-time.Minute), now.Add(24*time.Hour))
 	if err != nil {
 		f.Fatal(err)
 	}
@@ -66,12 +67,18 @@ func FuzzManifestCommerce(f *testing.F) {
 			}
 			return
 		}
-		o := got.rec.owner()
-		if o != node.Public() {
-			v, err := protocol.VouchFromValue(m[MemberOwnerAttestation])
-			if err != nil || v.Node != o || v.Agent != agent.Public() || v.Verify(now) != nil {
+		o := got.rec.owner(now)
+		if o == agent.Public() {
+			t.Fatal("the agent was recorded as its own owner")
+		}
+		if o != node.Public() && o != "" {
+			v, err := protocol.OwnerAttestationFromValue(m[MemberOwnerAttestation])
+			if err != nil || v.Owner() != o || v.Agent != agent.Public() || v.Verify(now) != nil {
 				t.Fatalf("owner %s recorded without an attestation that verifies", o)
 			}
+		}
+		if o != "" && got.rec.owner(now.Add(24*time.Hour+time.Millisecond)) != "" {
+			t.Fatalf("owner %s outlives the vouch and the attestation", o)
 		}
 		for _, s := range got.skus {
 			for _, off := range s.Covers.Offerings {

@@ -32,11 +32,11 @@ func jsonValue(t *testing.T, s string) any {
 // ownerAttestation is owner's vouch-shaped statement that it owns agent.
 func ownerAttestation(t *testing.T, owner keys.Signer, agent string, issued, expires time.Time) map[string]any {
 	t.Helper()
-	v, err := protocol.NewVouch(owner, agent, issued, expires)
+	v, err := protocol.NewOwnerAttestation(owner, agent, issued, expires)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return vouchValue(t, v)
+	return vouchValue(t, protocol.Vouch(v))
 }
 
 // TestRegisterOwnerAndSKUs: a registered manifest's record carries the
@@ -46,17 +46,21 @@ func TestRegisterOwnerAndSKUs(t *testing.T) {
 	f := setup(t, registry.Config{})
 	a, n, owner := bustest.Agent(t), bustest.Node(t), bustest.Agent(t)
 	now := time.Now()
+	att := ownerAttestation(t, owner, a.Public(), now.Add(-time.Second), now.Add(month))
 	f.mustRegister(a, manifest(t, a, n, month, map[string]any{
 		"owner":             owner.Public(),
-		"owner_attestation": ownerAttestation(t, owner, a.Public(), now.Add(-time.Second), now.Add(month)),
+		"owner_attestation": att,
 		"skus":              jsonValue(t, "["+skuJSON+"]"),
 	}))
 	rec, found := f.stored(a.Public())
 	if !found {
 		t.Fatal("no record")
 	}
-	if rec["owner"] != owner.Public() || registry.OwnerOf(rec) != owner.Public() {
+	if rec["owner"] != owner.Public() || registry.OwnerOf(rec, now) != owner.Public() {
 		t.Fatalf("record owner %v, want %s", rec["owner"], owner.Public())
+	}
+	if rec["owner_expires_at"] != att["expires_at"] {
+		t.Fatalf("owner_expires_at %v, want the attestation's %v", rec["owner_expires_at"], att["expires_at"])
 	}
 	got, err := registry.SKUsOf(rec)
 	if err != nil || len(got) != 1 {
@@ -104,13 +108,147 @@ func TestOwnerDefaultsToTheNode(t *testing.T) {
 		a, n := bustest.Agent(t), bustest.Node(t)
 		f.mustRegister(a, manifest(t, a, n, month, extra))
 		rec, _ := f.stored(a.Public())
-		if rec["owner"] != n.Public() {
+		if rec["owner"] != n.Public() || registry.OwnerOf(rec, time.Now()) != n.Public() {
 			t.Errorf("%s: owner %v, want the node %s", name, rec["owner"], n.Public())
 		}
+		// The node's ownership ends with its vouch.
+		if rec["owner_expires_at"] != rec["vouch_expires_at"] {
+			t.Errorf("%s: owner_expires_at %v, vouch_expires_at %v", name, rec["owner_expires_at"], rec["vouch_expires_at"])
+		}
 	}
-	// A record written before owners were recorded reads as its node's.
-	if got := registry.OwnerOf(map[string]any{"node": map[string]any{"id": "UNODE"}}); got != "UNODE" {
-		t.Fatalf("OwnerOf without owner = %q", got)
+}
+
+// TestOwnerOf is the one reader's rules, on records as stored.
+func TestOwnerOf(t *testing.T) {
+	agent, node, owner := bustest.Agent(t).Public(), bustest.Node(t).Public(), bustest.Agent(t).Public()
+	now := time.Date(2026, 7, 27, 15, 0, 0, 0, time.UTC)
+	at := func(d time.Duration) string { return protocol.FormatTime(now.Add(d)) }
+	rec := func(kv ...any) map[string]any {
+		r := map[string]any{"id": agent, "node": map[string]any{"id": node}}
+		for i := 0; i < len(kv); i += 2 {
+			r[kv[i].(string)] = kv[i+1]
+		}
+		return r
+	}
+	for _, tc := range []struct {
+		name string
+		rec  map[string]any
+		want string
+	}{
+		{"attested, in force", rec("owner", owner, "owner_expires_at", at(time.Hour)), owner},
+		{"attested, at its expiry", rec("owner", owner, "owner_expires_at", at(0)), owner},
+		// #1: once the attestation has expired there is no owner; the
+		// node is not silently the owner instead.
+		{"attested, expired", rec("owner", owner, "owner_expires_at", at(-time.Millisecond)), ""},
+		{"expiry unreadable", rec("owner", owner, "owner_expires_at", "soon"), ""},
+		{"attested owner with no expiry recorded", rec("owner", owner, "vouch_expires_at", at(time.Hour)), ""},
+		{"node owner", rec("owner", node, "owner_expires_at", at(time.Hour)), node},
+		{"node owner, vouch expired", rec("owner", node, "owner_expires_at", at(-time.Second)), ""},
+		{"no owner", rec("owner", "", "vouch_expires_at", at(time.Hour)), ""},
+		{"owner not a key", rec("owner", "me", "owner_expires_at", at(time.Hour)), ""},
+		// #2: an agent key is never an owner, and a guest has none.
+		{"its own owner", rec("owner", agent, "owner_expires_at", at(time.Hour)), ""},
+		{"sandbox", rec("owner", owner, "owner_expires_at", at(time.Hour), "sandbox", true), ""},
+		// Records written before the registry recorded owners: the node,
+		// while its vouch lasts, unless that is the agent itself.
+		{"before owners, node", rec("vouch_expires_at", at(time.Hour)), node},
+		{"before owners, vouch expired", rec("vouch_expires_at", at(-time.Second)), ""},
+		{"before owners, no vouch stamp", rec(), node},
+		{"before owners, self-hosted", map[string]any{"id": agent, "node": map[string]any{"id": agent}}, ""},
+		{"before owners, sandbox", rec("sandbox", true), ""},
+	} {
+		if got := registry.OwnerOf(tc.rec, now); got != tc.want {
+			t.Errorf("%s: OwnerOf = %q, want %q", tc.name, got, tc.want)
+		}
+	}
+}
+
+// TestOwnerEndsWithItsAttestation (review 18 #1): the recorded owner lasts
+// as long as the owner's attestation, not as long as the node's vouch: a
+// one-hour attestation under a month's vouch stops naming the owner after
+// the hour, the node does not become the owner instead, and discover by
+// owner stops finding the agent.
+func TestOwnerEndsWithItsAttestation(t *testing.T) {
+	// The worker's own clock, moved past the attestation below; envelopes
+	// are still checked at the bus's time.
+	clock := &bustest.Clock{}
+	f := setup(t, registry.Config{Now: clock.Now})
+	a, n, owner := bustest.Agent(t), bustest.Node(t), bustest.Agent(t)
+	now := time.Now()
+	att := ownerAttestation(t, owner, a.Public(), now.Add(-time.Second), now.Add(time.Hour))
+	f.mustRegister(a, manifest(t, a, n, month, map[string]any{"owner_attestation": att}))
+	rec, _ := f.stored(a.Public())
+	expires, _ := protocol.ParseTime(att["expires_at"].(string))
+	if rec["owner_expires_at"] != att["expires_at"] {
+		t.Fatalf("owner_expires_at %v, want the attestation's %v (vouch_expires_at %v)", rec["owner_expires_at"], att["expires_at"], rec["vouch_expires_at"])
+	}
+	if got := registry.OwnerOf(rec, expires); got != owner.Public() {
+		t.Fatalf("owner at the attestation's expiry = %q", got)
+	}
+	if got := registry.OwnerOf(rec, expires.Add(time.Millisecond)); got != "" {
+		t.Fatalf("owner after the attestation expired = %q, want none (the node is %s)", got, n.Public())
+	}
+	byOwner := func() int {
+		res, err := f.discover(map[string]any{"owner": owner.Public()})
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents, _ := res["agents"].([]any)
+		return len(agents)
+	}
+	if got := byOwner(); got != 1 {
+		t.Fatalf("discover by owner found %d agents before expiry", got)
+	}
+	clock.Advance(time.Hour + time.Minute)
+	if got := byOwner(); got != 0 {
+		t.Fatalf("discover by owner found %d agents after the attestation expired", got)
+	}
+
+	// An attestation longer than the vouch lasts as long as the vouch.
+	b := bustest.Agent(t)
+	now = clock.Now()
+	f.mustRegister(b, manifest(t, b, n, 3*time.Hour, map[string]any{
+		"owner_attestation": ownerAttestation(t, owner, b.Public(), now.Add(-time.Second), now.Add(month)),
+	}))
+	rec, _ = f.stored(b.Public())
+	if rec["owner_expires_at"] != rec["vouch_expires_at"] {
+		t.Fatalf("owner_expires_at %v outlives vouch_expires_at %v", rec["owner_expires_at"], rec["vouch_expires_at"])
+	}
+}
+
+// TestAgentKeyIsNeverOwner (review 18 #2): an agent that would be its own
+// owner (self-hosted with no attestation, or attesting itself), and any
+// sandbox registration (a guest, a declared sandbox, even with a valid
+// attestation by another key), is recorded with no owner.
+func TestAgentKeyIsNeverOwner(t *testing.T) {
+	f := setup(t, registry.Config{})
+	now := time.Now()
+	owner := bustest.Agent(t)
+	self := bustest.Agent(t)
+	selfAttested, n := bustest.Agent(t), bustest.Node(t)
+	guest := bustest.Agent(t)
+	f.lease(guest)
+	declared := bustest.Agent(t)
+	for _, tc := range []struct {
+		name string
+		key  keys.Signer
+		m    map[string]any
+	}{
+		{"self-hosted, no attestation", self, manifest(t, self, self, month, nil)},
+		{"attests itself", selfAttested, manifest(t, selfAttested, n, month, map[string]any{
+			"owner_attestation": ownerAttestation(t, selfAttested, selfAttested.Public(), now.Add(-time.Second), now.Add(month))})},
+		{"guest", guest, manifest(t, guest, guest, time.Hour, nil)},
+		{"declared sandbox with an owner's attestation", declared, manifest(t, declared, n, month, map[string]any{
+			"trust_tier":        "sandbox",
+			"owner_attestation": ownerAttestation(t, owner, declared.Public(), now.Add(-time.Second), now.Add(month))})},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f.mustRegister(tc.key, tc.m)
+			rec, _ := f.stored(tc.key.Public())
+			if rec["owner"] != "" || rec["owner_expires_at"] != nil || registry.OwnerOf(rec, now) != "" {
+				t.Fatalf("owner %v until %v, want none", rec["owner"], rec["owner_expires_at"])
+			}
+		})
 	}
 }
 
@@ -126,6 +264,12 @@ func TestOwnerAndSKURefusals(t *testing.T) {
 	forged["node"] = owner.Public()
 	withExtra := att(owner, a.Public(), now.Add(-time.Second), now.Add(month))
 	withExtra["why"] = "x"
+	// A vouch by the would-be owner (the tag of a node's vouch, public in
+	// every record it hosts) is not an owner attestation (review 18 #15).
+	vouch, err := protocol.NewVouch(owner, a.Public(), now.Add(-time.Second), now.Add(month))
+	if err != nil {
+		t.Fatal(err)
+	}
 
 	for _, tc := range []struct {
 		name  string
@@ -135,6 +279,7 @@ func TestOwnerAndSKURefusals(t *testing.T) {
 		{"expired attestation", map[string]any{"owner_attestation": att(owner, a.Public(), now.Add(-2*time.Hour), now.Add(-time.Hour))}, "expired"},
 		{"attestation for another agent", map[string]any{"owner_attestation": att(owner, other.Public(), now, now.Add(month))}, "not for this manifest's id"},
 		{"forged signature", map[string]any{"owner_attestation": forged}, "not signed by its owner key"},
+		{"a node vouch", map[string]any{"owner_attestation": vouchValue(t, vouch)}, "not signed by its owner key " + owner.Public() + " under agentmesh-owner-v1"},
 		{"owner is not the attester", map[string]any{"owner": other.Public(), "owner_attestation": good}, "the key that signed owner_attestation"},
 		{"attestation not an object", map[string]any{"owner_attestation": "yes"}, "owner_attestation must be"},
 		{"attestation with unknown member", map[string]any{"owner_attestation": withExtra}, "unknown member"},

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"time"
 
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/errs"
@@ -120,11 +121,11 @@ func parseQuery(payload any) (query, error) {
 }
 
 // matches reports whether rec passes every filter but availability.
-func (q query) matches(rec record) bool {
+func (q query) matches(rec record, now time.Time) bool {
 	if q.node != "" && rec.nodeID() != q.node {
 		return false
 	}
-	if q.owner != "" && rec.owner() != q.owner {
+	if q.owner != "" && rec.owner(now) != q.owner {
 		return false
 	}
 	if q.trustTier != "" && rec.profile("trust_tier") != q.trustTier {
@@ -189,9 +190,10 @@ func (w *Worker) discover(ctx context.Context, r *bus.Request) (any, error) {
 		return nil, errs.OrUnavailable(err, "the registry could not be read; try again")
 	}
 	p := newPresence(w)
+	now := w.now()
 	var hits []map[string]any
 	for _, rec := range recs {
-		if rec.visibility() != VisibilityPublic || !q.matches(rec) {
+		if rec.visibility() != VisibilityPublic || !q.matches(rec, now) {
 			continue
 		}
 		st, err := p.node(ctx, rec.nodeID())

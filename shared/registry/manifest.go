@@ -189,7 +189,7 @@ func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 		return nil, err
 	}
 	expires, _ := protocol.ParseTime(v.ExpiresAt) // Verify parsed it
-	owner, err := parseOwner(m, id, nodeID, now)
+	owner, ownerUntil, err := parseOwner(m, id, nodeID, expires, now)
 	if err != nil {
 		return nil, err
 	}
@@ -200,6 +200,10 @@ func parseManifest(payload any, from string, now time.Time) (*manifest, error) {
 
 	rec := record(maps.Clone(m))
 	rec[MemberOwner] = owner
+	delete(rec, MemberOwnerExpiresAt) // the registry's to say, never the sender's
+	if owner != "" {
+		rec[MemberOwnerExpiresAt] = protocol.FormatTime(ownerUntil)
+	}
 	rec["endpoint"] = protocol.InboxSubject(id)
 	rec["vouch_expires_at"] = protocol.FormatTime(expires)
 	rec["updated_at"] = protocol.FormatTime(now)
@@ -229,6 +233,13 @@ func (m *manifest) file(sandbox bool) {
 	m.rec["visibility"] = vis
 	m.rec["sandbox"] = sandbox
 	m.sandbox = sandbox
+	if sandbox {
+		// A guest's key is nobody's once its lease ends, and so is every
+		// agent it vouches for: a sandbox registration has no owner, so it
+		// holds no agreement and no credits, whatever it attested.
+		m.rec[MemberOwner] = ""
+		delete(m.rec, MemberOwnerExpiresAt)
+	}
 }
 
 // sellable refuses a sandbox registration that publishes a paid SKU: a
