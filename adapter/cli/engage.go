@@ -1,0 +1,874 @@
+package cli
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+
+	"agentmesh.dev/mesh/adapter/registrar"
+	"agentmesh.dev/mesh/adapter/state"
+	"agentmesh.dev/mesh/shared/engagement"
+	"agentmesh.dev/mesh/shared/keys"
+	"agentmesh.dev/mesh/shared/protocol"
+	"agentmesh.dev/mesh/shared/sow"
+)
+
+func init() {
+	register(&command{name: "engage", usage: "show|propose|countersign|sign|terminate|review ... [--json]",
+		summary: "take part in an engagement (Agent SoW) with the owner key",
+		help: `Engagements are Agent SoW documents that two agents' owners sign
+(docs/engagements.md). These commands sign with the owner key in the state
+directory and call the control plane's engagement routes (--control-url,
+default: the one saved by "up"). <client> and <seller> are agent ids or
+handles; <offering> is one offering in the engagement's scope.
+
+  show <client> <seller> <offering>        print the public record: state, version, term,
+                                           every clause with its grade, amendments, termination, reviews
+  propose <document.json> [--out F]        as the provider's owner: sign the template and file it as a
+                                           standing proposal; the signed proposal is written to F
+  countersign <proposal.json> [--client-agent A] [--starts-at T] [--ends-at T] [--owner LABEL] [--assert ID,...]
+                                           as the client's owner: fill the client seat (this agent by
+                                           default), set the term, sign, and ask the provider to form it
+  sign <client> <seller> <offering> [--yes]
+                                           as the provider's owner: show the countersigned instance, then
+                                           add the provider's instance signature; the engagement forms
+  terminate <client> <seller> <offering> [--for-cause --reason R]
+                                           as either owner: end it (for cause: at once, the reason on the
+                                           public record; otherwise after the convenience notice)
+  review <client> <seller> <offering> --accepted | --rejected --reason R [--task T]
+                                           as the client's owner: review the work (a rejection needs a reason)
+
+--json prints the record or the service's answer as JSON. Amendments
+(amend, approve, deny, withdraw) are not here yet: sign them by hand
+(docs/engagements.md "Signed strings").
+
+Example:
+  mesh-adapter engage propose summaries.json
+  mesh-adapter engage countersign sow_7k2m9q4x1c8v0b3n.proposal.json --ends-at 90d
+  mesh-adapter engage sign UCLIENT... UPROVIDER... summarize
+  mesh-adapter engage show client.ana@example.org UPROVIDER... summarize
+  mesh-adapter engage review UCLIENT... UPROVIDER... summarize --rejected --reason "The totals were missing." --task task-7
+  mesh-adapter engage terminate UCLIENT... UPROVIDER... summarize --for-cause --reason "Work outside the scope."`,
+		run: runEngage})
+}
+
+const engageVerbs = "show, propose, countersign, sign, terminate or review"
+
+func runEngage(ctx context.Context, e *Env, args []string) error {
+	sub, args, err := subcommand(args, engageVerbs)
+	if err != nil {
+		return err
+	}
+	switch sub {
+	case "show":
+		return engageShow(ctx, e, args)
+	case "propose":
+		return engagePropose(ctx, e, args)
+	case "countersign":
+		return engageCountersign(ctx, e, args)
+	case "sign":
+		return engageSign(ctx, e, args)
+	case "terminate":
+		return engageTerminate(ctx, e, args)
+	case "review":
+		return engageReview(ctx, e, args)
+	}
+	return usageError("unknown engage action %q: say %s", sub, engageVerbs)
+}
+
+// engageCP calls the control plane's engagement routes over HTTP: they are
+// public, and what authorizes an act is the owner's signature in the body.
+type engageCP struct {
+	base string
+	http *http.Client
+}
+
+// cpError is a control-plane refusal: {ok:false, code, error, details?}.
+type cpError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *cpError) Error() string {
+	if e.Code != "" {
+		return fmt.Sprintf("%s (%s, HTTP %d)", e.Message, e.Code, e.Status)
+	}
+	return fmt.Sprintf("%s (HTTP %d)", e.Message, e.Status)
+}
+
+// do sends body (nil for GET) to path and decodes a 2xx answer into out;
+// it returns the status.
+func (c engageCP) do(ctx context.Context, method, path string, body []byte, out any) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, strings.TrimRight(c.base, "/")+path, rd)
+	if err != nil {
+		return 0, fmt.Errorf("control URL %q: %w", c.base, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
+	}
+	resp, err := c.http.Do(req)
+	if err != nil {
+		var op *net.OpError
+		if errors.As(err, &op) && op.Op == "dial" {
+			return 0, fmt.Errorf("cannot reach the mesh's control plane at %s: is meshd running?", c.base)
+		}
+		return 0, fmt.Errorf("the control plane at %s cannot be reached: %w", c.base, err)
+	}
+	defer resp.Body.Close()
+	data, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return resp.StatusCode, fmt.Errorf("control plane %s: %w", path, err)
+	}
+	if resp.StatusCode/100 != 2 {
+		var e struct {
+			Error string `json:"error"`
+			Code  string `json:"code"`
+		}
+		_ = json.Unmarshal(data, &e)
+		if e.Error == "" {
+			e.Error = strings.TrimSpace(string(data))
+		}
+		return resp.StatusCode, &cpError{Status: resp.StatusCode, Code: e.Code, Message: e.Error}
+	}
+	if out != nil {
+		if err := json.Unmarshal(data, out); err != nil {
+			return resp.StatusCode, fmt.Errorf("the control plane's answer to %s is not the JSON expected: %w", path, err)
+		}
+	}
+	return resp.StatusCode, nil
+}
+
+// engageSession is what an engage command runs with: the control plane,
+// and the state's identity when the command signs.
+type engageSession struct {
+	cp       engageCP
+	dir      *state.Dir // nil when show runs without a state directory
+	id       state.Identity
+	ks       state.Keys
+	registry string // the registrar URL, for handles
+}
+
+// session opens the control plane, and the identity when signing is true.
+// Without a state directory (show only), --control-url is required.
+func (e *Env) engageSession(signing bool) (*engageSession, error) {
+	s := &engageSession{cp: engageCP{http: http.DefaultClient}}
+	var conf state.Config
+	if signing {
+		dir, id, ks, err := e.identity()
+		if err != nil {
+			return nil, fmt.Errorf("signing needs this adapter's owner key: %w", err)
+		}
+		s.dir, s.id, s.ks = dir, id, ks
+	} else if e.StateDir != "" {
+		if fi, err := os.Stat(e.StateDir); err == nil && fi.IsDir() {
+			if dir, err := state.Open(e.StateDir); err == nil {
+				s.dir = dir
+			}
+		}
+	}
+	if s.dir != nil {
+		var err error
+		if conf, err = s.dir.Config(); err != nil {
+			return nil, err
+		}
+	}
+	s.cp.base = firstNonEmpty(e.ControlURL, conf.ControlURL)
+	if s.cp.base == "" {
+		return nil, usageError("no control URL: pass --control-url or set MESH_CONTROL_URL (meshd prints it when it starts)")
+	}
+	s.registry = firstNonEmpty(e.RegistrarURL, conf.RegistrarURL)
+	return s, nil
+}
+
+// agent turns an agent id or a handle into an agent id; a handle's card is
+// verified and pinned as for send.
+func (s *engageSession) agent(ctx context.Context, ref string) (string, error) {
+	if keys.IsUserPublicKey(ref) {
+		return ref, nil
+	}
+	if !strings.Contains(ref, ".") || !strings.Contains(ref, "@") {
+		return "", usageError("%q is neither an agent id (U…, 56 characters) nor a handle (<name>.<email>)", ref)
+	}
+	if s.registry == "" {
+		return "", usageError("resolving the handle %s needs the registrar: pass --registrar-url or set MESH_REGISTRAR_URL, or give the agent id", ref)
+	}
+	rc := registrar.New(s.registry)
+	if s.dir != nil {
+		rc.Pins = registrar.OpenPins(s.dir.File(registrar.PinsFile))
+	}
+	return rc.ResolveAgent(ctx, ref)
+}
+
+// names resolves <client> <seller> <offering>.
+func (s *engageSession) names(ctx context.Context, pos []string) (client, seller, offering string, err error) {
+	if len(pos) != 3 {
+		return "", "", "", usageError("give the client, the seller and the offering")
+	}
+	if client, err = s.agent(ctx, pos[0]); err != nil {
+		return "", "", "", err
+	}
+	if seller, err = s.agent(ctx, pos[1]); err != nil {
+		return "", "", "", err
+	}
+	return client, seller, pos[2], nil
+}
+
+// record reads the public record of the engagement between client and
+// seller for offering.
+func (s *engageSession) record(ctx context.Context, client, seller, offering string) (*engagement.View, error) {
+	var out struct {
+		Engagement engagement.View `json:"engagement"`
+	}
+	path := "/v1/engagements/" + url.PathEscape(client) + "/" + url.PathEscape(seller) + "/" + url.PathEscape(offering) + "?format=json"
+	if st, err := s.cp.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+		if st == http.StatusNotFound {
+			return nil, fmt.Errorf("no engagement between client %s and seller %s for offering %q is on record", client, seller, offering)
+		}
+		return nil, err
+	}
+	return &out.Engagement, nil
+}
+
+// formedRecord is record, refusing one not yet formed.
+func (s *engageSession) formedRecord(ctx context.Context, client, seller, offering string) (*engagement.View, error) {
+	v, err := s.record(ctx, client, seller, offering)
+	if err != nil {
+		return nil, err
+	}
+	if v.Document == "" {
+		return nil, fmt.Errorf("engagement %s is not formed yet (%s): the provider's owner runs `mesh-adapter engage sign %s %s %s` first", v.SowID, v.State, client, seller, offering)
+	}
+	return v, nil
+}
+
+// encodeDocument writes a document the way it is sent: indented, without
+// HTML escaping. Signatures cover the canonical form, so the spacing is free.
+func encodeDocument(v any) ([]byte, error) {
+	var b bytes.Buffer
+	enc := json.NewEncoder(&b)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(v); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(b.Bytes(), []byte("\n")), nil
+}
+
+// signDocument appends role's signature by the owner key to doc and
+// returns the bytes to send, read back with sow.Parse.
+func signDocument(doc map[string]any, owner keys.Signer, role string) ([]byte, *sow.Document, error) {
+	sig, err := sow.Sign(doc, owner, role, time.Now())
+	if err != nil {
+		return nil, nil, err
+	}
+	sigs, _ := doc["signatures"].([]any)
+	doc["signatures"] = append(slices.Clone(sigs), map[string]any{"role": sig.Role, "key": sig.Key, "signed_at": sig.SignedAt, "sig": sig.Sig})
+	raw, err := encodeDocument(doc)
+	if err != nil {
+		return nil, nil, err
+	}
+	d, err := sow.Parse(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("the signed document does not read back: %w", err)
+	}
+	return raw, d, nil
+}
+
+// documentBody is {"document": raw, ...extra}, raw kept as it is.
+func documentBody(raw []byte, asserted []string) []byte {
+	b := append([]byte(`{"document":`), raw...)
+	if len(asserted) > 0 {
+		a, _ := json.Marshal(asserted)
+		b = append(append(b, `,"asserted":`...), a...)
+	}
+	return append(b, '}')
+}
+
+// readDocument reads an engagement document from a file ("-": stdin) and
+// decodes it as the signatures will see it.
+func readDocument(e *Env, path string) ([]byte, map[string]any, error) {
+	var raw []byte
+	var err error
+	if path == "-" {
+		raw, err = io.ReadAll(io.LimitReader(e.Stdin, sow.MaxDocumentBytes+1))
+	} else {
+		raw, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, nil, fmt.Errorf("read the document: %w", err)
+	}
+	v, err := protocol.ParseJSON(raw)
+	if err != nil {
+		return nil, nil, fmt.Errorf("%s is not a JSON engagement document: %w", path, err)
+	}
+	m, ok := v.(map[string]any)
+	if !ok {
+		return nil, nil, fmt.Errorf("%s is not an engagement document: it is not a JSON object", path)
+	}
+	return raw, m, nil
+}
+
+// parseInstant reads an RFC 3339 instant, "now", or a duration from now
+// (720h, 30d).
+func parseInstant(flagName, s string, now time.Time) (time.Time, error) {
+	if s == "now" {
+		return now, nil
+	}
+	if t, err := protocol.ParseTime(s); err == nil {
+		return t, nil
+	}
+	f, err := parseExpires(s, now)
+	if err != nil {
+		return time.Time{}, usageError("%s %q is neither an RFC 3339 instant, \"now\", nor a duration from now (720h, 30d)", flagName, s)
+	}
+	t, _ := protocol.ParseTime(f)
+	return t, nil
+}
+
+func rfc3339(t time.Time) string { return t.UTC().Format(time.RFC3339) }
+
+func engagePropose(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage propose", flag.ContinueOnError)
+	out := fs.String("out", "", "where to write the signed proposal (default <sow id>.proposal.json beside the document)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("give one document: engage propose <document.json>")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	_, doc, err := readDocument(e, pos[0])
+	if err != nil {
+		return err
+	}
+	if sigs, _ := doc["signatures"].([]any); len(sigs) > 0 {
+		return fmt.Errorf("%s is already signed; propose signs the unsigned template itself (remove signatures)", pos[0])
+	}
+	delete(doc, "signatures")
+	// The seat this adapter's owner signs for: its own agent, its owner
+	// key as the label when the template names none.
+	if parties, ok := doc["parties"].(map[string]any); ok {
+		if p, ok := parties["provider"].(map[string]any); ok {
+			if _, set := p["agent"]; !set {
+				p["agent"] = s.id.AgentID
+			}
+			if _, set := p["owner"]; !set {
+				p["owner"] = s.ks.Owner.Public()
+			}
+			if a, _ := p["agent"].(string); a != s.id.AgentID {
+				return fmt.Errorf("the provider seat names agent %s, but this adapter's agent is %s: its owner key signs only for its own agent", a, s.id.AgentID)
+			}
+		}
+	}
+	minted := false
+	if _, has := doc["id"]; !has {
+		id, err := sow.MintID(doc)
+		if err != nil {
+			return err
+		}
+		doc["id"], minted = id, true
+	}
+	d, err := sow.FromValue(doc)
+	if err != nil {
+		return fmt.Errorf("%s is not a valid engagement document: %w", pos[0], err)
+	}
+	if d.Parties.Client != nil || d.StartsAt != "" {
+		return fmt.Errorf("%s is not a template: a standing proposal leaves the client seat and starts_at null (the client's countersign fills them)", pos[0])
+	}
+	raw, d, err := signDocument(doc, s.ks.Owner, sow.RoleProvider)
+	if err != nil {
+		return err
+	}
+	var ans struct {
+		SowID    string `json:"sow_id"`
+		Provider string `json:"provider"`
+		FiledAt  string `json:"filed_at"`
+		Directed bool   `json:"directed"`
+	}
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/proposals", documentBody(raw, nil), &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the proposal: %w", err)
+	}
+	path := *out
+	if path == "" {
+		base := "."
+		if pos[0] != "-" {
+			base = filepath.Dir(pos[0])
+		}
+		path = filepath.Join(base, d.ID+".proposal.json")
+	}
+	if err := os.WriteFile(path, append(raw, '\n'), 0o644); err != nil {
+		return fmt.Errorf("the proposal is filed, but writing it to %s failed: %w", path, err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, map[string]any{"sow_id": ans.SowID, "provider": ans.Provider, "filed_at": ans.FiledAt, "directed": ans.Directed, "file": path})
+	}
+	if minted {
+		fmt.Fprintf(e.Stdout, "minted id %s for the document\n", d.ID)
+	}
+	fmt.Fprintf(e.Stdout, "filed standing proposal %s of agent %s (owner %s) at %s for %s; signed proposal written to %s\n",
+		ans.SowID, ans.Provider, s.ks.Owner.Public(), ans.FiledAt, strings.Join(d.Scope.Offerings, ", "), path)
+	fmt.Fprintf(e.Stdout, "next: send %s to the client; its owner runs `mesh-adapter engage countersign %s`\n", path, filepath.Base(path))
+	return nil
+}
+
+func engageCountersign(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage countersign", flag.ContinueOnError)
+	clientAgent := fs.String("client-agent", "", "the agent that fills the client seat (default: this adapter's agent)")
+	startsAt := fs.String("starts-at", "now", `when it starts: an RFC 3339 instant, "now", or a duration from now`)
+	endsAt := fs.String("ends-at", "", "when it ends: an RFC 3339 instant or a duration from the start (default: the proposal's term)")
+	owner := fs.String("owner", "", "the client seat's owner label (default: the owner key)")
+	assert := fs.String("assert", "", "the asserted conditions the client states, by id, comma-separated")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("give the standing proposal's document: engage countersign <proposal.json>")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	raw, doc, err := readDocument(e, pos[0])
+	if err != nil {
+		return err
+	}
+	tmpl, err := sow.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%s is not a valid engagement document: %w", pos[0], err)
+	}
+	if tmpl.Parties.Client != nil || tmpl.StartsAt != "" {
+		return fmt.Errorf("%s already fills the client seat; countersign the standing proposal (client seat and starts_at null)", pos[0])
+	}
+	offeredBy := "unsigned"
+	if sig, ok := tmpl.Signature(sow.RoleProvider); ok {
+		if err := sow.VerifySignature(tmpl.Value, sig); err != nil {
+			return fmt.Errorf("the provider's signature on %s does not verify: %w", pos[0], err)
+		}
+		offeredBy = "signed by provider owner " + sig.Key
+	}
+	now := time.Now()
+	start, err := parseInstant("--starts-at", *startsAt, now)
+	if err != nil {
+		return err
+	}
+	var end time.Time
+	switch {
+	case *endsAt != "":
+		if end, err = parseInstant("--ends-at", *endsAt, start); err != nil {
+			return err
+		}
+		if tmpl.EndsAt != "" {
+			return usageError("the proposal fixes ends_at at %s; --ends-at cannot change it", tmpl.EndsAt)
+		}
+	case tmpl.EndsAt != "":
+		end, _ = protocol.ParseTime(tmpl.EndsAt)
+	case tmpl.TermMonths > 0:
+		end = start.UTC().AddDate(0, int(tmpl.TermMonths), 0)
+	default:
+		return usageError("the proposal states no term: give --ends-at (an RFC 3339 instant or a duration such as 90d)")
+	}
+	agent := s.id.AgentID
+	if *clientAgent != "" {
+		if agent, err = s.agent(ctx, *clientAgent); err != nil {
+			return err
+		}
+	}
+	seat := map[string]any{"agent": agent, "owner": firstNonEmpty(*owner, s.ks.Owner.Public())}
+	if agent == s.id.AgentID && s.id.Handle != "" {
+		seat["handle"] = s.id.Handle
+	}
+	delete(doc, "signatures")
+	parties, _ := doc["parties"].(map[string]any)
+	parties["client"] = seat
+	doc["starts_at"], doc["ends_at"] = rfc3339(start), rfc3339(end)
+	var asserted []string
+	for _, a := range strings.Split(*assert, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			asserted = append(asserted, a)
+		}
+	}
+	slices.Sort(asserted)
+	asserted = slices.Compact(asserted)
+	inst, d, err := signDocument(doc, s.ks.Owner, sow.RoleClient)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/countersign", documentBody(inst, asserted), &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the countersign: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	seller := d.Parties.Provider.Agent
+	fmt.Fprintf(e.Stdout, "countersigned %s (%s) as client agent %s, owner %s: from %s to %s, offerings %s\n",
+		d.ID, offeredBy, agent, s.ks.Owner.Public(), d.StartsAt, d.EndsAt, strings.Join(d.Scope.Offerings, ", "))
+	fmt.Fprintf(e.Stdout, "next: the engagement forms when the provider's owner runs `mesh-adapter engage sign %s %s %s`\n", agent, seller, d.Scope.Offerings[0])
+	return nil
+}
+
+func engageSign(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage sign", flag.ContinueOnError)
+	yes := fs.Bool("yes", false, "sign without asking (the terms are still printed)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	client, seller, offering, err := s.names(ctx, pos)
+	if err != nil {
+		return err
+	}
+	v, err := s.record(ctx, client, seller, offering)
+	if err != nil {
+		return err
+	}
+	if v.Requested == "" {
+		return fmt.Errorf("engagement %s is %s: there is no countersign awaiting the provider's signature", v.SowID, v.State)
+	}
+	d, err := sow.Parse([]byte(v.Requested))
+	if err != nil {
+		return fmt.Errorf("the countersign on record does not read: %w", err)
+	}
+	if d.Parties.Provider.Agent != s.id.AgentID {
+		return fmt.Errorf("the provider of %s is agent %s, not this adapter's agent %s: its owner signs", d.ID, d.Parties.Provider.Agent, s.id.AgentID)
+	}
+	csig, ok := d.Signature(sow.RoleClient)
+	if !ok {
+		return fmt.Errorf("the request on record carries no client signature")
+	}
+	if err := sow.VerifySignature(d.Value, csig); err != nil {
+		return fmt.Errorf("the client's signature on the request does not verify: %w", err)
+	}
+	// What the provider's signature covers, before it is made.
+	fmt.Fprintf(e.Stdout, "signing as the provider's owner %s the completed instance of %s, version %d:\n", s.ks.Owner.Public(), d.ID, d.Version)
+	fmt.Fprintf(e.Stdout, "  provider  agent %s (%s)\n", d.Parties.Provider.Agent, d.Parties.Provider.Owner)
+	fmt.Fprintf(e.Stdout, "  client    agent %s (%s), countersigned by owner %s at %s\n", d.Parties.Client.Agent, d.Parties.Client.Owner, csig.Key, csig.SignedAt)
+	fmt.Fprintf(e.Stdout, "  term      %s to %s\n", d.StartsAt, d.EndsAt)
+	fmt.Fprintf(e.Stdout, "  scope     %s\n", strings.Join(d.Scope.Offerings, ", "))
+	printClauses(e.Stdout, engagement.Clauses(d))
+	if !*yes {
+		fmt.Fprint(e.Stdout, "Sign these terms as the provider? [y/N] ")
+		line, _ := bufio.NewReader(e.Stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Fprintln(e.Stdout)
+			return errors.New("not signed: answer y after reading the terms above, or pass --yes")
+		}
+	}
+	doc := d.Value
+	raw, _, err := signDocument(doc, s.ks.Owner, sow.RoleProvider)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/sign", documentBody(raw, nil), &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the instance signature: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	after, err := s.record(ctx, client, seller, offering)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(e.Stdout, "formed: engagement %s between client %s and provider %s is %s (in force: %v); see `mesh-adapter engage show %s %s %s`\n",
+		d.ID, client, seller, after.State, after.InForce, client, seller, offering)
+	return nil
+}
+
+// act starts a signed act about the engagement v names.
+func act(v *engagement.View) map[string]any {
+	return map[string]any{"v": 1, "client": v.Client, "seller": v.Seller, "offering": v.Offering, "sow_id": v.SowID, "at": rfc3339(time.Now())}
+}
+
+// signedAct signs obj under tag with the owner key: the bytes posted.
+func signedAct(tag string, obj map[string]any, owner keys.Signer) ([]byte, error) {
+	if err := engagement.SignAct(tag, obj, owner); err != nil {
+		return nil, fmt.Errorf("sign: %w", err)
+	}
+	return json.Marshal(obj)
+}
+
+func engageTerminate(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage terminate", flag.ContinueOnError)
+	forCause := fs.Bool("for-cause", false, "terminate for cause: at once, the reason on the public record")
+	reason := fs.String("reason", "", "why (required with --for-cause)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	*reason = strings.TrimSpace(*reason)
+	if *forCause && *reason == "" {
+		return usageError("a termination for cause states its reason (--reason); it goes on the public record")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	client, seller, offering, err := s.names(ctx, pos)
+	if err != nil {
+		return err
+	}
+	v, err := s.formedRecord(ctx, client, seller, offering)
+	if err != nil {
+		return err
+	}
+	me := s.ks.Owner.Public()
+	if me != v.Owners.Provider && me != v.Owners.Client {
+		return fmt.Errorf("this adapter's owner key %s signed neither seat of %s (provider owner %s, client owner %s); only they terminate it", me, v.SowID, v.Owners.Provider, v.Owners.Client)
+	}
+	obj := act(v)
+	obj["version"], obj["for_cause"] = v.Version, *forCause
+	if *reason != "" {
+		obj["reason"] = *reason
+	}
+	raw, err := signedAct(engagement.TagTerminate, obj, s.ks.Owner)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/terminate", raw, &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the termination: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	t, _ := ans["termination"].(map[string]any)
+	if *forCause {
+		fmt.Fprintf(e.Stdout, "terminated %s for cause, effective %v: %s\n", v.SowID, t["effective_at"], *reason)
+		return nil
+	}
+	fmt.Fprintf(e.Stdout, "notice given on %s: it stays in force until %v, then it is terminated\n", v.SowID, t["effective_at"])
+	return nil
+}
+
+func engageReview(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage review", flag.ContinueOnError)
+	accepted := fs.Bool("accepted", false, "the work is accepted")
+	rejected := fs.Bool("rejected", false, "the work is rejected (needs --reason)")
+	reason := fs.String("reason", "", "why")
+	task := fs.String("task", "", "the task reviewed (default: the whole engagement)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	*reason = strings.TrimSpace(*reason)
+	switch {
+	case *accepted == *rejected:
+		return usageError("say --accepted or --rejected")
+	case *rejected && *reason == "":
+		return usageError("a rejection states its reason (--reason); an unreasoned rejection carries no weight")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	client, seller, offering, err := s.names(ctx, pos)
+	if err != nil {
+		return err
+	}
+	v, err := s.formedRecord(ctx, client, seller, offering)
+	if err != nil {
+		return err
+	}
+	if me := s.ks.Owner.Public(); me != v.Owners.Client {
+		return fmt.Errorf("a review is signed by the buyer, the client seat's owner %s; this adapter's owner key is %s", v.Owners.Client, me)
+	}
+	obj := act(v)
+	obj["verdict"] = engagement.VerdictAccepted
+	if *rejected {
+		obj["verdict"] = engagement.VerdictRejected
+	}
+	if *reason != "" {
+		obj["reason"] = *reason
+	}
+	if *task != "" {
+		obj["task_id"] = *task
+	}
+	raw, err := signedAct(engagement.TagReview, obj, s.ks.Owner)
+	if err != nil {
+		return err
+	}
+	var ans struct {
+		Duplicate bool   `json:"duplicate"`
+		Digest    string `json:"digest"`
+		Verdict   string `json:"verdict"`
+		StoredAt  string `json:"stored_at"`
+	}
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/reviews", raw, &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the review: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	what := ans.Verdict
+	if *task != "" {
+		what += " (task " + *task + ")"
+	}
+	if *reason != "" {
+		what += ": " + *reason
+	}
+	fmt.Fprintf(e.Stdout, "review of %s stored at %s, digest %s: %s\n", v.SowID, ans.StoredAt, ans.Digest, what)
+	return nil
+}
+
+func engageShow(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage show", flag.ContinueOnError)
+	asJSON := fs.Bool("json", false, "print the record as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	s, err := e.engageSession(false)
+	if err != nil {
+		return err
+	}
+	client, seller, offering, err := s.names(ctx, pos)
+	if err != nil {
+		return err
+	}
+	v, err := s.record(ctx, client, seller, offering)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, v)
+	}
+	printEngagement(e.Stdout, v)
+	return nil
+}
+
+// compactValue is a clause's value on one line.
+func compactValue(s string) string {
+	var b bytes.Buffer
+	if json.Compact(&b, []byte(s)) != nil {
+		return strings.Join(strings.Fields(s), " ")
+	}
+	return b.String()
+}
+
+func printClauses(w io.Writer, cs []engagement.Clause) {
+	fmt.Fprintln(w, "clauses:")
+	for _, c := range cs {
+		grade := c.Grade
+		if grade == "" {
+			grade = "(no grade)"
+		}
+		fmt.Fprintf(w, "  %-26s %-10s %s\n", c.Path, grade, compactValue(c.Value))
+	}
+}
+
+// printEngagement prints the public record for people.
+func printEngagement(w io.Writer, v *engagement.View) {
+	force := "not in force"
+	if v.InForce {
+		force = "in force"
+	}
+	fmt.Fprintf(w, "engagement %s, version %d: %s (%s)\n", v.SowID, v.Version, v.State, force)
+	fmt.Fprintf(w, "  client    %s (owner %s)\n", v.Client, orNone(v.Owners.Client))
+	fmt.Fprintf(w, "  seller    %s (owner %s)\n", v.Seller, orNone(v.Owners.Provider))
+	fmt.Fprintf(w, "  scope     %s\n", strings.Join(v.Offerings, ", "))
+	fmt.Fprintf(w, "  term      %s to %s\n", orNone(v.StartsAt), orNone(v.EndsAt))
+	if v.FormedAt != "" {
+		fmt.Fprintf(w, "  formed    %s, document sha256 %s\n", v.FormedAt, v.DocumentSHA256)
+	} else if v.Requested != "" {
+		fmt.Fprintf(w, "  awaiting  the provider's instance signature: its owner runs `mesh-adapter engage sign %s %s %s`\n", v.Client, v.Seller, v.Offering)
+	}
+	if v.MirrorPending {
+		fmt.Fprintln(w, "  note      the terms have not reached the bus yet; the mirror job retries")
+	}
+	if v.Language != "" {
+		fmt.Fprintf(w, "  note      %s\n", v.Language)
+	}
+	printClauses(w, v.Clauses)
+	if o := v.Open; o != nil {
+		fmt.Fprintf(w, "open amendment: version %d proposed by the %s at %s, lapses at %s\n", o.Version, o.Proposer, o.ProposedAt, o.LapsesAt)
+	}
+	if len(v.Amendments) == 0 {
+		fmt.Fprintln(w, "amendments: none")
+	} else {
+		fmt.Fprintln(w, "amendments:")
+		for _, a := range v.Amendments {
+			line := fmt.Sprintf("  %s  %-20s version %d", a.At, a.Kind, a.Version)
+			if a.Role != "" {
+				line += " by the " + a.Role
+			}
+			if a.Reason != "" {
+				line += ": " + a.Reason
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+	if t := v.Termination; t == nil {
+		fmt.Fprintln(w, "termination: none")
+	} else {
+		kind := "for convenience"
+		if t.ForCause {
+			kind = "for cause"
+		}
+		line := fmt.Sprintf("termination: %s by the %s's owner %s, signed %s, effective %s", kind, t.Role, t.By, t.SignedAt, t.EffectiveAt)
+		if t.InNotice {
+			line += " (notice running: still in force)"
+		}
+		if t.Reason != "" {
+			line += ": " + t.Reason
+		}
+		fmt.Fprintln(w, line)
+	}
+	if len(v.Reviews) == 0 {
+		fmt.Fprintln(w, "reviews: none")
+		return
+	}
+	fmt.Fprintln(w, "reviews:")
+	for _, r := range v.Reviews {
+		line := fmt.Sprintf("  %s  %-8s", r.StoredAt, r.Verdict)
+		if r.TaskID != "" {
+			line += " task " + r.TaskID
+		}
+		if r.Reason != "" {
+			line += ": " + r.Reason
+		}
+		fmt.Fprintln(w, line)
+	}
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(none)"
+	}
+	return s
+}
