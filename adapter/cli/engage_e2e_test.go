@@ -13,16 +13,17 @@ import (
 )
 
 // engageTemplate is a template this runtime accepts: it grades enforced
-// only what the engagement service enforces (scope, a no_charge price,
-// agent-approved change control, termination). The provider seat names
-// no agent: propose fills it with the adapter's own agent.
+// only what the engagement service enforces of an agent that publishes no
+// SKU (agent-approved change control); the rest is evidence or recorded.
+// The provider seat names no agent: propose fills it with the adapter's
+// own agent.
 const engageTemplate = `{
   "sow": "v1", "version": 1, "starts_at": null, "ends_at": null, "term_months": 3,
   "parties": {"provider": {"owner": "Provider Ltd"}, "client": null, "grade": "evidence"},
-  "scope": {"offerings": ["chat"], "grade": "enforced"},
-  "price": {"arrangement": "no_charge", "grade": "enforced"},
+  "scope": {"offerings": ["chat"], "grade": "evidence"},
+  "price": {"arrangement": "no_charge", "grade": "recorded"},
   "change_control": {"review_window_days": 1, "approval": {"formation": "agent", "amendment": "agent"}, "grade": "enforced"},
-  "termination": {"convenience_notice_hours": 2, "grade": "enforced"},
+  "termination": {"convenience_notice_hours": 2, "grade": "evidence"},
   "disputes": {"posture": "escalate_to_owners", "grade": "evidence"}
 }`
 
@@ -61,14 +62,15 @@ func TestEngageFromTheAdapter(t *testing.T) {
 		!strings.Contains(out, "`mesh-adapter engage sign "+cliID+" "+provID+" chat`") {
 		t.Fatalf("countersign printed:\n%s", out)
 	}
-	if out := w.must(cli, "engage", "show", cliID, provID, "chat"); !strings.HasPrefix(out, "engagement "+sowID+", version 0: standing_proposal (not in force)") {
+	if out := w.must(cli, "engage", "show", cliID, provID, "chat"); !strings.HasPrefix(out, "engagement "+sowID+", version 0: ") ||
+		!strings.Contains(out, " (not in force)\n") || !strings.Contains(out, "  awaiting  the provider's instance signature: its owner runs `mesh-adapter engage sign "+cliID+" "+provID+" chat`") {
 		t.Fatalf("show before the provider signs:\n%s", out)
 	}
 
 	// The provider's owner sees what it signs and must say so.
 	out, errOut, code := w.run(prov, "engage", "sign", cliID, provID, "chat")
 	if code != 1 || !strings.Contains(out, "signing as the provider's owner "+pOwner+" the completed instance of "+sowID) ||
-		!regexp.MustCompile(`\n  scope +enforced +\{"grade":"enforced","offerings":\["chat"\]\}\n`).MatchString(out) || !strings.Contains(errOut, "not signed") {
+		!regexp.MustCompile(`\n  scope +evidence +\{"grade":"evidence","offerings":\["chat"\]\}\n`).MatchString(out) || !strings.Contains(errOut, "not signed") {
 		t.Fatalf("sign without an answer: exit %d\n%s%s", code, out, errOut)
 	}
 	if _, errOut, code := w.run(cli, "engage", "sign", cliID, provID, "chat", "--yes"); code != 1 || !strings.Contains(errOut, "not this adapter's agent") {
@@ -81,7 +83,7 @@ func TestEngageFromTheAdapter(t *testing.T) {
 
 	out = w.must(cli, "engage", "show", cliID, provID, "chat")
 	for _, want := range []string{"engagement " + sowID + ", version 1: active (in force)\n", "  client    " + cliID + " (owner " + cOwner + ")\n",
-		"  seller    " + provID + " (owner " + pOwner + ")\n", "\n  parties ", "\n  price                      enforced ", "\n  termination                enforced ",
+		"  seller    " + provID + " (owner " + pOwner + ")\n", "\n  parties ", "\n  price                      recorded ", "\n  change_control             enforced ", "\n  termination                evidence ",
 		"\n  disputes                   evidence ", "amendments: none\n", "termination: none\n", "reviews: none\n"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("show lacks %q:\n%s", want, out)
