@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -27,7 +29,7 @@ import (
 )
 
 func init() {
-	register(&command{name: "engage", usage: "show|propose|countersign|sign|terminate|review ... [--json]",
+	register(&command{name: "engage", usage: "show|propose|countersign|sign|terminate|review|amend|approve|deny|withdraw ... [--json]",
 		summary: "take part in an engagement (Agent SoW) with the owner key",
 		help: `Engagements are Agent SoW documents that two agents' owners sign
 (docs/engagements.md). These commands sign with the owner key in the state
@@ -35,8 +37,10 @@ directory and call the control plane's engagement routes (--control-url,
 default: the one saved by "up"). <client> and <seller> are agent ids or
 handles; <offering> is one offering in the engagement's scope.
 
-  show <client> <seller> <offering>        print the public record: state, version, term,
-                                           every clause with its grade, amendments, termination, reviews
+  show <client> <seller> <offering> [--document]
+                                           print the public record: state, version, term, every clause
+                                           with its grade, amendments, termination, reviews (--document:
+                                           the governing document's exact bytes, to edit for amend)
   propose <document.json> [--out F]        as the provider's owner: sign the template and file it as a
                                            standing proposal; the signed proposal is written to F
   countersign <proposal.json> [--client-agent A] [--starts-at T] [--ends-at T] [--owner LABEL] [--assert ID,...]
@@ -50,10 +54,16 @@ handles; <offering> is one offering in the engagement's scope.
                                            public record; otherwise after the convenience notice)
   review <client> <seller> <offering> --accepted | --rejected --reason R [--task T]
                                            as the client's owner: review the work (a rejection needs a reason)
+  amend <document.json> [--offering O]     as either owner: propose the edited document as the next version
+  approve <client> <seller> <offering> [--yes]
+                                           as the counterparty's owner: show the open amendment, then
+                                           countersign it; it governs from now
+  deny <client> <seller> <offering> --reason R
+                                           as the counterparty's owner: refuse the open amendment
+  withdraw <client> <seller> <offering> [--reason R]
+                                           as the proposer's owner: take the open amendment back
 
---json prints the record or the service's answer as JSON. Amendments
-(amend, approve, deny, withdraw) are not here yet: sign them by hand
-(docs/engagements.md "Signed strings").
+--json prints the record or the service's answer as JSON.
 
 Example:
   mesh-adapter engage propose summaries.json
@@ -61,11 +71,14 @@ Example:
   mesh-adapter engage sign UCLIENT... UPROVIDER... summarize
   mesh-adapter engage show client.ana@example.org UPROVIDER... summarize
   mesh-adapter engage review UCLIENT... UPROVIDER... summarize --rejected --reason "The totals were missing." --task task-7
-  mesh-adapter engage terminate UCLIENT... UPROVIDER... summarize --for-cause --reason "Work outside the scope."`,
+  mesh-adapter engage terminate UCLIENT... UPROVIDER... summarize --for-cause --reason "Work outside the scope."
+  mesh-adapter engage show UCLIENT... UPROVIDER... summarize --document > v2.json   # edit, then:
+  mesh-adapter engage amend v2.json
+  mesh-adapter engage deny UCLIENT... UPROVIDER... summarize --reason "Five an hour is too few."`,
 		run: runEngage})
 }
 
-const engageVerbs = "show, propose, countersign, sign, terminate or review"
+const engageVerbs = "show, propose, countersign, sign, terminate, review, amend, approve, deny or withdraw"
 
 func runEngage(ctx context.Context, e *Env, args []string) error {
 	sub, args, err := subcommand(args, engageVerbs)
@@ -85,6 +98,14 @@ func runEngage(ctx context.Context, e *Env, args []string) error {
 		return engageTerminate(ctx, e, args)
 	case "review":
 		return engageReview(ctx, e, args)
+	case "amend":
+		return engageAmend(ctx, e, args)
+	case "approve":
+		return engageApprove(ctx, e, args)
+	case "deny":
+		return engageResolve(ctx, e, engagement.ActDeny, args)
+	case "withdraw":
+		return engageResolve(ctx, e, engagement.ActWithdraw, args)
 	}
 	return usageError("unknown engage action %q: say %s", sub, engageVerbs)
 }
@@ -749,6 +770,7 @@ func engageReview(ctx context.Context, e *Env, args []string) error {
 func engageShow(ctx context.Context, e *Env, args []string) error {
 	fs := flag.NewFlagSet("engage show", flag.ContinueOnError)
 	asJSON := fs.Bool("json", false, "print the record as JSON")
+	document := fs.Bool("document", false, "print the governing document's exact bytes (the countersign, before formation)")
 	pos, err := e.parse(fs, args)
 	if err != nil {
 		return err
@@ -765,7 +787,15 @@ func engageShow(ctx context.Context, e *Env, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
+	switch {
+	case *document:
+		doc := firstNonEmpty(v.Document, v.Requested)
+		if doc == "" {
+			return fmt.Errorf("engagement %s carries no document yet (%s)", v.SowID, v.State)
+		}
+		_, err := fmt.Fprintln(e.Stdout, doc)
+		return err
+	case *asJSON:
 		return printJSON(e.Stdout, v)
 	}
 	printEngagement(e.Stdout, v)
@@ -871,4 +901,247 @@ func orNone(s string) string {
 		return "(none)"
 	}
 	return s
+}
+
+// seat is the role this adapter's owner key holds in v, "" for neither.
+func seat(v *engagement.View, owner string) string {
+	switch owner {
+	case v.Owners.Provider:
+		return sow.RoleProvider
+	case v.Owners.Client:
+		return sow.RoleClient
+	}
+	return ""
+}
+
+// otherRole is the counterparty of role.
+func otherRole(role string) string {
+	if role == sow.RoleProvider {
+		return sow.RoleClient
+	}
+	return sow.RoleProvider
+}
+
+func engageAmend(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage amend", flag.ContinueOnError)
+	offering := fs.String("offering", "", "an offering in the engagement's current scope (default: the first of the document's that names the engagement)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	if len(pos) != 1 {
+		return usageError("give one document: engage amend <document.json>")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	raw, doc, err := readDocument(e, pos[0])
+	if err != nil {
+		return err
+	}
+	d, err := sow.Parse(raw)
+	if err != nil {
+		return fmt.Errorf("%s is not a valid engagement document: %w", pos[0], err)
+	}
+	if d.Parties.Client == nil {
+		return fmt.Errorf("%s leaves the client seat empty; an amendment replaces the whole formed document, parties included (start from `engage show ... --document`)", pos[0])
+	}
+	client, seller := d.Parties.Client.Agent, d.Parties.Provider.Agent
+	candidates := d.Scope.Offerings
+	if *offering != "" {
+		candidates = []string{*offering}
+	}
+	var v *engagement.View
+	for _, o := range candidates {
+		if v, err = s.record(ctx, client, seller, o); err == nil {
+			break
+		}
+	}
+	if v == nil {
+		return fmt.Errorf("no engagement between client %s and seller %s under offerings %s is on record; pass --offering with one in its current scope", client, seller, strings.Join(candidates, ", "))
+	}
+	if v.Document == "" {
+		return fmt.Errorf("engagement %s is not formed yet (%s); amendments follow formation", v.SowID, v.State)
+	}
+	role := seat(v, s.ks.Owner.Public())
+	if role == "" {
+		return fmt.Errorf("this adapter's owner key %s signed neither seat of %s (provider owner %s, client owner %s); only they amend it", s.ks.Owner.Public(), v.SowID, v.Owners.Provider, v.Owners.Client)
+	}
+	delete(doc, "signatures")
+	bumped := false
+	if d.Version == v.Version {
+		doc["version"], bumped = v.Version+1, true
+	}
+	signed, nd, err := signDocument(doc, s.ks.Owner, role)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/amend", documentBody(signed, nil), &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the amendment: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	if bumped {
+		fmt.Fprintf(e.Stdout, "version set to %d (the governing version is %d)\n", nd.Version, v.Version)
+	}
+	lapses := "when the review window closes"
+	if o, _ := ans["open_amendment"].(map[string]any); o != nil && o["lapses_at"] != nil {
+		lapses = fmt.Sprintf("at %v", o["lapses_at"])
+	}
+	fmt.Fprintf(e.Stdout, "proposed version %d of %s as the %s; it lapses unanswered %s\n", nd.Version, v.SowID, role, lapses)
+	fmt.Fprintf(e.Stdout, "next: the %s's owner runs `mesh-adapter engage approve %s %s %s` or `mesh-adapter engage deny %s %s %s --reason R`\n",
+		otherRole(role), client, seller, v.Offering, client, seller, v.Offering)
+	return nil
+}
+
+// openAmendment reads the engagement's open amendment and this owner's
+// seat.
+func (s *engageSession) openAmendment(ctx context.Context, pos []string) (*engagement.View, string, error) {
+	client, seller, offering, err := s.names(ctx, pos)
+	if err != nil {
+		return nil, "", err
+	}
+	v, err := s.formedRecord(ctx, client, seller, offering)
+	if err != nil {
+		return nil, "", err
+	}
+	if v.Open == nil {
+		return nil, "", fmt.Errorf("engagement %s has no open amendment (state %s, version %d)", v.SowID, v.State, v.Version)
+	}
+	role := seat(v, s.ks.Owner.Public())
+	if role == "" {
+		return nil, "", fmt.Errorf("this adapter's owner key %s signed neither seat of %s (provider owner %s, client owner %s)", s.ks.Owner.Public(), v.SowID, v.Owners.Provider, v.Owners.Client)
+	}
+	return v, role, nil
+}
+
+func engageApprove(ctx context.Context, e *Env, args []string) error {
+	fs := flag.NewFlagSet("engage approve", flag.ContinueOnError)
+	yes := fs.Bool("yes", false, "approve without asking (the terms are still printed)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	v, role, err := s.openAmendment(ctx, pos)
+	if err != nil {
+		return err
+	}
+	if role == v.Open.Proposer {
+		return fmt.Errorf("this adapter's owner proposed version %d of %s; the %s's owner approves it (or withdraw it)", v.Open.Version, v.SowID, otherRole(role))
+	}
+	d, err := sow.Parse([]byte(v.Open.Document))
+	if err != nil {
+		return fmt.Errorf("the open amendment does not read: %w", err)
+	}
+	psig, ok := d.Signature(v.Open.Proposer)
+	if !ok {
+		return fmt.Errorf("the open amendment carries no %s signature", v.Open.Proposer)
+	}
+	if err := sow.VerifySignature(d.Value, psig); err != nil {
+		return fmt.Errorf("the proposer's signature on the open amendment does not verify: %w", err)
+	}
+	cur := map[string]string{}
+	for _, c := range v.Clauses {
+		cur[c.Path] = compactValue(c.Value)
+	}
+	fmt.Fprintf(e.Stdout, "approving as the %s's owner %s version %d of %s, proposed by the %s (owner %s) at %s; it replaces version %d:\n",
+		role, s.ks.Owner.Public(), d.Version, d.ID, v.Open.Proposer, psig.Key, v.Open.ProposedAt, v.Version)
+	fmt.Fprintf(e.Stdout, "  term      %s to %s\n", d.StartsAt, d.EndsAt)
+	fmt.Fprintf(e.Stdout, "  scope     %s\n", strings.Join(d.Scope.Offerings, ", "))
+	fmt.Fprintln(e.Stdout, "clauses (* changed from the governing version):")
+	for _, c := range engagement.Clauses(d) {
+		mark := " "
+		if cur[c.Path] != compactValue(c.Value) {
+			mark = "*"
+		}
+		fmt.Fprintf(e.Stdout, " %s%-26s %-10s %s\n", mark, c.Path, orNone(c.Grade), compactValue(c.Value))
+	}
+	if !*yes {
+		fmt.Fprint(e.Stdout, "Approve this amendment? [y/N] ")
+		line, _ := bufio.NewReader(e.Stdin).ReadString('\n')
+		if a := strings.ToLower(strings.TrimSpace(line)); a != "y" && a != "yes" {
+			fmt.Fprintln(e.Stdout)
+			return errors.New("not approved: answer y after reading the terms above, or pass --yes")
+		}
+	}
+	raw, _, err := signDocument(d.Value, s.ks.Owner, role)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/amend/approve", documentBody(raw, nil), &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the approval: %w", err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	fmt.Fprintf(e.Stdout, "approved: version %d of %s governs from now\n", d.Version, d.ID)
+	return nil
+}
+
+// engageResolve signs a denial (the counterparty's, with a reason) or a
+// withdrawal (the proposer's) of the open amendment, bound to its exact
+// bytes by their SHA-256.
+func engageResolve(ctx context.Context, e *Env, kind string, args []string) error {
+	fs := flag.NewFlagSet("engage "+kind, flag.ContinueOnError)
+	reason := fs.String("reason", "", "why (required to deny)")
+	asJSON := fs.Bool("json", false, "print the service's answer as JSON")
+	pos, err := e.parse(fs, args)
+	if err != nil {
+		return err
+	}
+	*reason = strings.TrimSpace(*reason)
+	if kind == engagement.ActDeny && *reason == "" {
+		return usageError("a denial states its reason (--reason); an unreasoned denial is not recorded")
+	}
+	s, err := e.engageSession(true)
+	if err != nil {
+		return err
+	}
+	v, role, err := s.openAmendment(ctx, pos)
+	if err != nil {
+		return err
+	}
+	switch {
+	case kind == engagement.ActDeny && role == v.Open.Proposer:
+		return fmt.Errorf("this adapter's owner proposed version %d; the proposer withdraws (`engage withdraw`), the %s's owner denies", v.Open.Version, otherRole(role))
+	case kind == engagement.ActWithdraw && role != v.Open.Proposer:
+		return fmt.Errorf("the %s proposed version %d; only its owner withdraws it, and this adapter's owner denies it (`engage deny ... --reason R`)", v.Open.Proposer, v.Open.Version)
+	}
+	sum := sha256.Sum256([]byte(v.Open.Document))
+	obj := act(v)
+	obj["version"], obj["act"], obj["proposal_sha256"] = v.Open.Version, kind, hex.EncodeToString(sum[:])
+	if *reason != "" {
+		obj["reason"] = *reason
+	}
+	raw, err := signedAct(engagement.TagAmendment, obj, s.ks.Owner)
+	if err != nil {
+		return err
+	}
+	var ans map[string]any
+	if _, err := s.cp.do(ctx, http.MethodPost, "/v1/engage/amend/resolve", raw, &ans); err != nil {
+		return fmt.Errorf("the engagement service refused the %s: %w", map[string]string{engagement.ActDeny: "denial", engagement.ActWithdraw: "withdrawal"}[kind], err)
+	}
+	if *asJSON {
+		return printJSON(e.Stdout, ans)
+	}
+	verb := "denied"
+	if kind == engagement.ActWithdraw {
+		verb = "withdrew"
+	}
+	line := fmt.Sprintf("%s version %d of %s; version %d continues to govern", verb, v.Open.Version, v.SowID, v.Version)
+	if *reason != "" {
+		line += ": " + *reason
+	}
+	fmt.Fprintln(e.Stdout, line)
+	return nil
 }

@@ -29,7 +29,9 @@ const engageTemplate = `{
 
 // Two adapters' owners form an engagement with `engage` alone: the
 // provider proposes, the client countersigns, the provider signs after
-// seeing the terms; show prints it active with every clause's grade; a
+// seeing the terms; show prints it active with every clause's grade;
+// amendments are proposed from the governing document, approved after
+// showing what changed, denied with a reason, withdrawn by the proposer; a
 // reasonless rejection is refused before anything is sent, a reasoned one
 // is stored; a termination for cause without a reason is refused locally,
 // with one it ends the engagement and the reason is on the record.
@@ -99,6 +101,63 @@ func TestEngageFromTheAdapter(t *testing.T) {
 		t.Fatalf("the agreed document: %+v %v", d, err)
 	}
 
+	// Amendments: the client proposes version 2 from the governing
+	// document, the provider sees it and approves; the client proposes
+	// version 3, the provider denies it with its reason; the provider
+	// proposes another version 3 and withdraws it.
+	edit := func(who, name string, change func(map[string]any)) string {
+		t.Helper()
+		var doc map[string]any
+		if err := json.Unmarshal([]byte(w.must(who, "engage", "show", cliID, provID, "chat", "--document")), &doc); err != nil {
+			t.Fatal(err)
+		}
+		change(doc)
+		b, _ := json.Marshal(doc)
+		path := filepath.Join(docs, name)
+		if err := os.WriteFile(path, b, 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return path
+	}
+	notice := func(hours int) func(map[string]any) {
+		return func(d map[string]any) {
+			d["termination"] = map[string]any{"convenience_notice_hours": hours, "grade": "evidence"}
+		}
+	}
+	if out := w.must(cli, "engage", "amend", edit(cli, "v2.json", notice(4))); !strings.Contains(out, "proposed version 2 of "+sowID+" as the client; it lapses unanswered at ") ||
+		!strings.Contains(out, "the provider's owner runs `mesh-adapter engage approve "+cliID+" "+provID+" chat`") {
+		t.Fatalf("amend printed:\n%s", out)
+	}
+	if _, errOut, code := w.run(cli, "engage", "approve", cliID, provID, "chat", "--yes"); code != 1 || !strings.Contains(errOut, "the provider's owner approves it") {
+		t.Fatalf("the proposer approving: exit %d %s", code, errOut)
+	}
+	out = w.must(prov, "engage", "approve", cliID, provID, "chat", "--yes")
+	if !strings.Contains(out, "\n *termination                evidence   {\"convenience_notice_hours\":4,\"grade\":\"evidence\"}\n") ||
+		!strings.Contains(out, "\n  scope ") || !strings.Contains(out, "approved: version 2 of "+sowID+" governs from now") {
+		t.Fatalf("approve printed:\n%s", out)
+	}
+	w.must(cli, "engage", "amend", edit(cli, "v3.json", notice(1)))
+	if _, errOut, code := w.run(prov, "engage", "deny", cliID, provID, "chat"); code != 2 || !strings.Contains(errOut, "a denial states its reason") {
+		t.Fatalf("a denial without a reason: exit %d %s", code, errOut)
+	}
+	const denial = "One hour is too short a notice."
+	if out := w.must(prov, "engage", "deny", cliID, provID, "chat", "--reason", denial); out != "denied version 3 of "+sowID+"; version 2 continues to govern: "+denial+"\n" {
+		t.Fatalf("deny printed:\n%s", out)
+	}
+	w.must(prov, "engage", "amend", edit(prov, "v3b.json", notice(8)))
+	if _, errOut, code := w.run(prov, "engage", "deny", cliID, provID, "chat", "--reason", "no"); code != 1 || !strings.Contains(errOut, "the proposer withdraws") {
+		t.Fatalf("the proposer denying: exit %d %s", code, errOut)
+	}
+	if out := w.must(prov, "engage", "withdraw", cliID, provID, "chat"); out != "withdrew version 3 of "+sowID+"; version 2 continues to govern\n" {
+		t.Fatalf("withdraw printed:\n%s", out)
+	}
+	out = w.must(cli, "engage", "show", cliID, provID, "chat")
+	for _, want := range []string{"version 2: amended (in force)\n", " amendment_denied     version 3 by the provider: " + denial + "\n", " amendment_withdrawn  version 3 by the provider\n"} {
+		if !strings.Contains(out, want) {
+			t.Fatalf("show after the amendments lacks %q:\n%s", want, out)
+		}
+	}
+
 	// Reviews: the buyer's, a rejection with its reason.
 	if _, errOut, code := w.run(cli, "engage", "review", cliID, provID, "chat", "--rejected"); code != 2 || !strings.Contains(errOut, "a rejection states its reason") {
 		t.Fatalf("a rejection without a reason: exit %d %s", code, errOut)
@@ -120,7 +179,7 @@ func TestEngageFromTheAdapter(t *testing.T) {
 		t.Fatalf("terminate printed:\n%s", out)
 	}
 	out = w.must(cli, "engage", "show", cliID, provID, "chat")
-	for _, want := range []string{"version 1: terminated (not in force)\n", "termination: for cause by the provider's owner " + pOwner, ": " + cause + "\n",
+	for _, want := range []string{"version 2: terminated (not in force)\n", "termination: for cause by the provider's owner " + pOwner, ": " + cause + "\n",
 		"reviews:\n  ", " rejected task task-7: " + why + "\n"} {
 		if !strings.Contains(out, want) {
 			t.Fatalf("show after the termination lacks %q:\n%s", want, out)

@@ -20,7 +20,9 @@ func TestEngageRefusedLocally(t *testing.T) {
 		want string
 	}{
 		{[]string{"engage"}, 2, "say what to do: show, propose"},
-		{[]string{"engage", "amend", "x.json"}, 2, `unknown engage action "amend"`},
+		{[]string{"engage", "frobnicate"}, 2, `unknown engage action "frobnicate"`},
+		{[]string{"engage", "deny", c, s, "chat"}, 2, "a denial states its reason"},
+		{[]string{"engage", "amend"}, 2, "give one document"},
 		{[]string{"engage", "terminate", c, s, "chat", "--for-cause"}, 2, "a termination for cause states its reason"},
 		{[]string{"engage", "terminate", c, s, "chat", "--for-cause", "--reason", "  "}, 2, "a termination for cause states its reason"},
 		{[]string{"engage", "review", c, s, "chat", "--rejected"}, 2, "a rejection states its reason"},
