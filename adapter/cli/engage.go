@@ -3,6 +3,7 @@ package cli
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
@@ -256,19 +257,41 @@ func (s *engageSession) names(ctx context.Context, pos []string) (client, seller
 }
 
 // record reads the public record of the engagement between client and
-// seller for offering.
+// seller for offering: every page of its history and reviews (a record
+// keeps at most 1,000 of each, 200 to a page).
 func (s *engageSession) record(ctx context.Context, client, seller, offering string) (*engagement.View, error) {
-	var out struct {
-		Engagement engagement.View `json:"engagement"`
-	}
-	path := "/v1/engagements/" + url.PathEscape(client) + "/" + url.PathEscape(seller) + "/" + url.PathEscape(offering) + "?format=json"
-	if st, err := s.cp.do(ctx, http.MethodGet, path, nil, &out); err != nil {
-		if st == http.StatusNotFound {
-			return nil, fmt.Errorf("no engagement between client %s and seller %s for offering %q is on record", client, seller, offering)
+	base := "/v1/engagements/" + url.PathEscape(client) + "/" + url.PathEscape(seller) + "/" + url.PathEscape(offering) +
+		fmt.Sprintf("?format=json&history_limit=%d&reviews_limit=%d", engagement.MaxPage, engagement.MaxPage)
+	var all *engagement.View
+	historyAfter, reviewsAfter := 0, 0
+	for range 2 * (engagement.MaxReviews/engagement.MaxPage + 2) {
+		var out struct {
+			Engagement engagement.View `json:"engagement"`
 		}
-		return nil, err
+		path := base + fmt.Sprintf("&history_after=%d&reviews_after=%d", historyAfter, reviewsAfter)
+		if st, err := s.cp.do(ctx, http.MethodGet, path, nil, &out); err != nil {
+			if st == http.StatusNotFound {
+				return nil, fmt.Errorf("no engagement between client %s and seller %s for offering %q is on record", client, seller, offering)
+			}
+			return nil, err
+		}
+		v := &out.Engagement
+		if all == nil {
+			all = v
+		} else {
+			all.History = append(all.History, v.History...)
+			all.Amendments = append(all.Amendments, v.Amendments...)
+			all.Reviews = append(all.Reviews, v.Reviews...)
+		}
+		if v.HistoryNext == 0 && v.ReviewsNext == 0 {
+			all.HistoryNext, all.ReviewsNext = 0, 0
+			return all, nil
+		}
+		// A list that is complete is asked past its end, so the other
+		// one's next pages do not repeat it.
+		historyAfter, reviewsAfter = cmp.Or(v.HistoryNext, v.HistoryTotal), cmp.Or(v.ReviewsNext, v.ReviewsTotal)
 	}
-	return &out.Engagement, nil
+	return nil, fmt.Errorf("the record of %s kept answering more pages than a record holds", all.SowID)
 }
 
 // formedRecord is record, refusing one not yet formed.

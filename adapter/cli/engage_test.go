@@ -2,6 +2,10 @@ package cli
 
 import (
 	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -101,5 +105,61 @@ func TestPrintEngagement(t *testing.T) {
 		if !strings.Contains(b.String(), want) {
 			t.Errorf("show lacks %q:\n%s", want, b.String())
 		}
+	}
+}
+
+// record reads every page of the history and the reviews, and asks a
+// list that is complete past its end while the other one pages on.
+func TestRecordReadsEveryPage(t *testing.T) {
+	const histories, reviews = 450, 250
+	var asked []string
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		asked = append(asked, r.URL.RawQuery)
+		q := r.URL.Query()
+		num := func(k string) int { n, _ := strconv.Atoi(q.Get(k)); return n }
+		if num("history_limit") != engagement.MaxPage || num("reviews_limit") != engagement.MaxPage || q.Get("format") != "json" {
+			t.Errorf("asked %s", r.URL.RawQuery)
+		}
+		v := engagement.View{SowID: "sow_x", HistoryTotal: histories, ReviewsTotal: reviews, History: []engagement.HistoryItem{}, Reviews: []engagement.ReviewView{}}
+		for i := num("history_after") + 1; i <= histories && i <= num("history_after")+engagement.MaxPage; i++ {
+			v.History = append(v.History, engagement.HistoryItem{Seq: i})
+			if i%100 == 0 {
+				v.Amendments = append(v.Amendments, engagement.HistoryItem{Seq: i})
+			}
+			v.HistoryNext = i
+		}
+		if v.HistoryNext >= histories {
+			v.HistoryNext = 0
+		}
+		for i := num("reviews_after") + 1; i <= reviews && i <= num("reviews_after")+engagement.MaxPage; i++ {
+			v.Reviews = append(v.Reviews, engagement.ReviewView{Digest: strconv.Itoa(i)})
+			v.ReviewsNext = i
+		}
+		if v.ReviewsNext >= reviews {
+			v.ReviewsNext = 0
+		}
+		_ = json.NewEncoder(w).Encode(map[string]any{"ok": true, "engagement": v})
+	}))
+	defer srv.Close()
+	s := &engageSession{cp: engageCP{base: srv.URL, http: srv.Client()}}
+	v, err := s.record(t.Context(), "UC", "US", "chat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(v.History) != histories || len(v.Reviews) != reviews || len(v.Amendments) != 4 || v.HistoryNext != 0 || v.ReviewsNext != 0 {
+		t.Fatalf("history %d, reviews %d, amendments %d, next %d %d", len(v.History), len(v.Reviews), len(v.Amendments), v.HistoryNext, v.ReviewsNext)
+	}
+	for i, h := range v.History {
+		if h.Seq != i+1 {
+			t.Fatalf("history entry %d is seq %d", i, h.Seq)
+		}
+	}
+	for i, r := range v.Reviews {
+		if r.Digest != strconv.Itoa(i+1) {
+			t.Fatalf("review %d is %s", i, r.Digest)
+		}
+	}
+	if len(asked) != 3 {
+		t.Fatalf("asked %d pages: %v", len(asked), asked)
 	}
 }
