@@ -75,7 +75,9 @@ Example:
   mesh-adapter engage terminate UCLIENT... UPROVIDER... summarize --for-cause --reason "Work outside the scope."
   mesh-adapter engage show UCLIENT... UPROVIDER... summarize --document > v2.json   # edit, then:
   mesh-adapter engage amend v2.json
-  mesh-adapter engage deny UCLIENT... UPROVIDER... summarize --reason "Five an hour is too few."`,
+  mesh-adapter engage approve UCLIENT... UPROVIDER... summarize
+  mesh-adapter engage deny UCLIENT... UPROVIDER... summarize --reason "Five an hour is too few."
+  mesh-adapter engage withdraw UCLIENT... UPROVIDER... summarize`,
 		run: runEngage})
 }
 
