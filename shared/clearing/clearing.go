@@ -58,7 +58,7 @@ const (
 	DefaultKeep       = time.Hour
 	// MinKeep bounds Keep from below: a settlement must outlive every
 	// fresh copy of its respond (10 minutes old, 5 ahead).
-	MinKeep          = 20 * time.Minute
+	MinKeep = 20 * time.Minute
 	// DefaultTicketKeep outlives the mailbox's 7 days: a request held
 	// there can still be answered, and charged, when it is taken.
 	DefaultTicketKeep = 8 * 24 * time.Hour
@@ -66,10 +66,10 @@ const (
 	DefaultLedgerKeep     = 396 * 24 * time.Hour
 	DefaultRetentionEvery = time.Hour
 	DefaultSettlers       = 4
-	DefaultQueue     = 1024
-	tapPendingMsgs   = 65_536
-	tapPendingBytes  = 32 << 20
-	maxCandidateSize = 1 << 20
+	DefaultQueue          = 1024
+	tapPendingMsgs        = 65_536
+	tapPendingBytes       = 32 << 20
+	maxCandidateSize      = 1 << 20
 )
 
 // Config configures the worker.

@@ -125,10 +125,10 @@ type Settlement struct {
 	Clamped      int64  `json:"clamped_micro,omitempty"`
 	Split
 	// Charged is what the buyer's balance paid, Unpaid the rest of Retail.
-	Charged    int64  `json:"charged_micro"`
-	Unpaid     int64  `json:"unpaid_micro"`
-	ToSeller   int64  `json:"to_seller_micro"`
-	ToPlatform int64  `json:"to_platform_micro"`
+	Charged    int64 `json:"charged_micro"`
+	Unpaid     int64 `json:"unpaid_micro"`
+	ToSeller   int64 `json:"to_seller_micro"`
+	ToPlatform int64 `json:"to_platform_micro"`
 	// DebtPaid is what the credited owner's unpaid remainder took of
 	// ToSeller (commerce.Balance.Unpaid) before the rest reached its
 	// credits.
