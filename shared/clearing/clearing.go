@@ -389,6 +389,13 @@ func (w *Worker) settle(ctx context.Context, c candidate) (recorded bool, err er
 			found = false
 		}
 	}
+	if !found {
+		// Consumed by another copy since the first look: its settlement
+		// stands for it.
+		if done, err := w.resume(ctx, key); done || err != nil {
+			return done, err
+		}
+	}
 	if !found || t.Seller != env.From || t.Requester != env.To || t.Offering != c.offering || t.RequestID != env.InReplyTo {
 		w.notCharged.Add(1)
 		w.svc.Log.Info("paid answer not charged: no admission ticket matches it", "request", env.InReplyTo, "seller", env.From, "requester", env.To, "offering", c.offering)
