@@ -544,7 +544,11 @@ func (w *Worker) sweep(ctx context.Context) {
 }
 
 // sweepTimeout bounds one sweep; what it did not reach, the next does.
-const sweepTimeout = 5 * time.Minute
+// listTimeout bounds one listing of keys.
+const (
+	sweepTimeout = 5 * time.Minute
+	listTimeout  = 3 * time.Second
+)
 
 func (w *Worker) sweepOne(ctx context.Context, key string) {
 	s, found, err := w.eng.load(ctx, key)
@@ -681,8 +685,12 @@ func periodEnd(p string) (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// listKeys lists the bucket's keys matching filter.
+// listKeys lists the bucket's keys matching filter, within listTimeout: a
+// listing whose consumer the server never answered is abandoned, and the
+// next sweep lists again.
 func (w *Worker) listKeys(ctx context.Context, filter string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
 	lister, err := w.kv.ListKeysFiltered(ctx, filter)
 	if err != nil {
 		if errors.Is(err, jetstream.ErrNoKeysFound) {
