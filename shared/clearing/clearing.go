@@ -516,10 +516,10 @@ func ownerOf(rec map[string]any) string {
 
 // sweep finishes settlements left unfinished (a copy that died, a step
 // that failed), clears the markers of final ones after MarkerKeep and
-// deletes them after Keep; it consumes the tickets of recorded
-// settlements, and drops tickets never answered after TicketKeep; once per
-// RetentionEvery it drops ledger rows and period aggregates past their
-// retention. Every copy sweeps; every step is idempotent. The listing is
+// deletes them after Keep (the ticket first, when the settling copy could
+// not consume it). Once per RetentionEvery it drops the tickets never
+// answered within TicketKeep (and any whose settlement is recorded), and
+// the ledger rows and period aggregates past their retention. Every copy sweeps; every step is idempotent. The listing is
 // only of keys: each record is read again from the stream's leader before
 // anything is done with it, so no step runs on a stale snapshot.
 func (w *Worker) sweep(ctx context.Context) {
@@ -536,9 +536,9 @@ func (w *Worker) sweep(ctx context.Context) {
 		}
 		w.sweepOne(ctx, strings.TrimPrefix(k, commerce.SettlementPrefix))
 	}
-	w.sweepTickets(ctx)
 	if now := w.svc.Now(); now.Sub(w.retained) >= w.cfg.RetentionEvery {
 		w.retained = now
+		w.sweepTickets(ctx)
 		w.sweepRetention(ctx, now)
 	}
 }

@@ -601,7 +601,7 @@ func TestSweepFinishesClearsAndForgets(t *testing.T) {
 	clock := time.Now()
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
-	h := startWith(t, 2, Config{MarkupPct: 10, SweepEvery: 20 * time.Millisecond, Grace: time.Second, Keep: MinKeep}, now, flatSKU)
+	h := startWith(t, 2, Config{MarkupPct: 10, SweepEvery: 100 * time.Millisecond, Grace: time.Second, Keep: MinKeep}, now, flatSKU)
 	h.fund(h.buyerOwn.Public(), 5_000_000)
 	rec := h.newSale(true)
 	advance(2 * time.Second) // past the grace

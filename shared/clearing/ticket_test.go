@@ -260,7 +260,7 @@ func TestUnratableFails(t *testing.T) {
 	clock := time.Now()
 	now := func() time.Time { mu.Lock(); defer mu.Unlock(); return clock }
 	advance := func(d time.Duration) { mu.Lock(); clock = clock.Add(d); mu.Unlock() }
-	h := startWith(t, 1, Config{MarkupPct: 10, SweepEvery: 20 * time.Millisecond, Grace: time.Millisecond, Keep: MinKeep}, now, tokensSKU)
+	h := startWith(t, 1, Config{MarkupPct: 10, SweepEvery: 100 * time.Millisecond, Grace: time.Millisecond, Keep: MinKeep}, now, tokensSKU)
 	h.agree(tokensSKU)
 	h.fund(h.buyerOwn.Public(), 5_000_000)
 	id := protocol.NewID()
