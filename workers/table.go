@@ -74,8 +74,8 @@ type Config struct {
 	Agreements agreements.Config
 	// Clearing.MarkupPct is the markup of the resale path, in whole
 	// percent (CREDITS_PLATFORM_MARKUP_PCT, 10 in production; meshd passes
-	// its own). Clearing.Official, when empty, is Activity.Official: the
-	// clearing asks the catalog which agents are official.
+	// its own); a sale is charged on the path its admission ticket names
+	// (the agreements worker asks the catalog which agents are official).
 	Clearing clearing.Config
 }
 
@@ -284,13 +284,10 @@ func Table() []Worker {
 			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
 				c := cfg.Clearing
 				c.Replicas = cfg.replicas(c.Replicas)
-				if len(c.Official) == 0 {
-					c.Official = cfg.Activity.Official
-				}
 				return clearing.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob {
-				return []ratelimit.Knob{officialKnob(&cfg.Clearing.Official), markupKnob(&cfg.Clearing.MarkupPct)}
+				return []ratelimit.Knob{markupKnob(&cfg.Clearing.MarkupPct)}
 			},
 			// The functions report the markup the clearing charges
 			// (/v1/capabilities): one value for both, the functions'

@@ -12,9 +12,9 @@
 // (shared/activity), in its own queue group, so every copy is seen by one
 // copy of the clearing. The terminal answer's copy carries the runtime's
 // audit headers (protocol.HdrAudit*), which name the offering asked for;
-// the rest is live state read at settlement: the seller's registered SKUs,
-// the requester's owner, the agreement, the catalog's word on whether the
-// seller is official (the resale path).
+// a sale is only an answer to a request the agreements service admitted,
+// which left an admission ticket (commerce.Ticket) naming who pays, on
+// which terms, at what time and on which path (resale or not).
 package clearing
 
 import (
@@ -31,7 +31,6 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/keys"
@@ -75,14 +74,14 @@ const (
 // Config configures the worker.
 type Config struct {
 	// MarkupPct is the platform markup on the resale path, in whole
-	// percent. Unlike most fields, 0 is 0 (no markup), not the default:
-	// meshd and the workers table pass CREDITS_PLATFORM_MARKUP_PCT, the
-	// same value /v1/capabilities reports.
+	// percent, 0 to commerce.MaxMarkupPct (checked at start). Unlike most
+	// fields, 0 is 0 (no markup), not the default: meshd and the workers
+	// table pass CREDITS_PLATFORM_MARKUP_PCT, the same value
+	// /v1/capabilities reports and admission quotes. A sale is charged on
+	// the path and markup its admission ticket records (the agreements
+	// worker decides whether the seller is official, and quotes the retail
+	// price, at admission).
 	MarkupPct int
-	// Official are the agent ids the catalog marks official unless the
-	// operator said otherwise (activity.Config.Official; the workers
-	// table gives the activity worker's list when this one is empty).
-	Official []string
 	// Replicas of the commerce bucket (bus.Replicas).
 	Replicas int
 	// SweepEvery is how often a copy resumes unsettled settlements and
@@ -118,9 +117,7 @@ type Worker struct {
 	eng      *engine
 	kv       jetstream.KeyValue
 	registry bus.LazyBucket
-	usage    bus.LazyBucket
 	sellers  sellerCache
-	official map[string]bool
 	sub      *nats.Subscription
 	queue    chan candidate
 	done     chan struct{}
@@ -181,14 +178,10 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if cfg.RetentionEvery <= 0 {
 		cfg.RetentionEvery = DefaultRetentionEvery
 	}
-	w := &Worker{svc: svc, cfg: cfg, kv: kv, official: map[string]bool{},
+	w := &Worker{svc: svc, cfg: cfg, kv: kv,
 		eng:      &engine{kv: kv, nc: svc.NC, now: svc.Now, log: svc.Log},
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
-		usage:    bus.LazyBucket{JS: svc.JS, Bucket: activity.UsageBucket},
 		queue:    make(chan candidate, cfg.Queue), done: make(chan struct{})}
-	for _, id := range cfg.Official {
-		w.official[id] = true
-	}
 	for _, ep := range []struct {
 		name, subject string
 		h             bus.Handler
