@@ -136,7 +136,7 @@ func TestClearingEndToEnd(t *testing.T) {
 		var s clearing.Settlement
 		eventually(t, "the settlement of "+res.RequestID, func() bool {
 			var found bool
-			s, found, _ = bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(res.RequestID))
+			s, found, _ = bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(bob.ID(), res.RequestID))
 			return found && s.State == clearing.StateSettled
 		})
 		return s
@@ -177,7 +177,7 @@ func TestClearingEndToEnd(t *testing.T) {
 			}
 			return n == 1
 		})
-		if _, found, _ := bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(res.RequestID)); found {
+		if _, found, _ := bus.GetJSON[clearing.Settlement](ctx, kv, clearing.SettlementKey(bob.ID(), res.RequestID)); found {
 			t.Fatal("carol's request was settled")
 		}
 	case res != nil && res.Error != nil && res.Error.Code == errs.AgreementRequired:

@@ -86,7 +86,8 @@ type WorkerConfig struct {
 	// Rooms.Owners is the mesh's own registrar unless a test names another.
 	Rooms rooms.Config
 	// Agreements.ConsoleURL is the mesh's own console unless a test names
-	// another.
+	// another; Agreements.MarkupPct is always Config.MarkupPct (admission
+	// quotes the retail price the clearing charges).
 	Agreements agreements.Config
 	// Clearing.MarkupPct is always Config.MarkupPct: the markup the
 	// clearing charges is the one /v1/capabilities reports.
@@ -137,6 +138,7 @@ func (m *Mesh) startWorkers(cfg Config) error {
 		wcfg.Agreements.Console = func() string { s, _ := m.console.Load().(string); return s }
 	}
 	wcfg.Clearing.MarkupPct = cfg.MarkupPct
+	wcfg.Agreements.MarkupPct = cfg.MarkupPct
 	if wcfg.Replicas == 0 && cfg.Cluster > 1 {
 		wcfg.Replicas = min(workers.ProductionReplicas, cfg.Cluster)
 	}

@@ -20,6 +20,7 @@ import (
 	"agentmesh.dev/mesh/shared/board"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/clearing"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/feeds"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/mailbox"
@@ -63,6 +64,8 @@ type Config struct {
 	// bucket (mesh_rooms).
 	Board     board.Config
 	Artifacts artifacts.Config
+	// Agreements.MarkupPct and Official price the resale path at admission
+	// as Clearing's do (Official, when empty, is Activity.Official).
 	// Agreements.ConsoleURL is where approval URLs point: none by default
 	// (the refusal then names the bare approval path) until the deployer
 	// names the console, with --console-url or MESH_CONSOLE_URL for
@@ -71,8 +74,8 @@ type Config struct {
 	Agreements agreements.Config
 	// Clearing.MarkupPct is the markup of the resale path, in whole
 	// percent (CREDITS_PLATFORM_MARKUP_PCT, 10 in production; meshd passes
-	// its own). Clearing.Official, when empty, is Activity.Official: the
-	// clearing asks the catalog which agents are official.
+	// its own); a sale is charged on the path its admission ticket names
+	// (the agreements worker asks the catalog which agents are official).
 	Clearing clearing.Config
 }
 
@@ -255,14 +258,22 @@ func Table() []Worker {
 			Name:         agreements.Name,
 			Description:  "agreements to paid SKUs and admission at the seller's node: mesh.agreements.file, list, revoke; mesh.commerce.admit",
 			MinInstances: 1, MaxInstances: 3, CPU: "1", Memory: "512Mi",
-			Production: Config{Replicas: ProductionReplicas},
+			Production: Config{Replicas: ProductionReplicas, Agreements: agreements.Config{MarkupPct: clearing.DefaultMarkupPct}},
 			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
 				c := cfg.Agreements
 				c.Replicas = cfg.replicas(c.Replicas)
+				if len(c.Official) == 0 {
+					c.Official = cfg.Activity.Official
+				}
 				return agreements.Start(ctx, env, c)
 			},
-			Knobs:    func(cfg *Config) []ratelimit.Knob { return []ratelimit.Knob{consoleKnob(&cfg.Agreements.ConsoleURL)} },
-			CloudEnv: map[string]string{"MESH_CONSOLE_URL": "${local.control_url}/console/"},
+			Knobs: func(cfg *Config) []ratelimit.Knob {
+				return []ratelimit.Knob{consoleKnob(&cfg.Agreements.ConsoleURL), officialKnob(&cfg.Agreements.Official), markupKnob(&cfg.Agreements.MarkupPct)}
+			},
+			// Admission quotes the retail price the clearing charges: the
+			// same markup (the functions' CREDITS_PLATFORM_MARKUP_PCT).
+			CloudEnv: map[string]string{"MESH_CONSOLE_URL": "${local.control_url}/console/",
+				"MESH_MARKUP_PCT": `${lookup(var.function_extra_env, "CREDITS_PLATFORM_MARKUP_PCT", "10")}`},
 		},
 		{
 			Name:         clearing.Name,
@@ -273,13 +284,10 @@ func Table() []Worker {
 			Start: func(ctx context.Context, env bus.Env, cfg Config) (Stopper, error) {
 				c := cfg.Clearing
 				c.Replicas = cfg.replicas(c.Replicas)
-				if len(c.Official) == 0 {
-					c.Official = cfg.Activity.Official
-				}
 				return clearing.Start(ctx, env, c)
 			},
 			Knobs: func(cfg *Config) []ratelimit.Knob {
-				return []ratelimit.Knob{officialKnob(&cfg.Clearing.Official), markupKnob(&cfg.Clearing.MarkupPct)}
+				return []ratelimit.Knob{markupKnob(&cfg.Clearing.MarkupPct)}
 			},
 			// The functions report the markup the clearing charges
 			// (/v1/capabilities): one value for both, the functions'
@@ -368,8 +376,8 @@ func markupKnob(pct *int) ratelimit.Knob {
 		Help: "the platform markup on the resale path (official catalog agents), in whole percent",
 		Set: func(s string) error {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
-			if err != nil || n < 0 || n > 1000 {
-				return fmt.Errorf("the markup is a whole percentage from 0 to 1000, not %q", s)
+			if err != nil || commerce.CheckMarkup(n) != nil {
+				return fmt.Errorf("the markup is a whole percentage from 0 to %d, not %q", commerce.MaxMarkupPct, s)
 			}
 			*pct = n
 			return nil

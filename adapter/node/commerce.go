@@ -55,9 +55,9 @@ func (a *Agent) registeredSKUs() sells {
 }
 
 // passedOn reports whether e is one of the service's refusals a seller's
-// node sends to the requester as it is: the commerce refusals, and an
+// node sends to the requester as it is: the commerce refusals, an
 // engagement's scope refusal (FORBIDDEN naming the engagement, Agent SoW
-// §5.2). Any other error of the service is about the service (or the
+// §5.2), and a reused request id (CONFLICT naming it). Any other error of the service is about the service (or the
 // node's question), not the request.
 func passedOn(e *errs.Error) bool {
 	switch e.Code {
@@ -66,6 +66,12 @@ func passedOn(e *errs.Error) bool {
 	case errs.Forbidden:
 		_, scope := e.Details["sow_id"]
 		return scope
+	case errs.Conflict:
+		// A request id this seller already admitted for another request
+		// (the admission ticket is one per seller and id): the requester
+		// must send it again with a fresh id, not retry it.
+		_, reused := e.Details["request_id"]
+		return reused
 	}
 	return false
 }

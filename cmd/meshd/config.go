@@ -12,6 +12,7 @@ import (
 
 	"agentmesh.dev/mesh/devenv"
 	"agentmesh.dev/mesh/shared/account"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/fence"
 	"agentmesh.dev/mesh/shared/guest"
@@ -181,8 +182,8 @@ func parseServeConfig(args []string, env lookupEnv, stdout, stderr io.Writer) (s
 	cfg.MarkupPct = 10
 	if v, ok := env("CREDITS_PLATFORM_MARKUP_PCT"); ok && v != "" {
 		n, err := strconv.Atoi(v)
-		if err != nil || n < 0 || n > 1000 {
-			fmt.Fprintf(stderr, "meshd: CREDITS_PLATFORM_MARKUP_PCT must be a whole percentage, not %q\n", v)
+		if err != nil || commerce.CheckMarkup(n) != nil {
+			fmt.Fprintf(stderr, "meshd: CREDITS_PLATFORM_MARKUP_PCT must be a whole percentage from 0 to %d, not %q\n", commerce.MaxMarkupPct, v)
 			return cfg, errUsage
 		}
 		cfg.MarkupPct = n

@@ -317,6 +317,7 @@ func TestParseServeConfig(t *testing.T) {
 		{name: "stray argument", args: []string{"extra"}, wantErr: errUsage},
 		{name: "empty data dir", args: []string{"--data-dir", ""}, wantErr: errUsage},
 		{name: "bad markup", env: map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "ten"}, wantErr: errUsage},
+		{name: "markup above 100", env: map[string]string{"CREDITS_PLATFORM_MARKUP_PCT": "101"}, wantErr: errUsage},
 		{name: "cluster", args: []string{"--cluster", "3"}, want: func() serveConfig { c := limited(defaults, nil); c.Cluster = 3; return c }()},
 		{name: "cluster from the environment", env: map[string]string{"MESHD_CLUSTER": "5"},
 			want: func() serveConfig { c := limited(defaults, nil); c.Cluster = 5; return c }()},

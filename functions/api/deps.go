@@ -265,6 +265,7 @@ func clearingCapabilities(markupPct int) map[string]any {
 		"markup_pct":    markupPct,
 		"resale_path":   "official catalog agents: the platform is the seller of record; the caller pays the rate plus markup_pct (floored to the micro-credit), the seller's owner receives the full rate",
 		"own_sku":       "the buyer pays the declared price and the seller's owner receives all of it; the operator takes nothing",
+		"charged":       "only a request admitted by the mesh (an admission ticket), on the terms, owner and time of its admission; the request's budget cost_ceiling in XCR clamps the charge",
 		"payout":        false,
 		"grants":        "operator only (meshd admin credits grant)",
 		"balance_verbs": []string{protocol.CreditVerbSubject("balance"), protocol.CreditVerbSubject("history")},

@@ -23,6 +23,7 @@ import (
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/cloudlog"
 	"agentmesh.dev/mesh/shared/cloudsecrets"
+	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/credential"
 	"agentmesh.dev/mesh/shared/creds"
 	"agentmesh.dev/mesh/shared/fence"
@@ -136,6 +137,9 @@ func FromEnv(getenv func(string) string) (Config, error) {
 	var err error
 	if c.MarkupPct, err = num("CREDITS_PLATFORM_MARKUP_PCT", 10); err != nil {
 		return c, err
+	}
+	if err := commerce.CheckMarkup(c.MarkupPct); err != nil {
+		return c, err // the clearing and admission refuse it too
 	}
 	if c.TrustedProxyHops, err = num("MESH_TRUSTED_PROXY_HOPS", 1); err != nil {
 		return c, err

@@ -65,24 +65,34 @@ func (w *Worker) decide(ctx context.Context, seller string, q AdmitRequest) (*Ad
 	if covered {
 		out.SKU, out.SKUDigest = s.ID, s.Digest()
 	}
+	var ticket *commerce.Ticket
 	if covered && s.Price.Paid() {
 		owner, err := w.ownerOf(ctx, q.Requester)
 		if err != nil {
 			return nil, nil, err
 		}
-		if refusal, err := w.agreed(ctx, skus, s, seller, owner, q.Offering, now); err != nil || refusal != nil {
+		price, resale, err := w.retail(ctx, seller, s)
+		if err != nil {
+			return nil, nil, err
+		}
+		if refusal, err := w.agreed(ctx, skus, s, seller, owner, q.Offering, now, price); err != nil || refusal != nil {
 			return nil, refusal, err
 		}
-		price := PriceCredits(s)
 		if refusal := priceCap(s, price, q.Budget); refusal != nil {
 			return nil, refusal, nil
 		}
 		if refusal, err := w.funds(ctx, s, owner, price); err != nil || refusal != nil {
 			return nil, refusal, err
 		}
+		if ticket, err = w.ticketFor(ctx, seller, q, s, owner, price, resale); err != nil {
+			return nil, nil, err
+		}
 	}
 	sow, refusal, err := w.volume(ctx, seller, q.Requester, q.Offering, now)
 	if err != nil || refusal != nil {
+		return nil, refusal, err
+	}
+	if refusal, err := w.writeTicket(ctx, ticket); err != nil || refusal != nil {
 		return nil, refusal, err
 	}
 	out.SowID = sow
@@ -92,8 +102,9 @@ func (w *Worker) decide(ctx context.Context, seller string, q AdmitRequest) (*Ad
 // agreed refuses with AGREEMENT_REQUIRED unless owner's agreement on file
 // to s verifies, is not revoked, and covers this seller, the SKU's current
 // digest and now (commerce.Admit). The refusal carries exactly {sku,
-// sku_digest, approval_url, price_credits}.
-func (w *Worker) agreed(ctx context.Context, skus []commerce.SKU, s commerce.SKU, seller, owner, offering string, now time.Time) (*errs.Error, error) {
+// sku_digest, approval_url, price_credits}; price_credits is price, the
+// retail unit price (the markup included on the resale path).
+func (w *Worker) agreed(ctx context.Context, skus []commerce.SKU, s commerce.SKU, seller, owner, offering string, now time.Time, price int64) (*errs.Error, error) {
 	var held []commerce.Agreement
 	if owner != "" {
 		b, found, err := bus.LeaderGet(ctx, w.svc.NC, commerce.Bucket, commerce.AgreementKey(seller, owner, s.ID))
@@ -113,7 +124,6 @@ func (w *Worker) agreed(ctx context.Context, skus []commerce.SKU, s commerce.SKU
 	if d.Refusal == nil {
 		return nil, nil
 	}
-	price := PriceCredits(s)
 	refusal := commerce.AgreementRequired(commerce.Required{SKU: s.ID, SKUDigest: s.Digest(), ApprovalURL: w.approvalURL(s), PriceCredits: &price})
 	if owner == "" {
 		// The same refusal and details; the words say why no approval by
@@ -128,8 +138,8 @@ func (w *Worker) agreed(ctx context.Context, skus []commerce.SKU, s commerce.SKU
 // currency, what AGREEMENT_REQUIRED quotes as price_credits: a flat
 // price's amount per request, a per_unit price's per `per` units, a
 // package's per package, a tiered price's first tier; 0 for a free one.
-// (The resale markup of an official catalog agent, spec §8, is the
-// clearing's to add on that path.)
+// Admission quotes the retail price: this plus the resale markup of an
+// official catalog agent (spec §8; Worker.retail).
 func PriceCredits(s commerce.SKU) int64 {
 	p := s.Price
 	switch p.Model {
@@ -163,7 +173,8 @@ func priceCap(s commerce.SKU, price int64, b *protocol.Budget) *errs.Error {
 
 // funds refuses with INSUFFICIENT_FUNDS a request to an internal SKU in
 // credits whose consumer owner's balance (bal.<owner>, kept by the
-// clearing service) is below the price. A missing balance is zero.
+// clearing service) is below the price, or still owes part of an earlier
+// sale (Balance.Unpaid). A missing balance is zero.
 func (w *Worker) funds(ctx context.Context, s commerce.SKU, owner string, price int64) (*errs.Error, error) {
 	if s.Provider.ID != commerce.ProviderInternal || s.Price.Currency != commerce.Credits || price == 0 {
 		return nil, nil
@@ -177,6 +188,9 @@ func (w *Worker) funds(ctx context.Context, s commerce.SKU, owner string, price 
 		if err := json.Unmarshal(b, &bal); err != nil {
 			return nil, errs.Wrap(errs.Unavailable, "the credit balance could not be read; retry later", err)
 		}
+	}
+	if bal.Unpaid > 0 {
+		return unpaidRefusal(s, owner, bal, price), nil
 	}
 	if bal.Credits >= price {
 		return nil, nil

@@ -48,6 +48,14 @@ const VerbAdmit = "admit"
 type Config struct {
 	// Replicas of the commerce bucket (0: 1).
 	Replicas int
+	// MarkupPct is the platform markup of the resale path in whole percent,
+	// 0 to commerce.MaxMarkupPct (CREDITS_PLATFORM_MARKUP_PCT, the value the
+	// clearing is given): price_credits and the funds check quote the
+	// retail price. Official are the agent ids the catalog marks official
+	// unless the operator said otherwise (the clearing's and the activity
+	// worker's list).
+	MarkupPct int
+	Official  []string
 	// ConsoleURL is the base URL of the deployment's console (meshd's
 	// console_url, the cloud's MESH_CONSOLE_URL): the approval URL of a
 	// SKU billed by provider "internal" is <ConsoleURL>/agreements/approve
@@ -77,6 +85,10 @@ type Worker struct {
 	kv          jetstream.KeyValue
 	console     func() string
 	maxPerOwner int
+	// markup and official price the resale path (Config.MarkupPct,
+	// Config.Official).
+	markup   int
+	official map[string]bool
 
 	cancel   context.CancelFunc
 	done     sync.WaitGroup
@@ -93,7 +105,15 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if err != nil {
 		return nil, err
 	}
-	w := &Worker{svc: svc, console: cfg.Console, maxPerOwner: cfg.MaxPerOwner, cancel: func() {}}
+	if err := commerce.CheckMarkup(cfg.MarkupPct); err != nil {
+		_ = svc.Stop()
+		return nil, fmt.Errorf("%s: %w", Name, err)
+	}
+	w := &Worker{svc: svc, console: cfg.Console, maxPerOwner: cfg.MaxPerOwner, cancel: func() {},
+		markup: cfg.MarkupPct, official: map[string]bool{}}
+	for _, id := range cfg.Official {
+		w.official[id] = true
+	}
 	if w.maxPerOwner <= 0 {
 		w.maxPerOwner = DefaultMaxPerOwner
 	}

@@ -12,9 +12,9 @@
 // (shared/activity), in its own queue group, so every copy is seen by one
 // copy of the clearing. The terminal answer's copy carries the runtime's
 // audit headers (protocol.HdrAudit*), which name the offering asked for;
-// the rest is live state read at settlement: the seller's registered SKUs,
-// the requester's owner, the agreement, the catalog's word on whether the
-// seller is official (the resale path).
+// a sale is only an answer to a request the agreements service admitted,
+// which left an admission ticket (commerce.Ticket) naming who pays, on
+// which terms, at what time and on which path (resale or not).
 package clearing
 
 import (
@@ -22,6 +22,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -30,13 +31,11 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
-	"agentmesh.dev/mesh/shared/activity"
 	"agentmesh.dev/mesh/shared/bus"
 	"agentmesh.dev/mesh/shared/commerce"
 	"agentmesh.dev/mesh/shared/keys"
 	"agentmesh.dev/mesh/shared/metering"
 	"agentmesh.dev/mesh/shared/protocol"
-	"agentmesh.dev/mesh/shared/registry"
 )
 
 // Name is the worker's name: micro service mesh-clearing, queue group
@@ -58,25 +57,31 @@ const (
 	DefaultKeep       = time.Hour
 	// MinKeep bounds Keep from below: a settlement must outlive every
 	// fresh copy of its respond (10 minutes old, 5 ahead).
-	MinKeep          = 20 * time.Minute
-	DefaultSettlers  = 4
-	DefaultQueue     = 1024
-	tapPendingMsgs   = 65_536
-	tapPendingBytes  = 32 << 20
-	maxCandidateSize = 1 << 20
+	MinKeep = 20 * time.Minute
+	// DefaultTicketKeep outlives the mailbox's 7 days: a request held
+	// there can still be answered, and charged, when it is taken.
+	DefaultTicketKeep = 8 * 24 * time.Hour
+	// DefaultLedgerKeep keeps a year of history and a month more.
+	DefaultLedgerKeep     = 396 * 24 * time.Hour
+	DefaultRetentionEvery = time.Hour
+	DefaultSettlers       = 4
+	DefaultQueue          = 1024
+	tapPendingMsgs        = 65_536
+	tapPendingBytes       = 32 << 20
+	maxCandidateSize      = 1 << 20
 )
 
 // Config configures the worker.
 type Config struct {
 	// MarkupPct is the platform markup on the resale path, in whole
-	// percent. Unlike most fields, 0 is 0 (no markup), not the default:
-	// meshd and the workers table pass CREDITS_PLATFORM_MARKUP_PCT, the
-	// same value /v1/capabilities reports.
+	// percent, 0 to commerce.MaxMarkupPct (checked at start). Unlike most
+	// fields, 0 is 0 (no markup), not the default: meshd and the workers
+	// table pass CREDITS_PLATFORM_MARKUP_PCT, the same value
+	// /v1/capabilities reports and admission quotes. A sale is charged on
+	// the path and markup its admission ticket records (the agreements
+	// worker decides whether the seller is official, and quotes the retail
+	// price, at admission).
 	MarkupPct int
-	// Official are the agent ids the catalog marks official unless the
-	// operator said otherwise (activity.Config.Official; the workers
-	// table gives the activity worker's list when this one is empty).
-	Official []string
 	// Replicas of the commerce bucket (bus.Replicas).
 	Replicas int
 	// SweepEvery is how often a copy resumes unsettled settlements and
@@ -84,6 +89,11 @@ type Config struct {
 	// may stand unfinished before the sweep takes it over (DefaultGrace);
 	// Keep how long a settled one is kept (DefaultKeep, at least MinKeep).
 	SweepEvery, Grace, Keep time.Duration
+	// TicketKeep is how long an admission ticket waits for its answer
+	// (DefaultTicketKeep); LedgerKeep how long a credit history row is kept
+	// (DefaultLedgerKeep); RetentionEvery how often a copy drops the rows
+	// and period aggregates past their retention (DefaultRetentionEvery).
+	TicketKeep, LedgerKeep, RetentionEvery time.Duration
 	// Settlers is how many settlements a copy runs at once
 	// (DefaultSettlers); Queue how many answers wait for them
 	// (DefaultQueue) before the tap waits.
@@ -95,7 +105,8 @@ type Stats struct {
 	Settled    uint64 // settlements this copy took to settled
 	Duplicates uint64 // answers whose settlement existed already
 	NotCharged uint64 // answers to paid SKUs not charged: no agreement, no owner
-	Failed     uint64 // settlements left for the sweep after an error
+	Failed     uint64 // attempts that ended in an error (retried, or left for the sweep)
+	Lost       uint64 // paid answers not settled after every attempt (logged as errors)
 	Resumed    uint64 // unfinished settlements the sweep finished
 }
 
@@ -106,16 +117,16 @@ type Worker struct {
 	eng      *engine
 	kv       jetstream.KeyValue
 	registry bus.LazyBucket
-	usage    bus.LazyBucket
 	sellers  sellerCache
-	official map[string]bool
 	sub      *nats.Subscription
 	queue    chan candidate
 	done     chan struct{}
 	wg       sync.WaitGroup
 	once     sync.Once
 
-	settled, duplicates, notCharged, failed, resumed atomic.Uint64
+	retained time.Time // the last retention sweep (the sweep's goroutine only)
+
+	settled, duplicates, notCharged, failed, lost, resumed atomic.Uint64
 }
 
 // candidate is a tapped terminal answer that may be a sale.
@@ -155,17 +166,22 @@ func Start(ctx context.Context, env bus.Env, cfg Config) (*Worker, error) {
 	if cfg.Queue <= 0 {
 		cfg.Queue = DefaultQueue
 	}
-	if cfg.MarkupPct < 0 {
-		return fail(fmt.Errorf("%s: the markup is a whole percentage, not %d", Name, cfg.MarkupPct))
+	if err := commerce.CheckMarkup(cfg.MarkupPct); err != nil {
+		return fail(fmt.Errorf("%s: %w", Name, err))
 	}
-	w := &Worker{svc: svc, cfg: cfg, kv: kv, official: map[string]bool{},
-		eng:      &engine{kv: kv, now: svc.Now, log: svc.Log},
+	if cfg.TicketKeep <= 0 {
+		cfg.TicketKeep = DefaultTicketKeep
+	}
+	if cfg.LedgerKeep <= 0 {
+		cfg.LedgerKeep = DefaultLedgerKeep
+	}
+	if cfg.RetentionEvery <= 0 {
+		cfg.RetentionEvery = DefaultRetentionEvery
+	}
+	w := &Worker{svc: svc, cfg: cfg, kv: kv,
+		eng:      &engine{kv: kv, nc: svc.NC, now: svc.Now, log: svc.Log},
 		registry: bus.LazyBucket{JS: svc.JS, Bucket: RegistryBucket},
-		usage:    bus.LazyBucket{JS: svc.JS, Bucket: activity.UsageBucket},
 		queue:    make(chan candidate, cfg.Queue), done: make(chan struct{})}
-	for _, id := range cfg.Official {
-		w.official[id] = true
-	}
 	for _, ep := range []struct {
 		name, subject string
 		h             bus.Handler
@@ -222,7 +238,7 @@ func (w *Worker) Stop() error {
 // Stats reports this copy's counters.
 func (w *Worker) Stats() Stats {
 	return Stats{Settled: w.settled.Load(), Duplicates: w.duplicates.Load(), NotCharged: w.notCharged.Load(),
-		Failed: w.failed.Load(), Resumed: w.resumed.Load()}
+		Failed: w.failed.Load(), Lost: w.lost.Load(), Resumed: w.resumed.Load()}
 }
 
 // tap takes the outbox copies: only the terminal, completed answer of a
@@ -287,73 +303,96 @@ func (w *Worker) settler() {
 	}
 }
 
+// settleOne settles one candidate. An error before the settlement record
+// exists leaves nothing for the sweep to find (the tap is core NATS: the
+// copy is not delivered again), so the whole candidate is tried again,
+// settleAttempts times with a doubling pause: every step is idempotent
+// (the record is created once). When every attempt failed the sale is
+// lost; that is logged as an error and counted (Stats.Lost), never
+// silent.
 func (w *Worker) settleOne(c candidate) {
-	ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
-	defer cancel()
-	if err := w.settle(ctx, c); err != nil {
+	pause := retryPause
+	for attempt := 1; ; attempt++ {
+		ctx, cancel := context.WithTimeout(context.Background(), runTimeout)
+		recorded, err := w.settle(ctx, c)
+		cancel()
+		if err == nil {
+			return
+		}
 		w.failed.Add(1)
-		w.svc.Log.Warn("settlement left for the sweep", "request", c.env.InReplyTo, "seller", c.env.From, "err", err)
+		if recorded {
+			w.svc.Log.Warn("settlement left for the sweep", "request", c.env.InReplyTo, "seller", c.env.From, "err", err)
+			return
+		}
+		if attempt == settleAttempts {
+			w.lost.Add(1)
+			w.svc.Log.Error("a paid answer could not be settled: its charge is lost", "request", c.env.InReplyTo, "seller", c.env.From, "attempts", attempt, "err", err)
+			return
+		}
+		select {
+		case <-time.After(pause):
+		case <-w.done:
+			// Stopping: one last attempt, then the copy is gone.
+			pause = 0
+		}
+		pause *= 2
 	}
 }
 
-// sale is what settle learnt about a candidate before recording it.
-type sale struct {
-	sku           commerce.SKU
-	sellerOwner   string
-	consumerOwner string
-}
+// settleAttempts and retryPause bound settleOne's retries (about 15 s).
+var (
+	settleAttempts = 5
+	retryPause     = time.Second
+)
 
 // settle meters, rates and settles one candidate, or resumes its
-// settlement when one exists.
-func (w *Worker) settle(ctx context.Context, c candidate) error {
+// settlement when one exists. recorded reports whether the settlement
+// record exists (an error after it is the sweep's to finish).
+//
+// Only an admitted request is a sale: the agreements service wrote a
+// ticket for it (commerce.Ticket) when it admitted it, and the answer must
+// match it: signed by the ticket's seller, to the ticket's requester, for
+// the ticket's offering. Everything else that decides the charge is the
+// ticket's: who pays, the SKU and the digest it is rated on, the time, the
+// path (resale and markup) and the budget ceiling. The answer brings only
+// the usage it declares.
+func (w *Worker) settle(ctx context.Context, c candidate) (recorded bool, err error) {
 	env := c.env
 	sel, err := w.sellers.get(ctx, env.From, w.svc.Now(), w.seller)
-	if err != nil || sel.owner == "" && sel.skus == nil {
-		return err
+	if err != nil || !sel.sells {
+		return false, err // sells nothing in credits: not a sale
 	}
-	skus := sel.skus
-	s, ok := commerce.For(skus, c.offering)
-	if !ok || !s.Price.Paid() || s.Provider.ID != commerce.ProviderInternal || s.Price.Currency != commerce.Credits {
-		return nil // free, or billed elsewhere
-	}
-	key := KeyToken(env.InReplyTo)
+	key := saleKey(env.From, env.InReplyTo)
 	if done, err := w.resume(ctx, key); done || err != nil {
-		return err
+		return done, err
 	}
 	// A sale moves credits: the signature is checked here, once the
 	// answer is known to be one, not on every copy the tap sees.
 	if _, err := protocol.Decode(c.data); err != nil {
-		return nil
+		return false, nil
 	}
-	at := requestTime(env)
-	sellerOwner := sel.owner
-	requester, err := w.record(ctx, env.To)
+	tkey := commerce.TicketKey(env.From, env.InReplyTo)
+	b, found, err := bus.LeaderGet(ctx, w.svc.NC, commerce.Bucket, tkey)
 	if err != nil {
-		return err
+		return false, fmt.Errorf("ticket %s: %w", tkey, err)
 	}
-	// The requester's owner when it asked (registry.OwnerOf at the
-	// request's time, as the agreement is judged): admission refused it
-	// if it had none then.
-	consumerOwner := registry.OwnerOf(requester, at)
-	if sellerOwner == "" || consumerOwner == "" {
+	var t commerce.Ticket
+	if found {
+		if err := json.Unmarshal(b, &t); err != nil {
+			found = false
+		}
+	}
+	if !found {
+		// Consumed by another copy since the first look: its settlement
+		// stands for it.
+		if done, err := w.resume(ctx, key); done || err != nil {
+			return done, err
+		}
+	}
+	if !found || t.Seller != env.From || t.Requester != env.To || t.Offering != c.offering || t.RequestID != env.InReplyTo {
 		w.notCharged.Add(1)
-		w.svc.Log.Info("paid answer not charged: an owner is unknown", "request", env.InReplyTo, "seller", env.From, "requester", env.To)
-		return nil
-	}
-	agreed, err := w.agreed(ctx, env.From, consumerOwner, s, at)
-	if err != nil {
-		return err
-	}
-	if !agreed {
-		// Admission should have refused it; rating is the second wall, and
-		// an answer without an agreement rates to zero (commerce.Rate).
-		w.notCharged.Add(1)
-		w.svc.Log.Info("paid answer not charged: no covering agreement", "request", env.InReplyTo, "seller", env.From, "owner", consumerOwner, "sku", s.ID)
-		return nil
-	}
-	resale, err := w.isOfficial(ctx, env.From)
-	if err != nil {
-		return err
+		w.svc.Log.Info("paid answer not charged: no admission ticket matches it", "request", env.InReplyTo, "seller", env.From, "requester", env.To, "offering", c.offering)
+		return false, nil
 	}
 	usage := map[string]int64{metering.Requests: 1}
 	if env.Type == protocol.TypeRespond { // a late answer as a request carries no receipt
@@ -365,90 +404,60 @@ func (w *Worker) settle(ctx context.Context, c candidate) error {
 			usage[u.Meter] = u.Quantity
 		}
 	}
-	price, err := json.Marshal(s.Value()["price"])
-	if err != nil {
-		return err
-	}
-	period := s.Price.Period
-	if period == "" && s.Price.Included != nil {
-		period = s.Price.Included.Period
+	var period string
+	if v, err := protocol.ParseJSON(t.Price); err == nil {
+		if p, err := commerce.PriceFromValue(v); err == nil {
+			period = p.Period
+			if period == "" && p.Included != nil {
+				period = p.Included.Period
+			}
+		}
 	}
 	now := protocol.FormatTime(w.svc.Now())
 	rec := &Settlement{Key: key, Kind: KindSale, State: StateNew, RequestID: env.InReplyTo, RespondID: env.ID,
-		Seller: env.From, Requester: env.To, Offering: c.offering, ConsumerOwner: consumerOwner, SellerOwner: sellerOwner,
-		SKU: s.ID, SKUDigest: s.Digest(), Price: price, Period: commerce.PeriodKey(period, at), Usage: usage,
-		Resale: resale, MarkupPct: w.cfg.MarkupPct, At: protocol.FormatTime(at), CreatedAt: now, UpdatedAt: now}
-	b, err := json.Marshal(rec)
+		Seller: env.From, Requester: env.To, Offering: t.Offering, ConsumerOwner: t.ConsumerOwner, SellerOwner: t.SellerOwner,
+		SKU: t.SKU, SKUDigest: t.SKUDigest, Price: t.Price, Period: commerce.PeriodKey(period, t.AdmittedAt), Usage: usage,
+		Resale: t.Resale, MarkupPct: t.MarkupPct, Agreement: t.Agreement, CeilingMicro: t.CeilingMicro,
+		At: protocol.FormatTime(t.AdmittedAt), CreatedAt: now, UpdatedAt: now}
+	rb, err := json.Marshal(rec)
 	if err != nil {
-		return err
-	}
-	if _, err := w.kv.Create(ctx, commerce.SettlementPrefix+key, b); err != nil {
-		if bus.IsConflict(err) {
-			_, err = w.resume(ctx, key) // another copy recorded it first
-		}
-		return err
-	}
-	_, last, err := w.eng.run(ctx, rec)
-	if last {
-		w.settled.Add(1)
-	}
-	return err
-}
-
-// resume finishes the settlement under key when there is one; done
-// reports whether there was.
-func (w *Worker) resume(ctx context.Context, key string) (done bool, err error) {
-	s, found, err := bus.GetJSON[Settlement](ctx, w.kv, commerce.SettlementPrefix+key)
-	if err != nil || !found {
 		return false, err
 	}
-	w.duplicates.Add(1)
-	if s.State == StateSettled {
-		return true, nil
+	if _, err := w.kv.Create(ctx, commerce.SettlementPrefix+key, rb); err != nil {
+		if bus.IsConflict(err) {
+			return w.resume(ctx, key) // another copy recorded it first
+		}
+		return false, err
 	}
-	_, last, err := w.eng.run(ctx, &s)
+	// The ticket is consumed: the record stands for it from here (a second
+	// answer finds the record), and the sweep deletes any ticket whose
+	// settlement exists before it forgets the settlement.
+	if err := w.kv.Delete(ctx, tkey); err != nil {
+		w.svc.Log.Warn("ticket not consumed; the sweep will", "ticket", tkey, "err", err)
+	}
+	_, last, err := w.eng.run(ctx, rec)
 	if last {
 		w.settled.Add(1)
 	}
 	return true, err
 }
 
-// requestTime is when the request was made, which the answer does not
-// say: the time inside this mesh's request ids (UUIDv7) when it is there
-// and plausible (not after the answer, at most the mailbox's 7 days
-// before it), else the answer's own time.
-func requestTime(env *protocol.Envelope) time.Time {
-	answered, err := protocol.ParseTime(env.TS)
-	if err != nil {
-		return time.Now()
+// resume finishes the settlement under key when there is one; done
+// reports whether there was.
+func (w *Worker) resume(ctx context.Context, key string) (done bool, err error) {
+	s, found, err := w.eng.load(ctx, key)
+	if err != nil || !found {
+		return false, err
 	}
-	if t, ok := uuidV7Time(env.InReplyTo); ok && !t.After(answered) && answered.Sub(t) <= 7*24*time.Hour {
-		return t
+	w.duplicates.Add(1)
+	if final(s.State) {
+		return true, nil
 	}
-	return answered
-}
-
-// uuidV7Time is the millisecond time of a UUIDv7 in text form.
-func uuidV7Time(id string) (time.Time, bool) {
-	if len(id) != 36 || id[14] != '7' || id[8] != '-' || id[13] != '-' {
-		return time.Time{}, false
+	_, last, err := w.eng.run(ctx, s)
+	if last {
+		w.settled.Add(1)
 	}
-	var ms int64
-	for _, r := range id[:8] + id[9:13] {
-		var d int64
-		switch {
-		case r >= '0' && r <= '9':
-			d = int64(r - '0')
-		case r >= 'a' && r <= 'f':
-			d = int64(r-'a') + 10
-		case r >= 'A' && r <= 'F':
-			d = int64(r-'A') + 10
-		default:
-			return time.Time{}, false
-		}
-		ms = ms<<4 | d
-	}
-	return time.UnixMilli(ms).UTC(), true
+	return true, err
 }
 
 // record is an agent's registry record (nil when it is not registered).
@@ -481,111 +490,204 @@ func skusOf(rec map[string]any) ([]commerce.SKU, error) {
 	return commerce.SKUsFromValue(raw)
 }
 
-// agreed reports whether owner held, at at, an agreement that verifies and
-// covers seller's SKU s at its current digest and was not yet revoked.
-func (w *Worker) agreed(ctx context.Context, seller, owner string, s commerce.SKU, at time.Time) (bool, error) {
-	rec, found, err := bus.GetJSON[commerce.AgreementRecord](ctx, w.kv, commerce.AgreementKey(seller, owner, s.ID))
-	if err != nil && !found {
-		return false, err
-	}
-	if !found || err != nil {
-		return false, nil
-	}
-	if rec.RevokedAt != nil && !at.Before(*rec.RevokedAt) {
-		return false, nil
-	}
-	a, err := commerce.ParseAgreement(rec.Agreement)
-	if err != nil || a.Verify() != nil {
-		return false, nil
-	}
-	return a.Covers(owner, seller, s.ID, s.Digest(), at), nil
-}
-
-// isOfficial reports whether the catalog marks agent official: the resale
-// path, where the platform is the seller of record.
-func (w *Worker) isOfficial(ctx context.Context, agent string) (bool, error) {
-	kv, err := w.usage.Get(ctx)
-	if err != nil || kv == nil {
-		return false, err
-	}
-	e, err := kv.Get(ctx, activity.CatalogPrefix+agent)
-	if errors.Is(err, jetstream.ErrKeyNotFound) {
-		return false, nil
-	}
-	if err != nil {
-		return false, fmt.Errorf("catalog %s: %w", agent, err)
-	}
-	return activity.CatalogOfficial(e.Value(), w.official[agent])
-}
-
 // sweep finishes settlements left unfinished (a copy that died, a step
-// that failed), clears the markers of settled ones after MarkerKeep and
-// deletes them after Keep. Every copy sweeps; every step is idempotent.
+// that failed), clears the markers of final ones after MarkerKeep and
+// deletes them after Keep (the ticket first, when the settling copy could
+// not consume it). Once per RetentionEvery it drops the tickets never
+// answered within TicketKeep (and any whose settlement is recorded), and
+// the ledger rows and period aggregates past their retention. Every copy sweeps; every step is idempotent. The listing is
+// only of keys: each record is read again from the stream's leader before
+// anything is done with it, so no step runs on a stale snapshot.
 func (w *Worker) sweep(ctx context.Context) {
-	now := w.svc.Now()
-	var list []Settlement
-	watch, err := w.kv.Watch(ctx, commerce.SettlementPrefix+">", jetstream.IgnoreDeletes())
+	ctx, cancel := context.WithTimeout(ctx, sweepTimeout)
+	defer cancel()
+	keys, err := w.listKeys(ctx, commerce.SettlementPrefix+">")
 	if err != nil {
 		w.svc.Log.Warn("sweep", "err", err)
 		return
 	}
-	func() {
-		defer func() { _ = watch.Stop() }()
-		for {
-			select {
-			case <-ctx.Done():
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return
+		}
+		w.sweepOne(ctx, strings.TrimPrefix(k, commerce.SettlementPrefix))
+	}
+	if now := w.svc.Now(); now.Sub(w.retained) >= w.cfg.RetentionEvery {
+		w.retained = now
+		w.sweepTickets(ctx)
+		w.sweepRetention(ctx, now)
+	}
+}
+
+// sweepTimeout bounds one sweep; what it did not reach, the next does.
+// listTimeout bounds one listing of keys.
+const (
+	sweepTimeout = 5 * time.Minute
+	listTimeout  = 3 * time.Second
+)
+
+func (w *Worker) sweepOne(ctx context.Context, key string) {
+	s, found, err := w.eng.load(ctx, key)
+	if err != nil || !found {
+		return
+	}
+	now := w.svc.Now()
+	updated, _ := protocol.ParseTime(s.UpdatedAt)
+	settled, _ := protocol.ParseTime(s.SettledAt)
+	switch {
+	case !final(s.State) && now.Sub(updated) >= w.cfg.Grace:
+		rctx, cancel := context.WithTimeout(ctx, runTimeout)
+		_, last, err := w.eng.run(rctx, s)
+		cancel()
+		if err != nil {
+			w.svc.Log.Warn("sweep: settlement still unfinished", "key", s.Key, "err", err)
+			return
+		}
+		if last {
+			w.resumed.Add(1)
+		}
+	case final(s.State) && !s.MarkersCleared && now.Sub(settled) >= MarkerKeep:
+		if err := w.eng.clearMarkers(ctx, s); err != nil {
+			w.svc.Log.Warn("sweep", "err", err)
+		}
+	case final(s.State) && s.MarkersCleared && now.Sub(settled) >= w.cfg.Keep:
+		// The ticket goes first: with the record gone, a ticket left
+		// behind would make a copy of the answer a sale again.
+		if s.Kind == KindSale {
+			if err := w.kv.Delete(ctx, commerce.TicketKey(s.Seller, s.RequestID)); err != nil {
+				w.svc.Log.Warn("sweep", "err", err)
 				return
-			case e, ok := <-watch.Updates():
-				if !ok || e == nil {
-					return
-				}
-				var s Settlement
-				if json.Unmarshal(e.Value(), &s) == nil {
-					list = append(list, s)
-				}
 			}
 		}
-	}()
-	for i := range list {
-		s := &list[i]
-		updated, _ := protocol.ParseTime(s.UpdatedAt)
-		settled, _ := protocol.ParseTime(s.SettledAt)
-		switch {
-		case s.State != StateSettled && now.Sub(updated) >= w.cfg.Grace:
-			rctx, cancel := context.WithTimeout(ctx, runTimeout)
-			_, last, err := w.eng.run(rctx, s)
-			cancel()
-			if err != nil {
-				w.svc.Log.Warn("sweep: settlement still unfinished", "key", s.Key, "err", err)
-				continue
+		_, _, err := bus.CAS(ctx, w.kv, commerce.SettlementPrefix+s.Key, func(cur *Settlement, exists bool) (*Settlement, error) {
+			if !exists || !final(cur.State) || !cur.MarkersCleared {
+				return nil, bus.ErrNoChange
 			}
-			if last {
-				w.resumed.Add(1)
-			}
-		case s.State == StateSettled && !s.MarkersCleared && now.Sub(settled) >= MarkerKeep:
-			if err := w.eng.clearMarkers(ctx, s); err != nil {
-				w.svc.Log.Warn("sweep", "err", err)
-			}
-		case s.State == StateSettled && s.MarkersCleared && now.Sub(settled) >= w.cfg.Keep:
-			_, _, err := bus.CAS(ctx, w.kv, commerce.SettlementPrefix+s.Key, func(cur *Settlement, exists bool) (*Settlement, error) {
-				if !exists || cur.State != StateSettled || !cur.MarkersCleared {
-					return nil, bus.ErrNoChange
-				}
-				return nil, nil
-			})
-			if err != nil {
-				w.svc.Log.Warn("sweep", "err", err)
+			return nil, nil
+		})
+		if err != nil {
+			w.svc.Log.Warn("sweep", "err", err)
+		}
+	}
+}
+
+// sweepTickets deletes the tickets whose settlement is recorded (consumed,
+// when the settling copy could not delete it) and the tickets never
+// answered within TicketKeep.
+func (w *Worker) sweepTickets(ctx context.Context) {
+	keys, err := w.listKeys(ctx, commerce.TicketPrefix+">")
+	if err != nil {
+		w.svc.Log.Warn("sweep: tickets", "err", err)
+		return
+	}
+	now := w.svc.Now()
+	for _, k := range keys {
+		if ctx.Err() != nil {
+			return
+		}
+		e, err := w.kv.Get(ctx, k)
+		if err != nil {
+			continue
+		}
+		var t commerce.Ticket
+		if json.Unmarshal(e.Value(), &t) != nil {
+			continue
+		}
+		_, recorded, err := w.eng.load(ctx, saleKey(t.Seller, t.RequestID))
+		if err != nil {
+			continue
+		}
+		if recorded || now.Sub(t.AdmittedAt) >= w.cfg.TicketKeep {
+			if err := w.kv.Delete(ctx, k, jetstream.LastRevision(e.Revision())); err != nil && !bus.IsConflict(err) {
+				w.svc.Log.Warn("sweep: ticket", "key", k, "err", err)
 			}
 		}
 	}
 }
 
+// sweepRetention deletes ledger rows older than LedgerKeep and period
+// aggregates whose period ended more than TicketKeep ago (no ticket of
+// that period can still be answered, so none can still be rated in it).
+func (w *Worker) sweepRetention(ctx context.Context, now time.Time) {
+	rows, err := w.listKeys(ctx, LedgerPrefix+">")
+	if err != nil {
+		w.svc.Log.Warn("sweep: ledger", "err", err)
+		return
+	}
+	for _, k := range rows {
+		if at, ok := ledgerTime(k); ok && now.Sub(at) >= w.cfg.LedgerKeep {
+			if err := w.kv.Delete(ctx, k); err != nil {
+				w.svc.Log.Warn("sweep: ledger", "key", k, "err", err)
+			}
+		}
+	}
+	aggs, err := w.listKeys(ctx, AggregatePrefix+">")
+	if err != nil {
+		w.svc.Log.Warn("sweep: aggregates", "err", err)
+		return
+	}
+	for _, k := range aggs {
+		if end, ok := periodEnd(k[strings.LastIndexByte(k, '.')+1:]); ok && now.Sub(end) >= w.cfg.TicketKeep+time.Hour {
+			if err := w.kv.Delete(ctx, k); err != nil {
+				w.svc.Log.Warn("sweep: aggregate", "key", k, "err", err)
+			}
+		}
+	}
+}
+
+// ledgerTime is the time in a ledger row's key (led.<owner>.<ms>-…).
+func ledgerTime(key string) (time.Time, bool) {
+	tail := key[strings.LastIndexByte(key[:min(len(key), len(LedgerPrefix)+57)], '.')+1:]
+	ms, _, ok := strings.Cut(tail, "-")
+	if !ok || len(ms) != 13 {
+		return time.Time{}, false
+	}
+	n, err := strconv.ParseInt(ms, 10, 64)
+	if err != nil {
+		return time.Time{}, false
+	}
+	return time.UnixMilli(n).UTC(), true
+}
+
+// periodEnd is the end of a UTC period key (commerce.PeriodKey: a day
+// 2006-01-02 or a month 2006-01).
+func periodEnd(p string) (time.Time, bool) {
+	if t, err := time.Parse(time.DateOnly, p); err == nil {
+		return t.AddDate(0, 0, 1), true
+	}
+	if t, err := time.Parse("2006-01", p); err == nil {
+		return t.AddDate(0, 1, 0), true
+	}
+	return time.Time{}, false
+}
+
+// listKeys lists the bucket's keys matching filter, within listTimeout: a
+// listing whose consumer the server never answered is abandoned, and the
+// next sweep lists again.
+func (w *Worker) listKeys(ctx context.Context, filter string) ([]string, error) {
+	ctx, cancel := context.WithTimeout(ctx, listTimeout)
+	defer cancel()
+	lister, err := w.kv.ListKeysFiltered(ctx, filter)
+	if err != nil {
+		if errors.Is(err, jetstream.ErrNoKeysFound) {
+			return nil, nil
+		}
+		return nil, err
+	}
+	var out []string
+	for k := range lister.Keys() {
+		out = append(out, k)
+	}
+	_ = lister.Stop()
+	return out, ctx.Err()
+}
+
 // seller is what the clearing needs of an answering agent's registration:
-// its SKUs and its owner (registry.OwnerOf when read; none of either when
-// it is not registered).
+// whether it publishes any paid internal SKU in credits. It only spares
+// the ticket read for the answers of agents that sell nothing in credits;
+// the ticket decides.
 type seller struct {
-	skus  []commerce.SKU
-	owner string
+	sells bool
 	at    time.Time
 }
 
@@ -602,17 +704,19 @@ func (w *Worker) seller(ctx context.Context, agent string) (seller, error) {
 		w.svc.Log.Debug("seller's SKUs unreadable", "seller", agent, "err", err)
 		skus = nil
 	}
-	if skus == nil {
-		skus = []commerce.SKU{}
+	for _, s := range skus {
+		if s.Price.Paid() && s.Provider.ID == commerce.ProviderInternal && s.Price.Currency == commerce.Credits {
+			return seller{sells: true}, nil
+		}
 	}
-	return seller{skus: skus, owner: registry.OwnerOf(rec, w.svc.Now())}, nil
+	return seller{}, nil
 }
 
 // Every answered request of every agent is looked at, most of them free:
 // a seller's registration is kept for sellerTTL, so a busy agent costs the
-// clearing one registry read per sellerTTL, not one per answer. An answer
-// within it is rated on the terms of up to sellerTTL ago, which are the
-// terms the request was admitted under.
+// clearing one registry read per sellerTTL, not one per answer. (A seller
+// that stops selling in credits between admission and its answer is not
+// charged for it; the terms of a sale are the ticket's.)
 const (
 	sellerTTL      = 2 * time.Second
 	maxSellerCache = 16_384

@@ -42,7 +42,7 @@ func FuzzCandidate(f *testing.F) {
 			subject != protocol.OutboxSubject(c.env.From) || protocol.ResponseStatus(c.env) != "completed" {
 			t.Fatalf("took %q %+v", subject, c.env)
 		}
-		if tok := KeyToken(c.env.InReplyTo); !tokenRE.MatchString(tok) || strings.ContainsAny(tok, ".*> ") {
+		if tok := KeyToken(c.env.InReplyTo); !tokenShape.MatchString(tok) || strings.ContainsAny(tok, ".*> ") {
 			t.Fatalf("token %q", tok)
 		}
 	})

@@ -2,15 +2,15 @@ package clearing
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
-	"regexp"
+	"strings"
 	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/nats-io/nats.go/jetstream"
 
@@ -23,20 +23,24 @@ import (
 
 // A settlement moves credits between balances that are separate keys of
 // one KV bucket, which has no transaction over two keys. So a settlement
-// is a record with steps (set.<key>, created once: the create is what
-// makes it happen once, whichever copy and however many copies of the
-// respond), and every step is a compare-and-set that leaves a marker
+// is a record with steps (set.<seller>.<request id>, created once, from
+// the admission ticket of that request: the create is what makes it
+// happen once, whichever copy and however many copies of the respond), and
+// every step is a compare-and-set that leaves a marker
 // naming the settlement in the key it changes (the period aggregate, each
 // balance). A step run twice (a copy that crashed between the balance and
 // the record, a sweep resuming it, two copies racing) finds its marker and
 // reads the outcome from it instead of applying it again. Markers are
 // cleared by the sweep once the settlement has been settled for
-// MarkerKeep, far longer than any run may take (runTimeout), so no copy
-// still running a step can miss one; the record is deleted after Keep,
-// far longer than a respond copy stays fresh, so no copy of its respond
-// can create it again.
+// MarkerKeep, far longer than any one step may take (a run re-reads the
+// record from the stream's leader before every step and stops when it
+// moved on, and a step is bounded by runTimeout), so no copy still running
+// a step can miss one; the record is deleted after Keep, far longer than
+// a respond copy stays fresh, and the ticket it was made from is consumed
+// before, so no copy of its respond can create it again.
 //
 //	new ──aggregate──▶ rated ──buyer──▶ charged ──seller, platform──▶ credited ──ledger──▶ settled
+//	  └──unratable (a quantity or price beyond 2^53−1)──▶ failed
 //
 // A grant is a settlement that starts at charged: it only credits.
 
@@ -63,7 +67,14 @@ const (
 	StateCharged  = "charged"  // taken from the buyer's balance, at most what it held
 	StateCredited = "credited" // paid to the seller's owner and the platform
 	StateSettled  = "settled"  // the ledger rows written
+	// StateFailed is final too: the sale could not be rated (a quantity or
+	// a charge beyond the exactly representable range); nothing moved and
+	// it is never retried. Its Reason says why.
+	StateFailed = "failed"
 )
+
+// final reports whether a settlement in state has nothing left to do.
+func final(state string) bool { return state == StateSettled || state == StateFailed }
 
 // Settlement kinds.
 const (
@@ -105,15 +116,26 @@ type Settlement struct {
 	Usage     map[string]int64 `json:"usage,omitempty"`
 	Resale    bool             `json:"resale,omitempty"`
 	MarkupPct int              `json:"markup_pct"`
+	// Agreement is the covering agreement's key, from the ticket.
+	Agreement string `json:"agreement,omitempty"`
+	// CeilingMicro is the request's budget cost ceiling, from the ticket:
+	// Retail is clamped to it (upstream: the budget ceiling clamps the
+	// charge) and Clamped is what it cut.
+	CeilingMicro *int64 `json:"ceiling_micro,omitempty"`
+	Clamped      int64  `json:"clamped_micro,omitempty"`
 	Split
 	// Charged is what the buyer's balance paid, Unpaid the rest of Retail.
-	Charged    int64  `json:"charged_micro"`
-	Unpaid     int64  `json:"unpaid_micro"`
-	ToSeller   int64  `json:"to_seller_micro"`
-	ToPlatform int64  `json:"to_platform_micro"`
-	Reason     string `json:"reason,omitempty"`
-	// At is when the request was made: the agreement is checked and the
-	// usage aggregated at it.
+	Charged    int64 `json:"charged_micro"`
+	Unpaid     int64 `json:"unpaid_micro"`
+	ToSeller   int64 `json:"to_seller_micro"`
+	ToPlatform int64 `json:"to_platform_micro"`
+	// DebtPaid is what the credited owner's unpaid remainder took of
+	// ToSeller (commerce.Balance.Unpaid) before the rest reached its
+	// credits.
+	DebtPaid int64  `json:"debt_paid_micro,omitempty"`
+	Reason   string `json:"reason,omitempty"`
+	// At is when the request was admitted (the ticket's admitted_at, the
+	// agreements service's clock): the usage is aggregated in its period.
 	At             string `json:"at"`
 	CreatedAt      string `json:"created_at"`
 	UpdatedAt      string `json:"updated_at"`
@@ -146,6 +168,7 @@ type Entry struct {
 	AmountMicro  int64  `json:"amount_micro"`
 	Currency     string `json:"currency"`
 	UnpaidMicro  int64  `json:"unpaid_micro,omitempty"`
+	DebtPaid     int64  `json:"debt_paid_micro,omitempty"`
 	RequestID    string `json:"request_id,omitempty"`
 	Offering     string `json:"offering,omitempty"`
 	SKU          string `json:"sku,omitempty"`
@@ -164,21 +187,18 @@ const (
 	EntryGrant    = "grant"
 )
 
-var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+// KeyToken is commerce.KeyToken: id as a KV key token.
+func KeyToken(id string) string { return commerce.KeyToken(id) }
 
-// KeyToken is id as a KV key token: itself when it is one ([A-Za-z0-9_-],
-// the shape of this mesh's ids), else "h-" and its SHA-256, so an id of
-// another sender's choosing never breaks, or escapes, its key.
-func KeyToken(id string) string {
-	if tokenRE.MatchString(id) {
-		return id
-	}
-	sum := sha256.Sum256([]byte(id))
-	return "h-" + hex.EncodeToString(sum[:])
+// SettlementKey is the key of the settlement of seller's answer to
+// request id (commerce.SettlementKey).
+func SettlementKey(seller, id string) string { return commerce.SettlementKey(seller, id) }
+
+// saleKey is Settlement.Key of seller's answer to request id: the
+// settlement key without its prefix.
+func saleKey(seller, id string) string {
+	return strings.TrimPrefix(commerce.SettlementKey(seller, id), commerce.SettlementPrefix)
 }
-
-// SettlementKey is the key of the settlement of request id.
-func SettlementKey(id string) string { return commerce.SettlementPrefix + KeyToken(id) }
 
 // GrantKey is the settlement key of a grant made by envelope id.
 func GrantKey(id string) string { return "grant-" + KeyToken(id) }
@@ -189,8 +209,10 @@ func aggregateKey(s *Settlement) string {
 	return AggregatePrefix + s.ConsumerOwner + "." + s.Seller + "." + s.SKUDigest + "." + s.Period
 }
 
+// ledgerKey is one ledger row's key: its tail after the owner is one
+// token (a settlement key's dot becomes a dash), a history cursor.
 func ledgerKey(owner string, at time.Time, role, key string) string {
-	return fmt.Sprintf("%s%s.%013d-%s-%s", LedgerPrefix, owner, at.UnixMilli(), role, key)
+	return fmt.Sprintf("%s%s.%013d-%s-%s", LedgerPrefix, owner, at.UnixMilli(), role, strings.ReplaceAll(key, ".", "-"))
 }
 
 // Marker roles: each key a settlement changes holds its marker under
@@ -213,7 +235,10 @@ var errGone = errors.New("clearing: the settlement record is gone")
 
 // engine runs settlements on the commerce bucket.
 type engine struct {
-	kv  jetstream.KeyValue
+	kv jetstream.KeyValue
+	// nc, when set, reads records from the stream's leader
+	// (bus.LeaderGet); tests without it read them directly.
+	nc  *nats.Conn
 	now func() time.Time
 	log *slog.Logger
 	// crash, when set (tests), is asked after each step whether the copy
@@ -224,13 +249,31 @@ type engine struct {
 // run takes s through its remaining steps to settled. last reports
 // whether this call made the last step (of copies running one settlement
 // at once, one does).
+//
+// s is only where to start: before every step the record is read again
+// from the stream's leader, and the step run is the stored state's, so a
+// snapshot listed long ago (a sweep behind slow runs) never repeats a step
+// whose marker may be gone.
 func (e *engine) run(ctx context.Context, s *Settlement) (out *Settlement, last bool, err error) {
-	for s.State != StateSettled {
+	key := s.Key
+	for {
+		cur, found, err := e.load(ctx, key)
+		if err != nil {
+			return s, false, fmt.Errorf("settlement %s: %w", key, err)
+		}
+		if !found {
+			return s, false, fmt.Errorf("settlement %s: %w", key, errGone)
+		}
+		s = cur
+		if final(s.State) {
+			return s, last, nil
+		}
 		var next *Settlement
 		var changed bool
 		switch s.State {
 		case StateNew:
-			next, _, err = e.rate(ctx, s)
+			next, changed, err = e.rate(ctx, s)
+			last = changed && next.State == StateFailed
 		case StateRated:
 			next, _, err = e.charge(ctx, s)
 		case StateCharged:
@@ -249,8 +292,38 @@ func (e *engine) run(ctx context.Context, s *Settlement) (out *Settlement, last 
 			return s, false, errCrash
 		}
 	}
-	return s, last, nil
 }
+
+// load reads the settlement under key (its tail after the prefix).
+func (e *engine) load(ctx context.Context, key string) (*Settlement, bool, error) {
+	var b []byte
+	var found bool
+	var err error
+	if e.nc != nil {
+		b, found, err = bus.LeaderGet(ctx, e.nc, commerce.Bucket, commerce.SettlementPrefix+key)
+	} else {
+		var en jetstream.KeyValueEntry
+		en, err = e.kv.Get(ctx, commerce.SettlementPrefix+key)
+		if errors.Is(err, jetstream.ErrKeyNotFound) {
+			return nil, false, nil
+		}
+		if err == nil {
+			b, found = en.Value(), true
+		}
+	}
+	if err != nil || !found {
+		return nil, false, err
+	}
+	var s Settlement
+	if err := json.Unmarshal(b, &s); err != nil {
+		return nil, false, fmt.Errorf("decode: %w", err)
+	}
+	return &s, true, nil
+}
+
+// errUnratable marks a rating that will never succeed: the settlement
+// fails, final, instead of being retried by every sweep.
+var errUnratable = errors.New("unratable")
 
 // advance moves the record from s's state to next, applying edit, unless
 // another copy moved it already: the stored record is returned either way,
@@ -269,7 +342,7 @@ func (e *engine) advance(ctx context.Context, s *Settlement, next string, edit f
 			edit(&n)
 		}
 		n.State, n.UpdatedAt = next, now
-		if next == StateSettled {
+		if final(next) {
 			n.SettledAt = now
 		}
 		return &n, nil
@@ -285,13 +358,25 @@ func (e *engine) advance(ctx context.Context, s *Settlement, next string, edit f
 // rated at before. Included allowances, packages and tiers are thereby
 // applied over the whole period, not per request.
 func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
+	next, changed, err := e.rateOnce(ctx, s)
+	if errors.Is(err, errUnratable) {
+		reason := err.Error()
+		if e.log != nil {
+			e.log.Warn("settlement failed: the sale cannot be rated", "key", s.Key, "err", err)
+		}
+		return e.advance(ctx, s, StateFailed, func(n *Settlement) { n.Reason = reason })
+	}
+	return next, changed, err
+}
+
+func (e *engine) rateOnce(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	v, err := protocol.ParseJSON(s.Price)
 	if err != nil {
-		return nil, false, fmt.Errorf("price: %w", err)
+		return nil, false, fmt.Errorf("price: %w: %w", errUnratable, err)
 	}
 	price, err := commerce.PriceFromValue(v)
 	if err != nil {
-		return nil, false, fmt.Errorf("price: %w", err)
+		return nil, false, fmt.Errorf("price: %w: %w", errUnratable, err)
 	}
 	meter, m := price.RatedMeter(), marker(s, roleAggregate)
 	q := s.Usage[meter]
@@ -308,12 +393,12 @@ func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, bool, er
 			return nil, bus.ErrNoChange
 		}
 		total := a.Quantity + q
-		if total > jsonv.MaxSafeInteger || total < a.Quantity {
-			return nil, fmt.Errorf("aggregate %s: quantity out of range", meter)
+		if q < 0 || total > jsonv.MaxSafeInteger || total < a.Quantity {
+			return nil, fmt.Errorf("%w: aggregate %s: quantity out of range", errUnratable, meter)
 		}
 		rated, err := commerce.Rate(price, []metering.Event{{Meter: meter, Quantity: total}}, commerce.RateOptions{Agreed: true})
 		if err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", errUnratable, err)
 		}
 		incr = max(0, rated-a.Rated)
 		a.Quantity, a.Rated, a.UpdatedAt = total, max(a.Rated, rated), now
@@ -328,16 +413,38 @@ func (e *engine) rate(ctx context.Context, s *Settlement) (*Settlement, bool, er
 	}
 	split, err := SplitOf(incr, s.MarkupPct, s.Resale)
 	if err != nil {
-		return nil, false, err
+		// The aggregate holds the usage; the settlement fails with nothing
+		// moved (the aggregate's marker is cleared with the others).
+		return nil, false, fmt.Errorf("%w: %w", errUnratable, err)
 	}
-	return e.advance(ctx, s, StateRated, func(n *Settlement) { n.Split = split })
+	var clamped int64
+	split, clamped = clampSplit(split, s.CeilingMicro)
+	return e.advance(ctx, s, StateRated, func(n *Settlement) { n.Split, n.Clamped = split, clamped })
+}
+
+// clampSplit clamps a split's retail to the request's budget ceiling
+// (nil: none): the seller's owner is paid first, up to the rate, and the
+// platform's markup takes the rest. clamped is what the ceiling cut.
+func clampSplit(sp Split, ceiling *int64) (Split, int64) {
+	if ceiling == nil || sp.Retail <= max(*ceiling, 0) {
+		return sp, 0
+	}
+	c := max(*ceiling, 0)
+	clamped := sp.Retail - c
+	sp.Retail = c
+	sp.Rate = min(sp.Rate, c)
+	sp.Markup = c - sp.Rate
+	return sp, clamped
 }
 
 // charge takes the retail price from the buyer's balance, or what it
 // holds when that is less: a balance never goes below zero, and the rest
-// is recorded as unpaid (admission refuses up front when the balance is
-// short; this is what is left when two requests raced for the last
-// credits). The marker is written even when nothing is taken, so that two
+// is recorded as unpaid, on the settlement and on the balance
+// (commerce.Balance.Unpaid), where it makes admission refuse the owner
+// until credits paid in have paid it off. Admission checks the balance
+// against one unit's retail price, so a metered sale that declares more
+// usage than the balance holds, or requests racing for the last credits,
+// end here. The marker is written even when nothing is taken, so that two
 // copies cannot record two different amounts.
 func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
 	var charged int64
@@ -355,6 +462,9 @@ func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, bool, 
 			}
 			charged = min(s.Retail, max(b.Credits, 0))
 			b.Credits -= charged
+			if unpaid := s.Retail - charged; unpaid > 0 {
+				b.Unpaid = min(jsonv.MaxSafeInteger, b.Unpaid+unpaid)
+			}
 			b.UpdatedAt = now
 			if b.Pending == nil {
 				b.Pending = map[string]int64{}
@@ -372,8 +482,10 @@ func (e *engine) charge(ctx context.Context, s *Settlement) (*Settlement, bool, 
 	})
 }
 
-// credit pays the seller's owner and the platform their parts.
+// credit pays the seller's owner (a grant's grantee) and the platform
+// their parts.
 func (e *engine) credit(ctx context.Context, s *Settlement) (*Settlement, bool, error) {
+	var debt int64
 	for _, c := range []struct {
 		owner, role string
 		amount      int64
@@ -381,37 +493,53 @@ func (e *engine) credit(ctx context.Context, s *Settlement) (*Settlement, bool, 
 		if c.amount <= 0 {
 			continue
 		}
-		if err := e.add(ctx, c.owner, marker(s, c.role), c.amount); err != nil {
+		paid, err := e.add(ctx, c.owner, marker(s, c.role), c.amount)
+		if err != nil {
 			return nil, false, err
 		}
+		if c.role == roleCredit {
+			debt = paid
+		}
 	}
-	return e.advance(ctx, s, StateCredited, nil)
+	return e.advance(ctx, s, StateCredited, func(n *Settlement) { n.DebtPaid = debt })
 }
 
-// add credits amount to owner's balance once under marker m.
-func (e *engine) add(ctx context.Context, owner, m string, amount int64) error {
+// debtMarker is the marker beside m recording what the credit under m
+// paid of the owner's unpaid remainder.
+func debtMarker(m string) string { return m + "/debt" }
+
+// add credits amount to owner's balance once under marker m. The owner's
+// unpaid remainder (Balance.Unpaid) is paid off first: debtPaid is what
+// it took, and the rest reaches the credits.
+func (e *engine) add(ctx context.Context, owner, m string, amount int64) (debtPaid int64, err error) {
 	now := e.now()
-	_, _, err := bus.CAS(ctx, e.kv, balanceKey(owner), func(cur *balance, exists bool) (*balance, error) {
+	_, _, err = bus.CAS(ctx, e.kv, balanceKey(owner), func(cur *balance, exists bool) (*balance, error) {
 		var b balance
 		if exists {
 			b = *cur
 			b.Pending = maps.Clone(cur.Pending)
 		}
 		if _, done := b.Pending[m]; done {
+			debtPaid = b.Pending[debtMarker(m)]
 			return nil, bus.ErrNoChange
 		}
-		if b.Credits > jsonv.MaxSafeInteger-amount {
+		debtPaid = min(max(b.Unpaid, 0), amount)
+		if b.Credits > jsonv.MaxSafeInteger-(amount-debtPaid) {
 			return nil, fmt.Errorf("balance %s: credits out of range", owner)
 		}
-		b.Credits += amount
+		b.Unpaid -= debtPaid
+		b.Credits += amount - debtPaid
 		b.UpdatedAt = now
 		if b.Pending == nil {
 			b.Pending = map[string]int64{}
 		}
 		b.Pending[m] = amount
+		if debtPaid > 0 {
+			b.Pending[debtMarker(m)] = debtPaid
+		}
 		return &b, nil
 	})
-	return err
+	return debtPaid, err
 }
 
 // record writes the settlement's ledger rows (each created once) and
@@ -431,15 +559,19 @@ func (e *engine) record(ctx context.Context, s *Settlement) (*Settlement, bool, 
 	switch s.Kind {
 	case KindGrant:
 		g := base
-		g.Kind, g.AmountMicro = EntryGrant, s.ToSeller
+		g.Kind, g.AmountMicro, g.DebtPaid = EntryGrant, s.ToSeller, s.DebtPaid
 		rows = append(rows, row{s.SellerOwner, "g", g})
 	default:
-		b := base
-		b.Kind, b.AmountMicro, b.UnpaidMicro, b.Counterparty = EntryPurchase, -s.Charged, s.Unpaid, s.Seller
-		rows = append(rows, row{s.ConsumerOwner, "b", b})
+		// A sale that moved nothing and owes nothing writes no row: a
+		// history is not filled with zero rows.
+		if s.Charged != 0 || s.Unpaid != 0 {
+			b := base
+			b.Kind, b.AmountMicro, b.UnpaidMicro, b.Counterparty = EntryPurchase, -s.Charged, s.Unpaid, s.Seller
+			rows = append(rows, row{s.ConsumerOwner, "b", b})
+		}
 		if s.ToSeller > 0 {
 			se := base
-			se.Kind, se.AmountMicro, se.Counterparty = EntrySale, s.ToSeller, s.Requester
+			se.Kind, se.AmountMicro, se.DebtPaid, se.Counterparty = EntrySale, s.ToSeller, s.DebtPaid, s.Requester
 			rows = append(rows, row{s.SellerOwner, "s", se})
 		}
 		if s.ToPlatform > 0 {
@@ -492,10 +624,13 @@ func (e *engine) clearMarkers(ctx context.Context, s *Settlement) error {
 					return nil, err
 				}
 			}
-			if _, ok := pending[x.m]; !ok {
+			_, ok := pending[x.m]
+			_, okDebt := pending[debtMarker(x.m)]
+			if !ok && !okDebt {
 				return nil, bus.ErrNoChange
 			}
 			delete(pending, x.m)
+			delete(pending, debtMarker(x.m))
 			if len(pending) == 0 {
 				delete(v, "pending")
 			} else {

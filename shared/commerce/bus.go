@@ -1,7 +1,10 @@
 package commerce
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
+	"regexp"
 	"time"
 
 	"github.com/nats-io/nats.go/jetstream"
@@ -21,7 +24,8 @@ import (
 //	engs.<seller>.<client>                the scopes graded enforced ([]EngagementTerms)
 //	vol.<seller>.<client>.<window>        a volume counter (compare-and-set)
 //	bal.<owner>                           a credit balance (clearing)
-//	set.<task or request id>              a settlement, once (clearing)
+//	tkt.<seller>.<request id>             an admission ticket, once (agreements; consumed by the clearing)
+//	set.<seller>.<request id>             a settlement, once (clearing)
 //	agg.<owner>.<seller>.<digest>.<period> a period's rated usage (clearing)
 //	led.<owner>.<ms>-<role>-<settlement>  a credit history row (clearing)
 const Bucket = "mesh_commerce"
@@ -33,13 +37,42 @@ const (
 	VolumePrefix     = "vol."
 	BalancePrefix    = "bal."
 	SettlementPrefix = "set."
+	TicketPrefix     = "tkt."
 )
+
+var tokenRE = regexp.MustCompile(`^[A-Za-z0-9_-]{1,128}$`)
+
+// KeyToken is id as a KV key token: itself when it is one ([A-Za-z0-9_-],
+// the shape of this mesh's ids), else "h-" and its SHA-256, so an id of
+// another sender's choosing never breaks, or escapes, its key.
+func KeyToken(id string) string {
+	if tokenRE.MatchString(id) {
+		return id
+	}
+	sum := sha256.Sum256([]byte(id))
+	return "h-" + hex.EncodeToString(sum[:])
+}
+
+// TicketKey is where the admission ticket of seller's request id is kept.
+// The request id is the requester's choice and unique only per requester
+// at one seller: a second requester with the same id at the same seller
+// is refused at admission (it would share the ticket).
+func TicketKey(seller, requestID string) string {
+	return TicketPrefix + seller + "." + KeyToken(requestID)
+}
+
+// SettlementKey is the key of the settlement of seller's answer to
+// request id: per seller, so one request id reused at several sellers is
+// several sales.
+func SettlementKey(seller, requestID string) string {
+	return SettlementPrefix + seller + "." + KeyToken(requestID)
+}
 
 // BucketConfig is Bucket's configuration at replicas: the workers', and the
 // control plane's when its mirror writes before any worker made the bucket.
 func BucketConfig(replicas int) jetstream.KeyValueConfig {
 	return jetstream.KeyValueConfig{Bucket: Bucket,
-		Description: "agreements (agr.<seller>.<owner>.<sku>), engagement terms (eng.<seller>.<client>.<offering>), volume counters (vol.), credit balances (bal.<owner>) and settlements (set.<id>)",
+		Description: "agreements (agr.<seller>.<owner>.<sku>), engagement terms (eng.<seller>.<client>.<offering>), volume counters (vol.), admission tickets (tkt.<seller>.<request>), credit balances (bal.<owner>) and settlements (set.<seller>.<request>)",
 		History:     1, Replicas: bus.Replicas(replicas)}
 }
 
@@ -114,9 +147,50 @@ type EngagementTerms struct {
 // in micro-credits (currency XCR), written by the clearing service with a
 // compare-and-set; the agreements service reads it at admission to refuse
 // with INSUFFICIENT_FUNDS before work the balance cannot pay for.
+//
+// Unpaid is what earlier sales could not take from the balance (the
+// balance never goes below zero): admission refuses the owner with
+// INSUFFICIENT_FUNDS while it is above zero, and the next credits paid
+// into the balance (a grant) pay it off first.
 type Balance struct {
 	Credits   int64     `json:"credits"`
+	Unpaid    int64     `json:"unpaid_micro,omitempty"`
 	UpdatedAt time.Time `json:"updated_at"`
+}
+
+// Ticket is the value under TicketKey: the agreements service's record
+// that it admitted one request to an offering covered by a paid internal
+// SKU in credits under a covering agreement, written once at admission
+// (the services key alone writes the bucket). The clearing charges only
+// against a ticket, and takes from it everything but the answer's usage:
+// who pays, on which terms, at what time. It is consumed when the
+// settlement is recorded.
+type Ticket struct {
+	Seller        string `json:"seller"`
+	SellerOwner   string `json:"seller_owner"`
+	Requester     string `json:"requester"`
+	ConsumerOwner string `json:"consumer_owner"`
+	Offering      string `json:"offering"`
+	RequestID     string `json:"request_id"`
+	SKU           string `json:"sku"`
+	SKUDigest     string `json:"sku_digest"`
+	// Price is the SKU's price as published at SKUDigest: the sale is
+	// rated on it, whatever the seller publishes by the time it answers.
+	Price json.RawMessage `json:"price"`
+	// Agreement is the key of the covering agreement (AgreementKey).
+	Agreement string `json:"agreement"`
+	// AdmittedAt is the agreements service's clock at admission: the
+	// sale's time (its rating period), never a time inside an id either
+	// party chose.
+	AdmittedAt time.Time `json:"admitted_at"`
+	// CeilingMicro is the request's budget cost ceiling in credits, when
+	// it carried one: the charge is clamped to it.
+	CeilingMicro *int64 `json:"ceiling_micro,omitempty"`
+	// RetailMicro is the retail unit price quoted at admission
+	// (price_credits); Resale and MarkupPct the path it was quoted on.
+	RetailMicro int64 `json:"retail_micro"`
+	Resale      bool  `json:"resale,omitempty"`
+	MarkupPct   int   `json:"markup_pct"`
 }
 
 // Credits is the currency of the mesh's own clearing: private-use ISO 4217
