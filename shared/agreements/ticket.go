@@ -79,11 +79,18 @@ func (w *Worker) ticketFor(ctx context.Context, seller string, q AdmitRequest, s
 	if err != nil || !found {
 		return nil, errs.Wrap(errs.Unavailable, "the seller's registration could not be read just now; retry", err)
 	}
+	sellerOwner := rec.Owner(w.now())
+	if sellerOwner == "" {
+		// A seller with no owner now (its owner attestation expired) has
+		// nobody to pay: the clearing charges nothing without a ticket, and
+		// the request goes on as the agreement allows.
+		return nil, nil
+	}
 	pb, err := json.Marshal(s.Value()["price"])
 	if err != nil {
 		return nil, err
 	}
-	t := &commerce.Ticket{Seller: seller, SellerOwner: rec.Owner(), Requester: q.Requester, ConsumerOwner: owner,
+	t := &commerce.Ticket{Seller: seller, SellerOwner: sellerOwner, Requester: q.Requester, ConsumerOwner: owner,
 		Offering: q.Offering, RequestID: q.RequestID, SKU: s.ID, SKUDigest: s.Digest(), Price: pb,
 		Agreement: commerce.AgreementKey(seller, owner, s.ID), AdmittedAt: w.now(),
 		RetailMicro: price, Resale: resale}
