@@ -81,10 +81,12 @@ func (w *Worker) ticketFor(ctx context.Context, seller string, q AdmitRequest, s
 	}
 	sellerOwner := rec.Owner(w.now())
 	if sellerOwner == "" {
-		// A seller with no owner now (its owner attestation expired) has
-		// nobody to pay: the clearing charges nothing without a ticket, and
-		// the request goes on as the agreement allows.
-		return nil, nil
+		// A seller with no owner now (its own node, or its owner
+		// attestation expired) has nobody to pay: refused rather than
+		// served for nothing (final review 18 #2). The seller's node
+		// answers it as UNAVAILABLE until the seller registers again with
+		// its owner's attestation.
+		return nil, errs.Newf(errs.Unavailable, "seller %s sells %s in credits but has no owner to be paid now; it must register again with its owner's attestation", seller, s.ID)
 	}
 	pb, err := json.Marshal(s.Value()["price"])
 	if err != nil {
@@ -117,6 +119,18 @@ func (w *Worker) writeTicket(ctx context.Context, t *commerce.Ticket) (*errs.Err
 	if err != nil {
 		return nil, err
 	}
+	// A request id whose sale is already settled is spent: the clearing
+	// would take a second answer to it for a duplicate of the first and
+	// charge nothing (final review 18 #1), so no new ticket is issued for
+	// it, whoever asks.
+	_, settled, err := bus.LeaderGet(ctx, w.svc.NC, commerce.Bucket, commerce.SettlementKey(t.Seller, t.RequestID))
+	if err != nil {
+		return nil, errs.Wrap(errs.Unavailable, "the admission could not be recorded just now; retry", err)
+	}
+	if settled {
+		return errs.Newf(errs.Conflict, "request id %s was already used for a paid request to %s; send the request again with a fresh id", t.RequestID, t.Seller).
+			WithDetail("request_id", t.RequestID), nil
+	}
 	key := commerce.TicketKey(t.Seller, t.RequestID)
 	_, err = w.kv.Create(ctx, key, b)
 	if err == nil {
@@ -135,9 +149,9 @@ func (w *Worker) writeTicket(ctx context.Context, t *commerce.Ticket) (*errs.Err
 	}
 	if !found {
 		// Consumed between the create and this read: the request was
-		// answered and settled; asking again is a duplicate, admitted as
-		// the node's journal will refuse it silently.
-		return nil, nil
+		// answered and is being settled; the id is spent.
+		return errs.Newf(errs.Conflict, "request id %s was already used for a paid request to %s; send the request again with a fresh id", t.RequestID, t.Seller).
+			WithDetail("request_id", t.RequestID), nil
 	}
 	return errs.Newf(errs.Conflict, "request id %s was already admitted at %s for another request; send the request again with a fresh id", t.RequestID, t.Seller).
 		WithDetail("request_id", t.RequestID), nil

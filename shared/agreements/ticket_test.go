@@ -179,3 +179,38 @@ func TestStartRefusesMarkupOutOfRange(t *testing.T) {
 		}
 	}
 }
+
+// A request id whose sale was settled (its ticket consumed) is spent: a
+// second requester sending it again gets no ticket, since the clearing
+// would take the answer for a duplicate and charge nothing (final review
+// 18 #1).
+func TestSettledIDIsSpent(t *testing.T) {
+	s := pricedStand(t, 10, false)
+	paid := sku(t, flatSKU(1_000_000))
+	if e := s.file(agreement(t, s.owner, s.seller.Public(), paid.ID, paid.Digest(), time.Now().Add(-time.Minute), "")); e != nil {
+		t.Fatal(e)
+	}
+	s.balance(s.owner.Public(), 5_000_000)
+	id := protocol.NewID()
+	if _, e := s.admitID(id, "paid", nil, s.requester.Public()); e != nil {
+		t.Fatalf("admit: %v", e)
+	}
+	// The clearing settled it: the settlement record stands, the ticket
+	// is consumed.
+	if _, err := s.comm.Put(t.Context(), commerce.SettlementKey(s.seller.Public(), id), []byte(`{"state":"settled"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.comm.Delete(t.Context(), commerce.TicketKey(s.seller.Public(), id)); err != nil {
+		t.Fatal(err)
+	}
+	other := bustest.Agent(t)
+	s.register(other.Public(), s.owner.Public(), "")
+	for _, who := range []string{other.Public(), s.requester.Public()} {
+		if _, e := s.admitID(id, "paid", nil, who); e == nil || e.Code != errs.Conflict || e.Details["request_id"] != id {
+			t.Fatalf("a settled id sent again by %s…: %v", who[:8], e)
+		}
+		if _, ok := s.ticket(id); ok {
+			t.Fatal("a new ticket for a settled id")
+		}
+	}
+}
