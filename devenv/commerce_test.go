@@ -305,6 +305,19 @@ func TestAdmissionMatrix(t *testing.T) {
 	// answeredBefore is how many requests the seller took while the service
 	// ran: every case before the last two.
 	var answeredBefore int
+	// exact is the check of every AGREEMENT_REQUIRED case: exactly the
+	// fixture's members plus price_credits, naming the SKU's current terms.
+	exact := func(d string, p int64) func(e *errs.Error) {
+		return func(e *errs.Error) {
+			if got := slices.Sorted(maps.Keys(e.Details)); !slices.Equal(got, refusalMembers(t)) {
+				t.Errorf("detail members %v, want %v", got, refusalMembers(t))
+			}
+			if e.Details["sku"] != "paid-flat" || e.Details["sku_digest"] != d || e.Details["approval_url"] != consoleApprove ||
+				e.Details["price_credits"] != float64(p) || e.Retryable {
+				t.Errorf("details %v (retryable %v)", e.Details, e.Retryable)
+			}
+		}
+	}
 	cases := []struct {
 		name     string
 		offering string
@@ -337,9 +350,9 @@ func TestAdmissionMatrix(t *testing.T) {
 			}
 			file(a)
 		}},
-		{name: "agreement for another seller", offering: "paid", code: errs.AgreementRequired,
+		{name: "agreement for another seller", offering: "paid", code: errs.AgreementRequired, check: exact(digest, price),
 			setup: func() { file(sign(other.ID(), digest, now, "")) }},
-		{name: "expired agreement", offering: "paid", code: errs.AgreementRequired, setup: func() {
+		{name: "expired agreement", offering: "paid", code: errs.AgreementRequired, check: exact(digest, price), setup: func() {
 			// Filing refuses an agreement already expired: it is kept as
 			// the service kept it when it was live.
 			a := sign(seller.ID(), digest, now.Add(-2*time.Hour), protocol.FormatTime(now.Add(-time.Hour)))
@@ -360,7 +373,7 @@ func TestAdmissionMatrix(t *testing.T) {
 				}
 				put(commerce.BalancePrefix+owner, commerce.Balance{Credits: 10_000_000})
 			}},
-		{name: "agreement revoked", offering: "paid", code: errs.AgreementRequired, setup: func() {
+		{name: "agreement revoked", offering: "paid", code: errs.AgreementRequired, check: exact(digest, price), setup: func() {
 			rv := agreements.Revocation{SellerAgent: seller.ID(), SKU: "paid-flat", AgreedAt: protocol.FormatTime(now), RevokedAt: protocol.FormatTime(time.Now().Add(time.Second))}
 			if err := agreements.SignRevocation(&rv, ownerKey); err != nil {
 				t.Fatal(err)
@@ -381,11 +394,7 @@ func TestAdmissionMatrix(t *testing.T) {
 				t.Fatal(err)
 			}
 			seller.Agent = a
-		}, check: func(e *errs.Error) {
-			if e.Details["sku_digest"] != flatXCR(t, price*2).Digest() || e.Details["price_credits"] != float64(price*2) {
-				t.Errorf("the refusal names %v, not the new digest %s", e.Details, flatXCR(t, price*2).Digest())
-			}
-		}},
+		}, check: exact(flatXCR(t, price*2).Digest(), price*2)},
 		{name: "agreed to the new terms", offering: "paid", setup: func() {
 			file(sign(seller.ID(), flatXCR(t, price*2).Digest(), time.Now().Add(3*time.Second), ""))
 			// The engagement service mirrors an engagement with a volume
